@@ -1,0 +1,15 @@
+// Package nft is nftproxy's model of an nftables table and the ways to
+// program it.
+//
+// A Ruleset is plain data: the complete desired content of one table (chains
+// with their rules, sets and maps with their elements). Diff compares the
+// state last committed to the kernel with the desired state and returns a
+// Transaction holding the minimal operations; an Interface applies a
+// Transaction atomically, either to the kernel over netlink (one nfnetlink
+// batch, see Netlink) or to the in-memory Fake used by tests.
+//
+// Rules are built only from the closed set of phrases in rule.go. Each phrase
+// knows the nft text it stands for, the kernel expressions it lowers to, and
+// how the Fake evaluates it, so `nft list ruleset` always decompiles what we
+// write back into the text our tests expect.
+package nft

@@ -1,0 +1,225 @@
+package nft
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Dump returns the ruleset as `nft list table <family> nftproxy` prints it,
+// in canonical order: sets and maps by name, then chains by name, elements
+// sorted, one per line. Rules keep their order. Canonical(listing) puts a
+// kernel listing into the same form, so the two compare as strings.
+func (r *Ruleset) Dump() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table %s %s {\n", r.Family, TableName)
+	var blocks []string
+	for _, name := range r.SortedSetNames() {
+		blocks = append(blocks, r.dumpSet(r.Sets[name]))
+	}
+	names := make([]string, 0, len(r.Chains))
+	for n := range r.Chains {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		blocks = append(blocks, r.dumpChain(r.Chains[name]))
+	}
+	b.WriteString(strings.Join(blocks, "\n"))
+	b.WriteString("}\n")
+	return b.String()
+}
+
+func (r *Ruleset) dumpSet(s *Set) string {
+	var b strings.Builder
+	kind := "set"
+	if s.IsMap() {
+		kind = "map"
+	}
+	fmt.Fprintf(&b, "\t%s %s {\n\t\ttype %s\n", kind, s.Name, s.TypeString())
+	if s.Size > 0 {
+		fmt.Fprintf(&b, "\t\tsize %d\n", s.Size)
+	}
+	var flags []string
+	if s.Dynamic {
+		flags = append(flags, "dynamic")
+	}
+	if s.Timeout > 0 {
+		flags = append(flags, "timeout")
+	}
+	if len(flags) > 0 {
+		fmt.Fprintf(&b, "\t\tflags %s\n", strings.Join(flags, ","))
+	}
+	if s.Timeout > 0 {
+		fmt.Fprintf(&b, "\t\ttimeout %s\n", DurationText(s.Timeout))
+	}
+	if s.Comment != "" {
+		fmt.Fprintf(&b, "\t\tcomment %q\n", s.Comment)
+	}
+	if len(s.Elements) > 0 {
+		elems := make([]string, 0, len(s.Elements))
+		for _, e := range s.Elements {
+			elems = append(elems, s.ElementText(e))
+		}
+		b.WriteString(elementsBlock(elems))
+	}
+	b.WriteString("\t}\n")
+	return b.String()
+}
+
+// elementsBlock formats sorted elements the way nft wraps them, one per line.
+func elementsBlock(elems []string) string {
+	sort.Strings(elems)
+	return "\t\telements = { " + strings.Join(elems, ",\n\t\t\t     ") + " }\n"
+}
+
+// ElementText is one element as nft lists it inside "elements = { … }".
+func (s *Set) ElementText(e Element) string {
+	t := s.KeyString(e.Key)
+	if e.Comment != "" {
+		t += fmt.Sprintf(" comment %q", e.Comment)
+	}
+	if v := s.ValueString(e); v != "" {
+		t += " : " + v
+	}
+	return t
+}
+
+func (r *Ruleset) dumpChain(c *Chain) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\tchain %s {\n", c.Name)
+	if c.Base != nil {
+		fmt.Fprintf(&b, "\t\ttype %s hook %s priority %s; policy accept;\n",
+			c.Base.Type, c.Base.Hook, PriorityText(c.Base.Hook, c.Base.Priority))
+	}
+	for _, rule := range c.Rules {
+		fmt.Fprintf(&b, "\t\t%s\n", rule.Text(r.Family))
+	}
+	b.WriteString("\t}\n")
+	return b.String()
+}
+
+// PriorityText is a base chain priority as nft 1.0.6 prints it: a standard
+// name (± up to 10) where that name is defined for the hook, else a number.
+func PriorityText(h Hook, prio int32) string {
+	type std struct {
+		name string
+		prio int32
+	}
+	names := []std{{"raw", -300}, {"mangle", -150}, {"filter", 0}, {"security", 50}}
+	switch h {
+	case HookPrerouting:
+		names = append(names, std{"dstnat", PriorityDstNAT})
+	case HookPostrouting:
+		names = append(names, std{"srcnat", PrioritySrcNAT})
+	}
+	for _, n := range names {
+		switch off := prio - n.prio; {
+		case off == 0:
+			return n.name
+		case off > 0 && off <= 10:
+			return fmt.Sprintf("%s + %d", n.name, off)
+		case off < 0 && off >= -10:
+			return fmt.Sprintf("%s - %d", n.name, -off)
+		}
+	}
+	return fmt.Sprint(prio)
+}
+
+// DurationText formats a set timeout as nft does ("3h", "10m", "1d2h").
+func DurationText(d time.Duration) string {
+	s := int64(d / time.Second)
+	if s == 0 {
+		return "0s"
+	}
+	var b strings.Builder
+	for _, u := range []struct {
+		suffix string
+		secs   int64
+	}{{"d", 86400}, {"h", 3600}, {"m", 60}, {"s", 1}} {
+		if n := s / u.secs; n > 0 {
+			fmt.Fprintf(&b, "%d%s", n, u.suffix)
+			s -= n * u.secs
+		}
+	}
+	return b.String()
+}
+
+// Canonical rewrites the listing of one table (`nft list table …`) into the
+// form Dump produces: set and map blocks sorted by name, then chain blocks
+// sorted by name, set elements sorted one per line. Rule order is kept. It
+// understands the subset of nft syntax nftproxy writes.
+func Canonical(listing string) string {
+	lines := strings.Split(strings.TrimRight(listing, "\n"), "\n")
+	if len(lines) < 2 {
+		return listing
+	}
+	header := lines[0]
+	var sets, chains []string
+	var cur []string
+	flush := func() {
+		if len(cur) == 0 {
+			return
+		}
+		block := canonicalBlock(cur)
+		if strings.HasPrefix(strings.TrimSpace(cur[0]), "chain ") {
+			chains = append(chains, block)
+		} else {
+			sets = append(sets, block)
+		}
+		cur = nil
+	}
+	for _, l := range lines[1 : len(lines)-1] {
+		switch {
+		case strings.TrimSpace(l) == "":
+			flush()
+		case strings.HasPrefix(l, "\t") && !strings.HasPrefix(l, "\t\t") && strings.HasSuffix(l, "{"):
+			flush()
+			cur = append(cur, l)
+		default:
+			cur = append(cur, l)
+		}
+	}
+	flush()
+	byName := func(blocks []string) {
+		sort.Slice(blocks, func(i, j int) bool { return blockName(blocks[i]) < blockName(blocks[j]) })
+	}
+	byName(sets)
+	byName(chains)
+	return header + "\n" + strings.Join(append(sets, chains...), "\n") + "}\n"
+}
+
+func blockName(block string) string {
+	f := strings.Fields(block)
+	if len(f) < 2 {
+		return block
+	}
+	return f[1]
+}
+
+// canonicalBlock joins a block's lines, re-wrapping its elements.
+func canonicalBlock(lines []string) string {
+	var b strings.Builder
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		if !strings.HasPrefix(strings.TrimSpace(l), "elements = {") {
+			b.WriteString(l + "\n")
+			continue
+		}
+		text := strings.TrimSpace(l)
+		for !strings.HasSuffix(text, "}") && i+1 < len(lines) {
+			i++
+			text += " " + strings.TrimSpace(lines[i])
+		}
+		text = strings.TrimSuffix(strings.TrimPrefix(text, "elements = {"), "}")
+		var elems []string
+		for _, e := range strings.Split(text, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				elems = append(elems, e)
+			}
+		}
+		b.WriteString(elementsBlock(elems))
+	}
+	return b.String()
+}

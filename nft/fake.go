@@ -1,0 +1,344 @@
+package nft
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Fake is an in-memory Interface for tests. It applies a transaction
+// atomically to a copy of its state and checks what the kernel checks:
+// objects exist before they are used, referenced chains and sets cannot be
+// deleted, element keys fit their set, no duplicate elements. A failed
+// transaction leaves the state untouched, like a rejected batch.
+type Fake struct {
+	mu     sync.Mutex
+	tables map[Family]*Ruleset
+	// Transactions counts successful Apply calls; Ops the operations they
+	// carried. Tests use them to check how much work a sync did.
+	Transactions int
+	Ops          int
+	// FailNext, if set, is returned by the next Apply instead of applying.
+	FailNext error
+}
+
+// NewFake returns an empty Fake.
+func NewFake() *Fake { return &Fake{tables: map[Family]*Ruleset{}} }
+
+// Apply implements Interface.
+func (fk *Fake) Apply(_ context.Context, tx *Transaction) error {
+	fk.mu.Lock()
+	defer fk.mu.Unlock()
+	if err := fk.FailNext; err != nil {
+		fk.FailNext = nil
+		return err
+	}
+	var rs *Ruleset
+	if cur := fk.tables[tx.Family]; cur != nil {
+		rs = cur.Clone()
+	}
+	for i, op := range tx.Ops {
+		var err error
+		rs, err = applyOp(rs, tx.Family, op)
+		if err != nil {
+			return fmt.Errorf("apply transaction (%d ops): op %d %s: %w", len(tx.Ops), i, op.Kind, err)
+		}
+	}
+	if rs == nil {
+		delete(fk.tables, tx.Family)
+	} else {
+		fk.tables[tx.Family] = rs
+	}
+	fk.Transactions++
+	fk.Ops += len(tx.Ops)
+	return nil
+}
+
+// Ruleset returns a copy of the table of a family, or nil if there is none.
+func (fk *Fake) Ruleset(f Family) *Ruleset {
+	fk.mu.Lock()
+	defer fk.mu.Unlock()
+	if rs := fk.tables[f]; rs != nil {
+		return rs.Clone()
+	}
+	return nil
+}
+
+// Dump returns the table of a family in nft syntax ("" if there is none).
+func (fk *Fake) Dump(f Family) string {
+	if rs := fk.Ruleset(f); rs != nil {
+		return rs.Dump()
+	}
+	return ""
+}
+
+func opErr(errno error, format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), errno)
+}
+
+func applyOp(rs *Ruleset, f Family, op Op) (*Ruleset, error) {
+	switch op.Kind {
+	case OpResetTable:
+		return NewRuleset(f), nil
+	case OpDeleteTable:
+		return nil, nil
+	}
+	if rs == nil {
+		return nil, opErr(unix.ENOENT, "table %s %s", f, TableName)
+	}
+	switch op.Kind {
+	case OpAddChain:
+		if have, ok := rs.Chains[op.Chain.Name]; ok {
+			if (have.Base == nil) != (op.Chain.Base == nil) {
+				return nil, opErr(unix.EEXIST, "chain %q", op.Chain.Name)
+			}
+			return rs, nil
+		}
+		rs.Chains[op.Chain.Name] = &Chain{Name: op.Chain.Name, Base: op.Chain.Base}
+	case OpFlushChain:
+		c, ok := rs.Chains[op.Chain.Name]
+		if !ok {
+			return nil, opErr(unix.ENOENT, "chain %q", op.Chain.Name)
+		}
+		c.Rules = nil
+	case OpDeleteChain:
+		if _, ok := rs.Chains[op.Chain.Name]; !ok {
+			return nil, opErr(unix.ENOENT, "chain %q", op.Chain.Name)
+		}
+		if by := chainReferrer(rs, op.Chain.Name); by != "" {
+			return nil, opErr(unix.EBUSY, "chain %q is used by %s", op.Chain.Name, by)
+		}
+		delete(rs.Chains, op.Chain.Name)
+	case OpAddRule:
+		c, ok := rs.Chains[op.ChainName]
+		if !ok {
+			return nil, opErr(unix.ENOENT, "chain %q", op.ChainName)
+		}
+		if err := checkRule(rs, f, op.Rule); err != nil {
+			return nil, fmt.Errorf("rule %q in chain %q: %w", op.Rule.Text(f), op.ChainName, err)
+		}
+		c.Rules = append(c.Rules, op.Rule)
+	case OpAddSet:
+		if have, ok := rs.Sets[op.Set.Name]; ok {
+			if !sameSetDefinition(have, op.Set) {
+				return nil, opErr(unix.EEXIST, "set %q", op.Set.Name)
+			}
+			return rs, nil
+		}
+		s := *op.Set
+		s.Elements = map[string]Element{}
+		rs.Sets[s.Name] = &s
+	case OpDeleteSet:
+		if _, ok := rs.Sets[op.Set.Name]; !ok {
+			return nil, opErr(unix.ENOENT, "set %q", op.Set.Name)
+		}
+		if by := setReferrer(rs, f, op.Set.Name); by != "" {
+			return nil, opErr(unix.EBUSY, "set %q is used by %s", op.Set.Name, by)
+		}
+		delete(rs.Sets, op.Set.Name)
+	case OpAddElements:
+		return rs, addElements(rs, f, op)
+	case OpDeleteElements:
+		s, ok := rs.Sets[op.Set.Name]
+		if !ok {
+			return nil, opErr(unix.ENOENT, "set %q", op.Set.Name)
+		}
+		for _, e := range op.Elements {
+			k := s.KeyString(e.Key)
+			if _, ok := s.Elements[k]; !ok {
+				return nil, opErr(unix.ENOENT, "element %s in set %q", k, s.Name)
+			}
+			delete(s.Elements, k)
+		}
+	default:
+		return nil, opErr(unix.EINVAL, "unknown op %d", int(op.Kind))
+	}
+	return rs, nil
+}
+
+func addElements(rs *Ruleset, f Family, op Op) error {
+	s, ok := rs.Sets[op.Set.Name]
+	if !ok {
+		return opErr(unix.ENOENT, "set %q", op.Set.Name)
+	}
+	for _, e := range op.Elements {
+		k := s.KeyString(e.Key)
+		if err := checkTuple(f, s.Key, e.Key); err != nil {
+			return fmt.Errorf("element %s in set %q: %w", k, s.Name, err)
+		}
+		switch {
+		case s.IsVerdictMap():
+			if e.Verdict == nil {
+				return opErr(unix.EINVAL, "element %s in map %q has no verdict", k, s.Name)
+			}
+			if err := checkVerdictTarget(rs, *e.Verdict); err != nil {
+				return fmt.Errorf("element %s in map %q: %w", k, s.Name, err)
+			}
+		case s.IsMap():
+			if err := checkTuple(f, s.Data, e.Data); err != nil {
+				return fmt.Errorf("element %s in map %q: %w", k, s.Name, err)
+			}
+		case e.Verdict != nil || len(e.Data) > 0:
+			return opErr(unix.EINVAL, "element %s of set %q has data", k, s.Name)
+		}
+		if have, ok := s.Elements[k]; ok && !sameElement(s, have, e) {
+			return opErr(unix.EEXIST, "element %s in set %q", k, s.Name)
+		}
+		s.Elements[k] = e
+	}
+	return nil
+}
+
+// checkTuple checks that values fit the types: the right number of fields,
+// addresses of the right family where addresses are expected, integers
+// within their length.
+func checkTuple(f Family, types []DataType, vals []Datum) error {
+	if len(types) != len(vals) {
+		return opErr(unix.EINVAL, "%d fields for a %d-field type", len(vals), len(types))
+	}
+	for i, t := range types {
+		switch t {
+		case TypeIPv4Addr:
+			if !vals[i].Addr.Is4() {
+				return opErr(unix.EINVAL, "field %d: %v is not an IPv4 address", i, vals[i].Addr)
+			}
+		case TypeIPv6Addr:
+			if !vals[i].Addr.Is6() || vals[i].Addr.Is4In6() {
+				return opErr(unix.EINVAL, "field %d: %v is not an IPv6 address", i, vals[i].Addr)
+			}
+		default:
+			if t.Len < 4 && vals[i].Int >= 1<<(8*t.Len) {
+				return opErr(unix.ERANGE, "field %d: %d does not fit %s", i, vals[i].Int, t.Name)
+			}
+		}
+	}
+	return nil
+}
+
+func checkVerdictTarget(rs *Ruleset, v Verdict) error {
+	if v.Kind != VerdictJump && v.Kind != VerdictGoto {
+		return nil
+	}
+	c, ok := rs.Chains[v.Chain]
+	if !ok {
+		return opErr(unix.ENOENT, "chain %q", v.Chain)
+	}
+	if c.Base != nil {
+		return opErr(unix.EOPNOTSUPP, "%s to base chain %q", v.Kind, v.Chain)
+	}
+	return nil
+}
+
+// checkRule checks every reference a rule makes.
+func checkRule(rs *Ruleset, f Family, r Rule) error {
+	for _, p := range r.Phrases {
+		switch p := p.(type) {
+		case VerdictPhrase:
+			if err := checkVerdictTarget(rs, p.Verdict); err != nil {
+				return err
+			}
+		case MatchSet:
+			s, ok := rs.Sets[p.Set]
+			if !ok {
+				return opErr(unix.ENOENT, "set %q", p.Set)
+			}
+			if s.IsMap() || !fieldsFit(f, p.Fields, s.Key) {
+				return opErr(unix.EINVAL, "set %q does not fit %s", p.Set, fieldsText(f, p.Fields))
+			}
+		case VmapLookup:
+			s, ok := rs.Sets[p.Map]
+			if !ok {
+				return opErr(unix.ENOENT, "map %q", p.Map)
+			}
+			if !s.IsVerdictMap() || !fieldsFit(f, p.Fields, s.Key) {
+				return opErr(unix.EINVAL, "map %q does not fit %s", p.Map, fieldsText(f, p.Fields))
+			}
+		case DNATRandom:
+			if len(p.Backends) == 0 {
+				return opErr(unix.EINVAL, "dnat to no backends")
+			}
+			for _, b := range p.Backends {
+				if !f.Contains(b.Addr()) {
+					return opErr(unix.EINVAL, "dnat to %v in a %s table", b, f)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func fieldsFit(f Family, fields []Field, key []DataType) bool {
+	if len(fields) != len(key) {
+		return false
+	}
+	for i, fd := range fields {
+		if fd.Type(f) != key[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// chainReferrer names an object that jumps or goes to the chain, or "".
+func chainReferrer(rs *Ruleset, name string) string {
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			for _, p := range r.Phrases {
+				if v, ok := p.(VerdictPhrase); ok && v.Verdict.Chain == name {
+					return fmt.Sprintf("a rule in chain %q", c.Name)
+				}
+			}
+		}
+	}
+	for _, s := range rs.Sets {
+		for k, e := range s.Elements {
+			if e.Verdict != nil && e.Verdict.Chain == name {
+				return fmt.Sprintf("element %s of map %q", k, s.Name)
+			}
+		}
+	}
+	return ""
+}
+
+// setReferrer names a rule that uses the set, or "".
+func setReferrer(rs *Ruleset, f Family, name string) string {
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			for _, p := range r.Phrases {
+				switch p := p.(type) {
+				case MatchSet:
+					if p.Set == name {
+						return fmt.Sprintf("rule %q in chain %q", r.Text(f), c.Name)
+					}
+				case VmapLookup:
+					if p.Map == name {
+						return fmt.Sprintf("rule %q in chain %q", r.Text(f), c.Name)
+					}
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// Clone returns a deep copy of the ruleset (rules are immutable values and
+// are shared).
+func (r *Ruleset) Clone() *Ruleset {
+	out := NewRuleset(r.Family)
+	for n, c := range r.Chains {
+		cc := *c
+		cc.Rules = append([]Rule(nil), c.Rules...)
+		out.Chains[n] = &cc
+	}
+	for n, s := range r.Sets {
+		sc := *s
+		sc.Elements = make(map[string]Element, len(s.Elements))
+		for k, e := range s.Elements {
+			sc.Elements[k] = e
+		}
+		out.Sets[n] = &sc
+	}
+	return out
+}

@@ -1,0 +1,259 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// Phrase is one part of a rule: a match or a statement. The set of phrases
+// is closed: every phrase type is declared in this file, with the nft text it
+// stands for. netlink_lower.go lowers each to kernel expressions the way nft
+// 1.0.6 does (see TestTemplatesListBack), and trace.go evaluates each in the
+// Fake.
+type Phrase interface {
+	// Text is the phrase as `nft list ruleset` prints it in a table of
+	// family f.
+	Text(f Family) string
+	phrase()
+}
+
+// Field is a packet field that can be matched or used in a concatenated
+// lookup key.
+type Field int
+
+const (
+	FieldSrcAddr Field = iota // ip saddr / ip6 saddr
+	FieldDstAddr              // ip daddr / ip6 daddr
+	FieldL4Proto              // meta l4proto
+	FieldDstPort              // th dport
+)
+
+// Text returns the field in nft syntax for family f.
+func (fd Field) Text(f Family) string {
+	switch fd {
+	case FieldSrcAddr:
+		return f.String() + " saddr"
+	case FieldDstAddr:
+		return f.String() + " daddr"
+	case FieldL4Proto:
+		return "meta l4proto"
+	case FieldDstPort:
+		return "th dport"
+	}
+	return fmt.Sprintf("field(%d)", int(fd))
+}
+
+// Type returns the nft data type of the field in family f.
+func (fd Field) Type(f Family) DataType {
+	switch fd {
+	case FieldSrcAddr, FieldDstAddr:
+		return f.AddrType()
+	case FieldL4Proto:
+		return TypeInetProto
+	case FieldDstPort:
+		return TypeInetService
+	}
+	return TypeInteger
+}
+
+func fieldsText(f Family, fields []Field) string {
+	parts := make([]string, len(fields))
+	for i, fd := range fields {
+		parts[i] = fd.Text(f)
+	}
+	return strings.Join(parts, " . ")
+}
+
+// MatchPrefix matches an address field against a prefix (or, for a full
+// length prefix, one address):
+//
+//	ip daddr 10.96.0.0/12
+//	ip saddr != 10.244.0.0/16
+//	ip daddr 10.96.0.10
+type MatchPrefix struct {
+	Field  Field // FieldSrcAddr or FieldDstAddr
+	Prefix netip.Prefix
+	Negate bool
+}
+
+func (m MatchPrefix) Text(f Family) string {
+	op := ""
+	if m.Negate {
+		op = "!= "
+	}
+	p := m.Prefix.Masked()
+	v := p.String()
+	if p.Bits() == p.Addr().BitLen() {
+		v = p.Addr().String()
+	}
+	return m.Field.Text(f) + " " + op + v
+}
+
+// MatchSet matches when the (concatenated) fields are in a named set:
+//
+//	ip daddr @cluster-ips
+//	ip saddr . ip daddr . meta l4proto . th dport @hairpin-connections
+type MatchSet struct {
+	Fields []Field
+	Set    string
+	Negate bool
+}
+
+func (m MatchSet) Text(f Family) string {
+	op := ""
+	if m.Negate {
+		op = "!= "
+	}
+	return fieldsText(f, m.Fields) + " " + op + "@" + m.Set
+}
+
+// MatchL4Proto matches the transport protocol:
+//
+//	meta l4proto tcp
+type MatchL4Proto struct{ Proto uint8 }
+
+func (m MatchL4Proto) Text(Family) string { return "meta l4proto " + ProtoName(m.Proto) }
+
+// MatchCtStateNew matches the first packet of a connection:
+//
+//	ct state new
+type MatchCtStateNew struct{}
+
+func (MatchCtStateNew) Text(Family) string { return "ct state new" }
+
+// MatchCtStatusDNAT matches connections that were destination-NATed:
+//
+//	ct status dnat
+type MatchCtStatusDNAT struct{}
+
+func (MatchCtStatusDNAT) Text(Family) string { return "ct status dnat" }
+
+// MatchMarkBits matches packets whose mark has any bit of Mask set:
+//
+//	meta mark & 0x00004000 != 0x00000000
+type MatchMarkBits struct{ Mask uint32 }
+
+func (m MatchMarkBits) Text(Family) string {
+	return fmt.Sprintf("meta mark & 0x%08x != 0x00000000", m.Mask)
+}
+
+// SetMarkBits sets bits in the packet mark:
+//
+//	meta mark set meta mark | 0x00004000
+type SetMarkBits struct{ Bits uint32 }
+
+func (s SetMarkBits) Text(Family) string {
+	return fmt.Sprintf("meta mark set meta mark | 0x%08x", s.Bits)
+}
+
+// ToggleMarkBits flips bits in the packet mark; used to clear the masquerade
+// bit once it has been acted on, so a packet re-entering the stack is not
+// masqueraded twice:
+//
+//	meta mark set meta mark ^ 0x00004000
+type ToggleMarkBits struct{ Bits uint32 }
+
+func (s ToggleMarkBits) Text(Family) string {
+	return fmt.Sprintf("meta mark set meta mark ^ 0x%08x", s.Bits)
+}
+
+// Masquerade source-NATs to the outgoing interface's address:
+//
+//	masquerade fully-random
+type Masquerade struct{}
+
+func (Masquerade) Text(Family) string { return "masquerade fully-random" }
+
+// Reject refuses the packet with an ICMP (ICMPv6) port unreachable, which a
+// TCP or UDP client sees at once as "connection refused":
+//
+//	reject
+type Reject struct{}
+
+func (Reject) Text(Family) string { return "reject" }
+
+// VerdictPhrase ends the rule with a verdict:
+//
+//	jump services
+//	goto service-…
+//	drop
+type VerdictPhrase struct{ Verdict Verdict }
+
+func (v VerdictPhrase) Text(Family) string { return v.Verdict.String() }
+
+// VmapLookup looks the (concatenated) fields up in a verdict map and applies
+// the verdict found; no element, no verdict:
+//
+//	ip daddr . meta l4proto . th dport vmap @service-ips
+type VmapLookup struct {
+	Fields []Field
+	Map    string
+}
+
+func (v VmapLookup) Text(f Family) string {
+	return fieldsText(f, v.Fields) + " vmap @" + v.Map
+}
+
+// DNATRandom destination-NATs to one of the backends, picked uniformly at
+// random per connection. The preceding phrase must be a MatchL4Proto (nft
+// requires a transport protocol before a port mapping):
+//
+//	dnat ip to numgen random mod 2 map { 0 : 10.244.1.11 . 8080, 1 : 10.244.1.12 . 8080 }
+//
+// The map is anonymous and belongs to the rule; its keys are written in host
+// byte order with set userdata saying so, so nft lists them as 0, 1, 2…
+type DNATRandom struct{ Backends []netip.AddrPort }
+
+func (d DNATRandom) Text(f Family) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "dnat %s to numgen random mod %d map { ", f, len(d.Backends))
+	for i, be := range d.Backends {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%d : %s . %d", i, be.Addr(), be.Port())
+	}
+	b.WriteString(" }")
+	return b.String()
+}
+
+func (MatchPrefix) phrase()       {}
+func (MatchSet) phrase()          {}
+func (MatchL4Proto) phrase()      {}
+func (MatchCtStateNew) phrase()   {}
+func (MatchCtStatusDNAT) phrase() {}
+func (MatchMarkBits) phrase()     {}
+func (SetMarkBits) phrase()       {}
+func (ToggleMarkBits) phrase()    {}
+func (Masquerade) phrase()        {}
+func (Reject) phrase()            {}
+func (VerdictPhrase) phrase()     {}
+func (VmapLookup) phrase()        {}
+func (DNATRandom) phrase()        {}
+
+// Text returns the rule as nft lists it.
+func (r Rule) Text(f Family) string {
+	parts := make([]string, 0, len(r.Phrases)+1)
+	for _, p := range r.Phrases {
+		parts = append(parts, p.Text(f))
+	}
+	if r.Comment != "" {
+		parts = append(parts, fmt.Sprintf("comment %q", r.Comment))
+	}
+	return strings.Join(parts, " ")
+}
+
+// Equal reports whether two rules are the same (same text, same comment).
+func (r Rule) Equal(f Family, o Rule) bool { return r.Text(f) == o.Text(f) }
+
+// Convenience constructors, for builders that read like the nft they write.
+
+// Jump returns a "jump chain" phrase.
+func Jump(chain string) Phrase { return VerdictPhrase{Verdict{Kind: VerdictJump, Chain: chain}} }
+
+// Goto returns a "goto chain" phrase.
+func Goto(chain string) Phrase { return VerdictPhrase{Verdict{Kind: VerdictGoto, Chain: chain}} }
+
+// Drop returns a "drop" phrase.
+func Drop() Phrase { return VerdictPhrase{Verdict{Kind: VerdictDrop}} }

@@ -1,0 +1,232 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+)
+
+// Packet is the first packet of a connection, as the tracer sees it.
+type Packet struct {
+	Src, Dst netip.Addr
+	Proto    uint8
+	DPort    uint16
+	Mark     uint32
+	// FromNode: the packet is sent by a process on the node itself (output
+	// hook) instead of arriving on an interface (prerouting hook).
+	FromNode bool
+}
+
+// TraceResult is what happened to a traced packet.
+type TraceResult struct {
+	Verdict    VerdictKind // VerdictAccept, VerdictDrop, or "reject"
+	DNAT       []netip.AddrPort
+	Masquerade bool
+	Log        []string // chains and rules taken, for failure messages
+}
+
+// VerdictReject is the tracer's verdict for a rejected packet.
+const VerdictReject VerdictKind = "reject"
+
+// Tracer walks packets through the rulesets of a Fake, hook by hook, the way
+// netfilter does for a first packet: prerouting (or output), then input or
+// forward, then postrouting, base chains in priority order.
+type Tracer struct {
+	Rulesets map[Family]*Ruleset
+	// LocalAddrs are the node's own addresses: a packet whose destination
+	// (after DNAT) is one of them goes to the input hook, not forward.
+	LocalAddrs []netip.Addr
+	// Pick chooses which backend a random DNAT picks (index modulo N).
+	Pick int
+}
+
+// NewTracer returns a tracer over the current state of a Fake.
+func NewTracer(fk *Fake, local ...netip.Addr) *Tracer {
+	return &Tracer{Rulesets: map[Family]*Ruleset{IPv4: fk.Ruleset(IPv4), IPv6: fk.Ruleset(IPv6)}, LocalAddrs: local}
+}
+
+type traceState struct {
+	f     Family
+	pkt   Packet
+	dnat  bool
+	res   TraceResult
+	depth int
+}
+
+// Trace sends p through the rulesets.
+func (t *Tracer) Trace(p Packet) TraceResult {
+	f := IPv4
+	if p.Dst.Is6() && !p.Dst.Is4In6() {
+		f = IPv6
+	}
+	st := &traceState{f: f, pkt: p, res: TraceResult{Verdict: VerdictAccept}}
+	rs := t.Rulesets[f]
+	first := HookPrerouting
+	if p.FromNode {
+		first = HookOutput
+	}
+	hooks := []Hook{first}
+	if !p.FromNode {
+		hooks = append(hooks, HookForward)
+	}
+	hooks = append(hooks, HookPostrouting)
+	for i, h := range hooks {
+		if h == HookForward && t.isLocal(st.pkt.Dst) {
+			hooks[i] = HookInput
+			h = HookInput
+		}
+		if v := t.runHook(rs, h, st); v == VerdictDrop || v == VerdictReject {
+			st.res.Verdict = v
+			return st.res
+		}
+	}
+	return st.res
+}
+
+func (t *Tracer) isLocal(a netip.Addr) bool {
+	for _, l := range t.LocalAddrs {
+		if l == a {
+			return true
+		}
+	}
+	return false
+}
+
+// runHook runs the base chains of a hook in priority order; it returns the
+// first drop or reject.
+func (t *Tracer) runHook(rs *Ruleset, h Hook, st *traceState) VerdictKind {
+	if rs == nil {
+		return VerdictAccept
+	}
+	var chains []*Chain
+	for _, c := range rs.Chains {
+		if c.Base != nil && c.Base.Hook == h {
+			chains = append(chains, c)
+		}
+	}
+	sort.Slice(chains, func(i, j int) bool { return chains[i].Base.Priority < chains[j].Base.Priority })
+	for _, c := range chains {
+		if c.Base.Type == ChainNAT && h != HookPostrouting && st.dnat {
+			continue
+		}
+		if v := t.runChain(rs, c, st); v == VerdictDrop || v == VerdictReject {
+			return v
+		}
+	}
+	return VerdictAccept
+}
+
+// runChain evaluates a chain; "" means the chain ended without a verdict.
+func (t *Tracer) runChain(rs *Ruleset, c *Chain, st *traceState) VerdictKind {
+	st.depth++
+	defer func() { st.depth-- }()
+	if st.depth > 16 {
+		st.res.Log = append(st.res.Log, "loop at chain "+c.Name)
+		return VerdictDrop
+	}
+	st.res.Log = append(st.res.Log, "chain "+c.Name)
+	for _, r := range c.Rules {
+		if v, done := t.runRule(rs, r, st); done {
+			return v
+		}
+	}
+	return ""
+}
+
+// runRule evaluates a rule; done reports a final verdict for the chain.
+func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool) {
+	for _, p := range r.Phrases {
+		switch p := p.(type) {
+		case VerdictPhrase:
+			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
+			return t.applyVerdict(rs, p.Verdict, st)
+		case VmapLookup:
+			s := rs.Sets[p.Map]
+			key := s.KeyString(st.fields(p.Fields))
+			e, ok := s.Elements[key]
+			if !ok {
+				return "", false
+			}
+			st.res.Log = append(st.res.Log, fmt.Sprintf("  %s: %s", r.Text(st.f), key))
+			return t.applyVerdict(rs, *e.Verdict, st)
+		case Reject:
+			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
+			return VerdictReject, true
+		case DNATRandom:
+			be := p.Backends[t.Pick%len(p.Backends)]
+			st.res.DNAT = append([]netip.AddrPort(nil), p.Backends...)
+			st.pkt.Dst, st.pkt.DPort, st.dnat = be.Addr(), be.Port(), true
+			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
+			return VerdictAccept, true
+		case Masquerade:
+			st.res.Masquerade = true
+			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
+			return VerdictAccept, true
+		case SetMarkBits:
+			st.pkt.Mark |= p.Bits
+		case ToggleMarkBits:
+			st.pkt.Mark ^= p.Bits
+		default:
+			if !st.match(rs, p) {
+				return "", false
+			}
+		}
+	}
+	return "", false
+}
+
+func (t *Tracer) applyVerdict(rs *Ruleset, v Verdict, st *traceState) (VerdictKind, bool) {
+	switch v.Kind {
+	case VerdictJump:
+		if r := t.runChain(rs, rs.Chains[v.Chain], st); r != "" {
+			return r, true
+		}
+		return "", false
+	case VerdictGoto:
+		return t.runChain(rs, rs.Chains[v.Chain], st), true
+	case VerdictReturn:
+		return "", true
+	}
+	return v.Kind, true
+}
+
+func (st *traceState) fields(fields []Field) []Datum {
+	out := make([]Datum, len(fields))
+	for i, fd := range fields {
+		switch fd {
+		case FieldSrcAddr:
+			out[i] = Addr(st.pkt.Src)
+		case FieldDstAddr:
+			out[i] = Addr(st.pkt.Dst)
+		case FieldL4Proto:
+			out[i] = Int(uint32(st.pkt.Proto))
+		case FieldDstPort:
+			out[i] = Int(uint32(st.pkt.DPort))
+		}
+	}
+	return out
+}
+
+func (st *traceState) match(rs *Ruleset, p Phrase) bool {
+	switch p := p.(type) {
+	case MatchPrefix:
+		a := st.pkt.Src
+		if p.Field == FieldDstAddr {
+			a = st.pkt.Dst
+		}
+		return p.Prefix.Contains(a) != p.Negate
+	case MatchSet:
+		s := rs.Sets[p.Set]
+		_, ok := s.Elements[s.KeyString(st.fields(p.Fields))]
+		return ok != p.Negate
+	case MatchL4Proto:
+		return st.pkt.Proto == p.Proto
+	case MatchCtStateNew:
+		return true // the tracer follows first packets only
+	case MatchCtStatusDNAT:
+		return st.dnat
+	case MatchMarkBits:
+		return st.pkt.Mark&p.Mask != 0
+	}
+	panic(fmt.Sprintf("nft: tracer cannot evaluate %T", p))
+}

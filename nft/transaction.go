@@ -1,0 +1,83 @@
+package nft
+
+import (
+	"context"
+	"fmt"
+)
+
+// TableName is the one table nftproxy owns in each family. nftproxy never
+// touches any other table.
+const TableName = "nftproxy"
+
+// OpKind is one kind of kernel operation.
+type OpKind int
+
+const (
+	// OpResetTable makes the table exist and be empty, whatever was there
+	// before (add table; delete table; add table, in the same batch).
+	OpResetTable OpKind = iota
+	// OpDeleteTable removes the table if it exists (add table; delete table).
+	OpDeleteTable
+	OpAddChain    // Chain: name and, for a base chain, its hook
+	OpFlushChain  // Chain.Name: remove every rule
+	OpDeleteChain // Chain.Name: remove the chain and its rules
+	OpAddRule     // ChainName, Rule: append a rule
+	OpAddSet      // Set: create the set, without elements
+	OpDeleteSet   // Set.Name
+	OpAddElements // Set (for types), Elements
+	OpDeleteElements
+)
+
+var opNames = [...]string{"reset-table", "delete-table", "add-chain", "flush-chain",
+	"delete-chain", "add-rule", "add-set", "delete-set", "add-elements", "delete-elements"}
+
+func (k OpKind) String() string {
+	if int(k) < len(opNames) {
+		return opNames[k]
+	}
+	return fmt.Sprintf("op(%d)", int(k))
+}
+
+// Op is one operation of a Transaction.
+type Op struct {
+	Kind      OpKind
+	Chain     *Chain // OpAddChain, OpFlushChain, OpDeleteChain
+	ChainName string // OpAddRule
+	Rule      Rule   // OpAddRule
+	Set       *Set   // OpAddSet, OpDeleteSet, OpAddElements, OpDeleteElements
+	Elements  []Element
+}
+
+// Transaction is an ordered list of operations on the table of one family,
+// applied all-or-nothing.
+type Transaction struct {
+	Family Family
+	Ops    []Op
+}
+
+// Changes counts the objects the transaction touches: one per chain, rule
+// and set operation, and one per element added or deleted. An unchanged
+// sync has zero changes.
+func (t *Transaction) Changes() int {
+	n := 0
+	for _, op := range t.Ops {
+		switch op.Kind {
+		case OpAddElements, OpDeleteElements:
+			n += len(op.Elements)
+		default:
+			n++
+		}
+	}
+	return n
+}
+
+// Empty reports whether the transaction does nothing.
+func (t *Transaction) Empty() bool { return len(t.Ops) == 0 }
+
+func (t *Transaction) add(op Op) { t.Ops = append(t.Ops, op) }
+
+// Interface programs tables. Apply runs a transaction atomically: either
+// every operation takes effect or none does.
+type Interface interface {
+	Apply(ctx context.Context, tx *Transaction) error
+}

@@ -1,0 +1,329 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Family is an nftables table family. nftproxy uses one table per IP family.
+type Family uint8
+
+const (
+	IPv4 Family = unix.NFPROTO_IPV4
+	IPv6 Family = unix.NFPROTO_IPV6
+)
+
+// String returns the family as nft writes it ("ip" or "ip6").
+func (f Family) String() string {
+	switch f {
+	case IPv4:
+		return "ip"
+	case IPv6:
+		return "ip6"
+	}
+	return fmt.Sprintf("family(%d)", uint8(f))
+}
+
+// AddrType is the nft data type of an address of this family.
+func (f Family) AddrType() DataType {
+	if f == IPv6 {
+		return TypeIPv6Addr
+	}
+	return TypeIPv4Addr
+}
+
+// Contains reports whether a belongs to this family.
+func (f Family) Contains(a netip.Addr) bool {
+	if f == IPv6 {
+		return a.Is6() && !a.Is4In6()
+	}
+	return a.Is4()
+}
+
+// DataType is an nft set key or data type. Magic is the type number nft
+// stores in NFTA_SET_KEY_TYPE (nftables src/datatype.h); Len is the number of
+// bytes of the value in the kernel.
+type DataType struct {
+	Name  string
+	Magic uint32
+	Len   int
+}
+
+var (
+	TypeVerdict     = DataType{Name: "verdict", Magic: 1, Len: 0}
+	TypeInteger     = DataType{Name: "integer", Magic: 4, Len: 4}
+	TypeIPv4Addr    = DataType{Name: "ipv4_addr", Magic: 7, Len: 4}
+	TypeIPv6Addr    = DataType{Name: "ipv6_addr", Magic: 8, Len: 16}
+	TypeInetProto   = DataType{Name: "inet_proto", Magic: 12, Len: 1}
+	TypeInetService = DataType{Name: "inet_service", Magic: 13, Len: 2}
+	TypeMark        = DataType{Name: "mark", Magic: 19, Len: 4}
+)
+
+// Protocol numbers used in keys (inet_proto).
+const (
+	ProtoTCP  uint8 = unix.IPPROTO_TCP
+	ProtoUDP  uint8 = unix.IPPROTO_UDP
+	ProtoSCTP uint8 = unix.IPPROTO_SCTP
+)
+
+// ProtoName returns the name nft prints for an inet_proto value.
+func ProtoName(p uint8) string {
+	switch p {
+	case ProtoTCP:
+		return "tcp"
+	case ProtoUDP:
+		return "udp"
+	case ProtoSCTP:
+		return "sctp"
+	}
+	return fmt.Sprint(p)
+}
+
+// Hook is a netfilter hook a base chain attaches to.
+type Hook string
+
+const (
+	HookPrerouting  Hook = "prerouting"
+	HookInput       Hook = "input"
+	HookForward     Hook = "forward"
+	HookOutput      Hook = "output"
+	HookPostrouting Hook = "postrouting"
+)
+
+// ChainType is the type of a base chain.
+type ChainType string
+
+const (
+	ChainFilter ChainType = "filter"
+	ChainNAT    ChainType = "nat"
+)
+
+// Standard base chain priorities (nftables src/rule.c). Other components rely
+// on these being exactly upstream kube-proxy's.
+const (
+	PriorityDstNAT          int32 = -100
+	PriorityFilter          int32 = 0
+	PrioritySrcNAT          int32 = 100
+	PriorityPreDstNATFilter int32 = -110 // dstnat - 10: firewall checks before DNAT
+)
+
+// BaseChain describes where a base chain is attached. Its policy is always
+// accept: nftproxy only ever adds verdicts for traffic it owns.
+type BaseChain struct {
+	Type     ChainType
+	Hook     Hook
+	Priority int32
+}
+
+// Chain is a chain and its rules, in order.
+type Chain struct {
+	Name  string
+	Base  *BaseChain // nil for a regular chain
+	Rules []Rule
+}
+
+// Rule is a sequence of phrases evaluated left to right, as in nft syntax,
+// with an optional comment.
+type Rule struct {
+	Phrases []Phrase
+	Comment string
+}
+
+// Set is a named set or map. A set has no Data; a verdict map has
+// Data == []DataType{TypeVerdict}; a data map has the data types.
+type Set struct {
+	Name    string
+	Key     []DataType // more than one: a concatenation
+	Data    []DataType
+	Timeout time.Duration // > 0: elements expire (flags timeout)
+	Dynamic bool          // updated from the packet path (flags dynamic)
+	Size    uint32        // 0: no size
+	Comment string
+	// Elements by Element.KeyString(). Never nil once built with NewSet.
+	Elements map[string]Element
+}
+
+// IsMap reports whether the set maps keys to data.
+func (s *Set) IsMap() bool { return len(s.Data) > 0 }
+
+// IsVerdictMap reports whether the set maps keys to verdicts.
+func (s *Set) IsVerdictMap() bool { return len(s.Data) == 1 && s.Data[0] == TypeVerdict }
+
+// Datum is one field of an element key or data: an address, or an integer
+// (protocol, port, mark).
+type Datum struct {
+	Addr netip.Addr
+	Int  uint32
+}
+
+// Addr returns an address datum.
+func Addr(a netip.Addr) Datum { return Datum{Addr: a} }
+
+// Int returns an integer datum (inet_proto, inet_service, mark, integer).
+func Int(v uint32) Datum { return Datum{Int: v} }
+
+// Element is one element of a set or map.
+type Element struct {
+	Key     []Datum
+	Data    []Datum  // data map value
+	Verdict *Verdict // verdict map value
+	Comment string
+}
+
+// VerdictKind is what a verdict does.
+type VerdictKind string
+
+const (
+	VerdictAccept VerdictKind = "accept"
+	VerdictDrop   VerdictKind = "drop"
+	VerdictReturn VerdictKind = "return"
+	VerdictJump   VerdictKind = "jump"
+	VerdictGoto   VerdictKind = "goto"
+)
+
+// Verdict is a verdict, with a target chain for jump and goto.
+type Verdict struct {
+	Kind  VerdictKind
+	Chain string
+}
+
+func (v Verdict) String() string {
+	if v.Chain != "" {
+		return string(v.Kind) + " " + v.Chain
+	}
+	return string(v.Kind)
+}
+
+// Ruleset is the complete content of table TableName in one family.
+type Ruleset struct {
+	Family Family
+	Chains map[string]*Chain
+	Sets   map[string]*Set
+}
+
+// NewRuleset returns an empty ruleset for a family.
+func NewRuleset(f Family) *Ruleset {
+	return &Ruleset{Family: f, Chains: map[string]*Chain{}, Sets: map[string]*Set{}}
+}
+
+// AddChain adds (or replaces) a chain and returns it.
+func (r *Ruleset) AddChain(c *Chain) *Chain {
+	r.Chains[c.Name] = c
+	return c
+}
+
+// AddSet adds (or replaces) a set and returns it. A nil Elements map is made.
+func (r *Ruleset) AddSet(s *Set) *Set {
+	if s.Elements == nil {
+		s.Elements = map[string]Element{}
+	}
+	r.Sets[s.Name] = s
+	return s
+}
+
+// AddElement adds an element to the named set; it panics if the set is not
+// part of the ruleset, which is a programming error in a ruleset builder.
+func (r *Ruleset) AddElement(set string, e Element) {
+	s, ok := r.Sets[set]
+	if !ok {
+		panic("nft: AddElement to unknown set " + set)
+	}
+	s.Elements[s.KeyString(e.Key)] = e
+}
+
+// Append adds a rule to the end of a chain; it panics if the chain is not
+// part of the ruleset.
+func (r *Ruleset) Append(chain string, rule Rule) {
+	c, ok := r.Chains[chain]
+	if !ok {
+		panic("nft: Append to unknown chain " + chain)
+	}
+	c.Rules = append(c.Rules, rule)
+}
+
+// SortedChainNames returns the chain names in a stable order: base chains
+// first, then the rest by name.
+func (r *Ruleset) SortedChainNames() []string {
+	names := make([]string, 0, len(r.Chains))
+	for n := range r.Chains {
+		names = append(names, n)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		bi, bj := r.Chains[names[i]].Base != nil, r.Chains[names[j]].Base != nil
+		if bi != bj {
+			return bi
+		}
+		return names[i] < names[j]
+	})
+	return names
+}
+
+// SortedSetNames returns the set names sorted.
+func (r *Ruleset) SortedSetNames() []string {
+	names := make([]string, 0, len(r.Sets))
+	for n := range r.Sets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// datumText formats one field the way nft lists it.
+func datumText(t DataType, d Datum) string {
+	switch t {
+	case TypeIPv4Addr, TypeIPv6Addr:
+		return d.Addr.String()
+	case TypeInetProto:
+		return ProtoName(uint8(d.Int))
+	case TypeMark:
+		return fmt.Sprintf("0x%08x", d.Int)
+	}
+	return fmt.Sprint(d.Int)
+}
+
+func tupleText(types []DataType, ds []Datum) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		t := TypeInteger
+		if i < len(types) {
+			t = types[i]
+		}
+		parts[i] = datumText(t, d)
+	}
+	return strings.Join(parts, " . ")
+}
+
+// KeyString is the nft text of an element key; it identifies the element.
+func (s *Set) KeyString(key []Datum) string { return tupleText(s.Key, key) }
+
+// ValueString is the nft text of an element's value ("" for a plain set).
+func (s *Set) ValueString(e Element) string {
+	if e.Verdict != nil {
+		return e.Verdict.String()
+	}
+	if len(e.Data) > 0 {
+		return tupleText(s.Data, e.Data)
+	}
+	return ""
+}
+
+// TypeString is the nft text of the set's type, e.g.
+// "ipv4_addr . inet_proto . inet_service : verdict".
+func (s *Set) TypeString() string {
+	names := func(ts []DataType) string {
+		p := make([]string, len(ts))
+		for i, t := range ts {
+			p[i] = t.Name
+		}
+		return strings.Join(p, " . ")
+	}
+	if s.IsMap() {
+		return names(s.Key) + " : " + names(s.Data)
+	}
+	return names(s.Key)
+}

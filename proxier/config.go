@@ -1,0 +1,40 @@
+// Package proxier runs nftproxy's sync loop: it checks out the changes the
+// watchers recorded, derives the node-local model, builds the desired
+// rulesets, diffs them against what was committed, applies the difference in
+// one transaction per family, and records metrics and health.
+package proxier
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Config is everything the proxier needs to know, already validated and
+// parsed by cmd/nftproxy.
+type Config struct {
+	// NodeName is this node's name (--hostname-override or the hostname).
+	NodeName string
+	// ClusterCIDRs are the pod CIDRs of the cluster (--cluster-cidr): traffic
+	// to a ClusterIP from outside them is masqueraded. Empty: no
+	// masquerading of ClusterIP traffic (as upstream without a detector).
+	ClusterCIDRs []netip.Prefix
+	// ServiceCIDRs are the fallback service CIDRs (--service-cidr), used when
+	// the ServiceCIDR API is not available: traffic to an unallocated
+	// address inside them is dropped.
+	ServiceCIDRs []netip.Prefix
+	// MasqueradeBit is the packet mark bit (0-31) used to mark traffic for
+	// masquerading (default 14, mark 0x4000).
+	MasqueradeBit int
+	// MasqueradeAll masquerades all traffic to Service IPs.
+	MasqueradeAll bool
+	// IPv4, IPv6 enable the families to program.
+	IPv4, IPv6 bool
+
+	// SyncPeriod is the longest time between two syncs (default 30 s);
+	// MinSyncPeriod the shortest (default 1 s; 0 syncs on every change);
+	// FullSyncPeriod how often the whole ruleset is rewritten from scratch
+	// even without failures (default 1 h).
+	SyncPeriod     time.Duration
+	MinSyncPeriod  time.Duration
+	FullSyncPeriod time.Duration
+}

@@ -1,0 +1,137 @@
+package ruleset
+
+import (
+	"net/netip"
+
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/model"
+)
+
+// Config is what the builder needs besides the model.
+type Config struct {
+	// ClusterCIDRs of this family: ClusterIP traffic from outside them is
+	// masqueraded. Empty: none is.
+	ClusterCIDRs []netip.Prefix
+	// ServiceCIDRs of this family: traffic to an unallocated address inside
+	// them is dropped.
+	ServiceCIDRs []netip.Prefix
+	// MasqueradeMark is the mark bit that asks for masquerading (0x4000).
+	MasqueradeMark uint32
+	// MasqueradeAll masquerades all ClusterIP traffic.
+	MasqueradeAll bool
+}
+
+var (
+	vipProtoPort = []nft.Field{nft.FieldDstAddr, nft.FieldL4Proto, nft.FieldDstPort}
+	hairpinKey   = []nft.Field{nft.FieldSrcAddr, nft.FieldDstAddr, nft.FieldL4Proto, nft.FieldDstPort}
+)
+
+// Build returns the complete desired ruleset of the model's family.
+func Build(cfg Config, st *model.State) *nft.Ruleset {
+	rs := nft.NewRuleset(st.Family)
+	addBase(rs, cfg)
+	for i := range st.ServicePorts {
+		addServicePort(rs, &st.ServicePorts[i])
+	}
+	return rs
+}
+
+// addBase adds the objects every node has, whatever its Services.
+func addBase(rs *nft.Ruleset, cfg Config) {
+	f := rs.Family
+	addr := f.AddrType()
+	vipKey := []nft.DataType{addr, nft.TypeInetProto, nft.TypeInetService}
+
+	rs.AddSet(&nft.Set{Name: setClusterIPs, Key: []nft.DataType{addr}, Comment: "Active ClusterIPs"})
+	rs.AddSet(&nft.Set{Name: mapServiceIPs, Key: vipKey, Data: []nft.DataType{nft.TypeVerdict},
+		Comment: "ClusterIP traffic"})
+	rs.AddSet(&nft.Set{Name: mapNoEndpointServices, Key: vipKey, Data: []nft.DataType{nft.TypeVerdict},
+		Comment: "services with no endpoints: reject"})
+	rs.AddSet(&nft.Set{Name: setHairpinConnections,
+		Key:     []nft.DataType{addr, addr, nft.TypeInetProto, nft.TypeInetService},
+		Comment: "endpoint connections to itself through its service"})
+
+	base := func(name string, t nft.ChainType, h nft.Hook, prio int32, rules ...nft.Rule) {
+		rs.AddChain(&nft.Chain{Name: name, Base: &nft.BaseChain{Type: t, Hook: h, Priority: prio}, Rules: rules})
+	}
+	ctNewJump := func(chain string) nft.Rule {
+		return nft.Rule{Phrases: []nft.Phrase{nft.MatchCtStateNew{}, nft.Jump(chain)}}
+	}
+	base(chainNATPrerouting, nft.ChainNAT, nft.HookPrerouting, nft.PriorityDstNAT, rule(nft.Jump(chainServices)))
+	base(chainNATOutput, nft.ChainNAT, nft.HookOutput, nft.PriorityDstNAT, rule(nft.Jump(chainServices)))
+	base(chainNATPostrouting, nft.ChainNAT, nft.HookPostrouting, nft.PrioritySrcNAT, rule(nft.Jump(chainMasquerading)))
+	base(chainFilterForward, nft.ChainFilter, nft.HookForward, nft.PriorityFilter,
+		ctNewJump(chainServiceEndpointCheck), ctNewJump(chainClusterIPsCheck))
+	base(chainFilterOutput, nft.ChainFilter, nft.HookOutput, nft.PriorityFilter,
+		ctNewJump(chainServiceEndpointCheck), ctNewJump(chainClusterIPsCheck))
+	base(chainFilterInput, nft.ChainFilter, nft.HookInput, nft.PriorityFilter,
+		ctNewJump(chainServiceEndpointCheck))
+
+	rs.AddChain(&nft.Chain{Name: chainServices, Rules: servicesRules(cfg)})
+	rs.AddChain(&nft.Chain{Name: chainMasquerading, Rules: []nft.Rule{
+		rule(nft.MatchMarkBits{Mask: cfg.MasqueradeMark}, nft.ToggleMarkBits{Bits: cfg.MasqueradeMark}, nft.Masquerade{}),
+		rule(nft.MatchCtStatusDNAT{}, nft.MatchSet{Fields: hairpinKey, Set: setHairpinConnections}, nft.Masquerade{}),
+	}})
+	rs.AddChain(&nft.Chain{Name: chainServiceEndpointCheck, Rules: []nft.Rule{
+		rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapNoEndpointServices}),
+	}})
+	check := []nft.Rule{{
+		Phrases: []nft.Phrase{nft.MatchSet{Fields: []nft.Field{nft.FieldDstAddr}, Set: setClusterIPs}, nft.Reject{}},
+		Comment: "reject traffic to invalid ports of ClusterIPs",
+	}}
+	for _, p := range cfg.ServiceCIDRs {
+		check = append(check, nft.Rule{
+			Phrases: []nft.Phrase{nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: p}, nft.Drop()},
+			Comment: "drop traffic to unallocated ClusterIPs",
+		})
+	}
+	rs.AddChain(&nft.Chain{Name: chainClusterIPsCheck, Rules: check})
+	rs.AddChain(&nft.Chain{Name: chainReject, Rules: []nft.Rule{rule(nft.Reject{})}})
+}
+
+// servicesRules mark ClusterIP traffic for masquerading, then dispatch.
+func servicesRules(cfg Config) []nft.Rule {
+	var rules []nft.Rule
+	toClusterIP := nft.MatchSet{Fields: []nft.Field{nft.FieldDstAddr}, Set: setClusterIPs}
+	mark := nft.SetMarkBits{Bits: cfg.MasqueradeMark}
+	switch {
+	case cfg.MasqueradeAll:
+		rules = append(rules, nft.Rule{Phrases: []nft.Phrase{toClusterIP, mark},
+			Comment: "masquerade all clusterIP traffic"})
+	default:
+		for _, c := range cfg.ClusterCIDRs {
+			rules = append(rules, nft.Rule{
+				Phrases: []nft.Phrase{toClusterIP, nft.MatchPrefix{Field: nft.FieldSrcAddr, Prefix: c, Negate: true}, mark},
+				Comment: "masquerade clusterIP traffic from outside the cluster",
+			})
+		}
+	}
+	return append(rules, rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapServiceIPs}))
+}
+
+// addServicePort adds what one service port needs: its ClusterIP, and
+// either a chain that DNATs to its endpoints (dispatched from service-ips)
+// or a reject (no-endpoint-services).
+func addServicePort(rs *nft.Ruleset, sp *model.ServicePortState) {
+	rs.AddElement(setClusterIPs, nft.Element{Key: []nft.Datum{nft.Addr(sp.ClusterIP)}})
+	key := []nft.Datum{nft.Addr(sp.ClusterIP), nft.Int(uint32(sp.Name.Protocol)), nft.Int(uint32(sp.Port))}
+	comment := sp.Name.String()
+	if len(sp.Endpoints) == 0 {
+		rs.AddElement(mapNoEndpointServices, nft.Element{Key: key, Comment: comment,
+			Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: chainReject}})
+		return
+	}
+	chain := ServiceChainName(sp.Name)
+	rs.AddChain(&nft.Chain{Name: chain, Rules: []nft.Rule{
+		rule(nft.MatchL4Proto{Proto: sp.Name.Protocol}, nft.DNATRandom{Backends: sp.Endpoints}),
+	}})
+	rs.AddElement(mapServiceIPs, nft.Element{Key: key, Comment: comment,
+		Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: chain}})
+	for _, ep := range sp.Endpoints {
+		rs.AddElement(setHairpinConnections, nft.Element{Key: []nft.Datum{
+			nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nft.Int(uint32(sp.Name.Protocol)), nft.Int(uint32(ep.Port())),
+		}})
+	}
+}
+
+func rule(p ...nft.Phrase) nft.Rule { return nft.Rule{Phrases: p} }

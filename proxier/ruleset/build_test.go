@@ -1,0 +1,145 @@
+package ruleset
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/model"
+)
+
+var testConfig = Config{
+	ClusterCIDRs:   []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+	ServiceCIDRs:   []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")},
+	MasqueradeMark: 0x4000,
+}
+
+func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+func ip(s string) netip.Addr     { return netip.MustParseAddr(s) }
+
+func spName(ns, name, port string, proto uint8) model.ServicePortName {
+	return model.ServicePortName{ServiceName: model.ServiceName{Namespace: ns, Name: name}, Port: port, Protocol: proto}
+}
+
+// testState: web (tcp 80 → 2 endpoints on 8080), dns (udp 53 → 1), empty
+// (tcp 80, no endpoints).
+func testState() *model.State {
+	return &model.State{Family: nft.IPv4, ServicePorts: []model.ServicePortState{
+		{Name: spName("default", "web", "http", nft.ProtoTCP), ClusterIP: ip("10.96.0.10"), Port: 80,
+			Endpoints: []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}},
+		{Name: spName("kube-system", "dns", "dns", nft.ProtoUDP), ClusterIP: ip("10.96.0.53"), Port: 53,
+			Endpoints: []netip.AddrPort{ap("10.244.1.20:5353")}},
+		{Name: spName("default", "empty", "", nft.ProtoTCP), ClusterIP: ip("10.96.0.20"), Port: 80},
+	}}
+}
+
+func apply(t *testing.T, fk *nft.Fake, committed, desired *nft.Ruleset) *nft.Transaction {
+	t.Helper()
+	tx := nft.Diff(committed, desired)
+	if err := fk.Apply(context.Background(), tx); err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	return tx
+}
+
+func TestFlows(t *testing.T) {
+	fk := nft.NewFake()
+	apply(t, fk, nil, Build(testConfig, testState()))
+	tr := nft.NewTracer(fk, ip("10.10.0.11"))
+
+	pod, outside := ip("10.244.1.5"), ip("10.10.0.99")
+	tests := []struct {
+		name       string
+		pkt        nft.Packet
+		verdict    nft.VerdictKind
+		dnat       []netip.AddrPort
+		masquerade bool
+	}{
+		{"pod to ClusterIP", nft.Packet{Src: pod, Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
+			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}, false},
+		{"outside to ClusterIP is masqueraded", nft.Packet{Src: outside, Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
+			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}, true},
+		{"node to ClusterIP is masqueraded", nft.Packet{Src: ip("10.10.0.11"), Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80, FromNode: true},
+			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}, true},
+		{"udp port remap", nft.Packet{Src: pod, Dst: ip("10.96.0.53"), Proto: nft.ProtoUDP, DPort: 53},
+			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.20:5353")}, false},
+		{"tcp to a udp port is rejected", nft.Packet{Src: pod, Dst: ip("10.96.0.53"), Proto: nft.ProtoTCP, DPort: 53},
+			nft.VerdictReject, nil, false},
+		{"wrong port is rejected", nft.Packet{Src: pod, Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 81},
+			nft.VerdictReject, nil, false},
+		{"no endpoints is rejected", nft.Packet{Src: pod, Dst: ip("10.96.0.20"), Proto: nft.ProtoTCP, DPort: 80},
+			nft.VerdictReject, nil, false},
+		{"no endpoints from the node is rejected", nft.Packet{Src: ip("10.10.0.11"), Dst: ip("10.96.0.20"), Proto: nft.ProtoTCP, DPort: 80, FromNode: true},
+			nft.VerdictReject, nil, false},
+		{"unallocated ClusterIP is dropped", nft.Packet{Src: pod, Dst: ip("10.96.5.5"), Proto: nft.ProtoTCP, DPort: 80},
+			nft.VerdictDrop, nil, false},
+		{"other traffic is untouched", nft.Packet{Src: pod, Dst: ip("10.244.2.12"), Proto: nft.ProtoTCP, DPort: 8080},
+			nft.VerdictAccept, nil, false},
+		{"hairpin is masqueraded", nft.Packet{Src: ip("10.244.1.11"), Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
+			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res := tr.Trace(tc.pkt)
+			if res.Verdict != tc.verdict || !slices.Equal(res.DNAT, tc.dnat) || res.Masquerade != tc.masquerade {
+				t.Errorf("got verdict %s dnat %v masquerade %v; want %s %v %v\ntrace:\n%v",
+					res.Verdict, res.DNAT, res.Masquerade, tc.verdict, tc.dnat, tc.masquerade, res.Log)
+			}
+		})
+	}
+}
+
+func TestResyncIsEmpty(t *testing.T) {
+	fk := nft.NewFake()
+	first := Build(testConfig, testState())
+	apply(t, fk, nil, first)
+	if tx := nft.Diff(first, Build(testConfig, testState())); !tx.Empty() {
+		t.Fatalf("unchanged state gives %d ops: %+v", len(tx.Ops), tx.Ops)
+	}
+}
+
+// TestChangesCostTheirSize: moving one endpoint, adding and removing a
+// service each touch a handful of objects, whatever the number of services.
+func TestChangesCostTheirSize(t *testing.T) {
+	for _, n := range []int{10, 1000} {
+		st := bigState(n)
+		fk := nft.NewFake()
+		committed := Build(testConfig, st)
+		apply(t, fk, nil, committed)
+
+		st.ServicePorts[n/2].Endpoints = []netip.AddrPort{ap("10.244.9.9:8080")}
+		desired := Build(testConfig, st)
+		tx := apply(t, fk, committed, desired)
+		// flush + add rule of one chain, hairpin: 5 old out, 1 new in.
+		if got := tx.Changes(); got != 2+5+1 {
+			t.Errorf("n=%d: endpoint change touched %d objects: %+v", n, got, tx.Ops)
+		}
+		committed = desired
+
+		st.ServicePorts = st.ServicePorts[1:]
+		desired = Build(testConfig, st)
+		tx = apply(t, fk, committed, desired)
+		// cluster-ips, service-ips, 5 hairpin elements out; chain flushed and deleted.
+		if got := tx.Changes(); got != 1+1+5+2 {
+			t.Errorf("n=%d: service removal touched %d objects: %+v", n, got, tx.Ops)
+		}
+	}
+}
+
+func bigState(n int) *model.State {
+	st := &model.State{Family: nft.IPv4}
+	for i := 0; i < n; i++ {
+		sp := model.ServicePortState{
+			Name:      spName("ns", "svc"+strconv.Itoa(i), "http", nft.ProtoTCP),
+			ClusterIP: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80,
+		}
+		for j := 0; j < 5; j++ {
+			sp.Endpoints = append(sp.Endpoints, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), uint16(8000+j)))
+		}
+		st.ServicePorts = append(st.ServicePorts, sp)
+	}
+	return st
+}
