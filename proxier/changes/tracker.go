@@ -1,0 +1,119 @@
+// Package changes records what the watchers saw between two syncs.
+//
+// A Tracker keeps, per object, the value the last successful sync applied and
+// the latest value seen. Informer callbacks only write; the sync loop checks
+// out a consistent snapshot, and only after the transaction built from it
+// succeeded does it mark the snapshot applied. A failed sync therefore loses
+// nothing: the same changes are pending at the next attempt (upstream
+// kube-proxy forgets them, kubernetes#112604). Changes that cancel out (an
+// update back to the applied value) are not pending.
+package changes
+
+import "sync"
+
+// Tracker tracks objects of type V by key K. V values must be treated as
+// immutable once handed to the tracker.
+type Tracker[K comparable, V any] struct {
+	mu      sync.Mutex
+	equal   func(a, b V) bool
+	current map[K]V        // latest value; absent: deleted
+	applied map[K]V        // value the last successful sync applied
+	dirty   map[K]struct{} // keys whose current differs from applied
+	total   int            // changes recorded since start
+}
+
+// New returns a tracker that uses equal to drop no-op changes.
+func New[K comparable, V any](equal func(a, b V) bool) *Tracker[K, V] {
+	return &Tracker[K, V]{equal: equal, current: map[K]V{}, applied: map[K]V{}, dirty: map[K]struct{}{}}
+}
+
+// Set records the latest value of an object (add or update). It reports
+// whether this changed what is pending.
+func (t *Tracker[K, V]) Set(k K, v V) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.current[k]; ok && t.equal(old, v) {
+		return false
+	}
+	t.current[k] = v
+	t.total++
+	t.markLocked(k)
+	return true
+}
+
+// Delete records that an object is gone. It reports whether this changed
+// what is pending.
+func (t *Tracker[K, V]) Delete(k K) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.current[k]; !ok {
+		return false
+	}
+	delete(t.current, k)
+	t.total++
+	t.markLocked(k)
+	return true
+}
+
+func (t *Tracker[K, V]) markLocked(k K) {
+	cur, hasCur := t.current[k]
+	app, hasApp := t.applied[k]
+	if hasCur == hasApp && (!hasCur || t.equal(cur, app)) {
+		delete(t.dirty, k)
+		return
+	}
+	t.dirty[k] = struct{}{}
+}
+
+// Pending is the number of objects whose latest value is not applied yet.
+func (t *Tracker[K, V]) Pending() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.dirty)
+}
+
+// Total is the number of changes recorded since the tracker was made.
+func (t *Tracker[K, V]) Total() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.total
+}
+
+// Snapshot is a consistent view of a tracker: every current object, and the
+// changes pending at the time it was taken.
+type Snapshot[K comparable, V any] struct {
+	Current map[K]V
+	// Changed maps each pending key to its value at snapshot time; a key
+	// absent from Current was deleted.
+	Changed map[K]V
+}
+
+// Checkout returns a snapshot. It changes nothing: call Applied with it once
+// the sync built from it has succeeded.
+func (t *Tracker[K, V]) Checkout() Snapshot[K, V] {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := Snapshot[K, V]{Current: make(map[K]V, len(t.current)), Changed: make(map[K]V, len(t.dirty))}
+	for k, v := range t.current {
+		s.Current[k] = v
+	}
+	for k := range t.dirty {
+		s.Changed[k] = t.current[k]
+	}
+	return s
+}
+
+// Applied marks the state of a snapshot as applied. Changes recorded after
+// the snapshot was taken stay pending.
+func (t *Tracker[K, V]) Applied(s Snapshot[K, V]) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k := range s.Changed {
+		if v, ok := s.Current[k]; ok {
+			t.applied[k] = v
+		} else {
+			delete(t.applied, k)
+		}
+		t.markLocked(k)
+	}
+}

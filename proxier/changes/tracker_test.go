@@ -1,0 +1,54 @@
+package changes
+
+import "testing"
+
+func newIntTracker() *Tracker[string, int] {
+	return New[string, int](func(a, b int) bool { return a == b })
+}
+
+func TestNoOpChangesAreNotPending(t *testing.T) {
+	tr := newIntTracker()
+	tr.Set("a", 1)
+	s := tr.Checkout()
+	tr.Applied(s)
+	if tr.Pending() != 0 {
+		t.Fatalf("pending after applied: %d", tr.Pending())
+	}
+	tr.Set("a", 2)
+	tr.Set("a", 1) // back to the applied value
+	if tr.Pending() != 0 {
+		t.Errorf("update back to applied value is pending")
+	}
+	tr.Set("b", 1)
+	tr.Delete("b") // never applied
+	if tr.Pending() != 0 {
+		t.Errorf("add then delete is pending")
+	}
+}
+
+func TestFailedSyncKeepsChanges(t *testing.T) {
+	tr := newIntTracker()
+	tr.Set("a", 1)
+	_ = tr.Checkout() // the sync fails: Applied is not called
+	s := tr.Checkout()
+	if _, ok := s.Changed["a"]; !ok || tr.Pending() != 1 {
+		t.Fatalf("change lost after failed sync: %+v", s)
+	}
+}
+
+func TestChangesDuringSyncStayPending(t *testing.T) {
+	tr := newIntTracker()
+	tr.Set("a", 1)
+	tr.Set("b", 1)
+	s := tr.Checkout()
+	tr.Set("a", 2) // arrives while the sync runs
+	tr.Delete("b")
+	tr.Applied(s)
+	got := tr.Checkout()
+	if len(got.Changed) != 2 || got.Changed["a"] != 2 {
+		t.Fatalf("want a=2 and b deleted pending, got %+v", got.Changed)
+	}
+	if _, ok := got.Current["b"]; ok {
+		t.Errorf("b should be deleted")
+	}
+}

@@ -1,0 +1,135 @@
+package proxier
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/nftproxy/nftproxy/nft"
+)
+
+func service(ns, name, ip string, port int32, proto v1.Protocol) *v1.Service {
+	return &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1.ServiceSpec{ClusterIP: ip, ClusterIPs: []string{ip},
+			Ports: []v1.ServicePort{{Name: "p", Port: port, Protocol: proto}}},
+	}
+}
+
+func slice(ns, svc, name string, port int32, proto v1.Protocol, addrs ...string) *discovery.EndpointSlice {
+	pname := "p"
+	es := &discovery.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discovery.LabelServiceName: svc}},
+		AddressType: discovery.AddressTypeIPv4,
+		Ports:       []discovery.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}},
+	}
+	for _, a := range addrs {
+		es.Endpoints = append(es.Endpoints, discovery.Endpoint{Addresses: []string{a}})
+	}
+	return es
+}
+
+type harness struct {
+	t      *testing.T
+	client *fake.Clientset
+	fk     *nft.Fake
+	p      *Proxier
+}
+
+func start(t *testing.T, objs ...runtime.Object) *harness {
+	t.Helper()
+	h := &harness{t: t, client: fake.NewClientset(objs...), fk: nft.NewFake()}
+	var err error
+	h.p, err = New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute,
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}},
+		Deps{Client: h.client, NFT: map[nft.Family]nft.Interface{nft.IPv4: h.fk}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = h.p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return h
+}
+
+// eventually waits for the packet to get the wanted DNAT targets.
+func (h *harness) eventually(pkt nft.Packet, want nft.VerdictKind, dnat ...string) {
+	h.t.Helper()
+	var wantAP []netip.AddrPort
+	for _, d := range dnat {
+		wantAP = append(wantAP, netip.MustParseAddrPort(d))
+	}
+	var res nft.TraceResult
+	for i := 0; i < 200; i++ {
+		res = nft.NewTracer(h.fk).Trace(pkt)
+		if res.Verdict == want && slices.Equal(res.DNAT, wantAP) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.t.Fatalf("packet %+v: got %s %v, want %s %v\n%s", pkt, res.Verdict, res.DNAT, want, wantAP, h.fk.Dump(nft.IPv4))
+}
+
+func tcp(dst string, port uint16) nft.Packet {
+	return nft.Packet{Src: netip.MustParseAddr("10.244.1.5"), Dst: netip.MustParseAddr(dst), Proto: nft.ProtoTCP, DPort: port}
+}
+
+func TestServiceLifecycle(t *testing.T) {
+	h := start(t, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
+	ctx := context.Background()
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictReject) // no endpoints yet
+
+	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
+
+	es = slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11", "10.244.2.12")
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080", "10.244.2.12:8080")
+
+	if err := h.client.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictDrop) // now unallocated
+}
+
+// TestBadInputIsSkipped: an invalid endpoint address, an invalid ClusterIP
+// and an unknown protocol are skipped; other Services keep working.
+func TestBadInputIsSkipped(t *testing.T) {
+	bad := service("default", "bad-ip", "not-an-ip", 80, v1.ProtocolTCP)
+	badProto := service("default", "bad-proto", "10.96.0.30", 80, "ICMP")
+	h := start(t,
+		service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP),
+		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11", "999.1.1.1", "fe80::1", "127.0.0.1"),
+		bad, badProto,
+	)
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
+}
+
+// TestFailedSyncIsRetried: a transaction the kernel refuses is retried, the
+// change is not lost, and the retry rewrites the table whole.
+func TestFailedSyncIsRetried(t *testing.T) {
+	h := start(t, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictReject)
+	h.fk.FailNext = errors.New("injected ENOBUFS")
+	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(context.Background(), es, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
+}

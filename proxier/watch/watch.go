@@ -1,0 +1,171 @@
+package watch
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/nftproxy/nftproxy/proxier/changes"
+	"github.com/nftproxy/nftproxy/proxier/model"
+)
+
+// Trackers are where the watchers record what they see.
+type Trackers struct {
+	Services *changes.Tracker[model.ServiceName, *model.Service]
+	Slices   *changes.Tracker[model.SliceKey, *model.EndpointSlice]
+}
+
+// NewTrackers returns empty trackers that drop no-op changes.
+func NewTrackers() Trackers {
+	return Trackers{
+		Services: changes.New[model.ServiceName, *model.Service](func(a, b *model.Service) bool { return reflect.DeepEqual(a, b) }),
+		Slices:   changes.New[model.SliceKey, *model.EndpointSlice](func(a, b *model.EndpointSlice) bool { return reflect.DeepEqual(a, b) }),
+	}
+}
+
+// Hooks are the watcher's calls out: all optional.
+type Hooks struct {
+	// Changed is called after an event changed what is pending.
+	Changed func()
+	// Event is called for every API event, kind "Service", "EndpointSlice"
+	// or "Node", whether or not it changed anything.
+	Event func(kind string)
+	// Invalid is called for every problem found in an object.
+	Invalid func(Problem)
+	// Node is called with this node's object on every change.
+	Node func(*v1.Node)
+}
+
+// Watcher runs the informers.
+type Watcher struct {
+	factory     informers.SharedInformerFactory
+	nodeFactory informers.SharedInformerFactory
+	extra       []informers.SharedInformerFactory
+	synced      []cache.InformerSynced
+}
+
+// New sets up informers for Services, EndpointSlices and this node that
+// record into t. resync is the informers' resync period (0: none).
+func New(client kubernetes.Interface, nodeName string, resync time.Duration, t Trackers, h Hooks) (*Watcher, error) {
+	h = h.withDefaults()
+	factory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = ProxyLabelSelector }))
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+		}))
+	w := &Watcher{factory: factory, nodeFactory: nodeFactory}
+
+	svcInf := factory.Core().V1().Services().Informer()
+	if _, err := svcInf.AddEventHandler(handler(h, "Service", func(obj any) {
+		s := obj.(*v1.Service)
+		key := model.ServiceName{Namespace: s.Namespace, Name: s.Name}
+		m, problems := ConvertService(s)
+		report(h, problems)
+		if m == nil {
+			recordDelete(h, t.Services, key)
+			return
+		}
+		if t.Services.Set(key, m) {
+			h.Changed()
+		}
+	}, func(ns, name string) { recordDelete(h, t.Services, model.ServiceName{Namespace: ns, Name: name}) })); err != nil {
+		return nil, fmt.Errorf("service informer: %w", err)
+	}
+	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
+	if _, err := sliceInf.AddEventHandler(handler(h, "EndpointSlice", func(obj any) {
+		es := obj.(*discovery.EndpointSlice)
+		key := model.SliceKey{Namespace: es.Namespace, Name: es.Name}
+		m, problems := ConvertEndpointSlice(es)
+		report(h, problems)
+		if m == nil {
+			recordDelete(h, t.Slices, key)
+			return
+		}
+		if t.Slices.Set(key, m) {
+			h.Changed()
+		}
+	}, func(ns, name string) { recordDelete(h, t.Slices, model.SliceKey{Namespace: ns, Name: name}) })); err != nil {
+		return nil, fmt.Errorf("endpointslice informer: %w", err)
+	}
+	nodeInf := nodeFactory.Core().V1().Nodes().Informer()
+	if _, err := nodeInf.AddEventHandler(handler(h, "Node", func(obj any) { h.Node(obj.(*v1.Node)) },
+		func(string, string) { h.Node(nil) })); err != nil {
+		return nil, fmt.Errorf("node informer: %w", err)
+	}
+	w.synced = []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
+	return w, nil
+}
+
+// Start starts the informers and waits until Services and EndpointSlices
+// are synced: before that, the proxy must not program anything (a partial
+// view after a restart would drop traffic to Services not seen yet).
+func (w *Watcher) Start(ctx context.Context) error {
+	w.factory.Start(ctx.Done())
+	w.nodeFactory.Start(ctx.Done())
+	for _, f := range w.extra {
+		f.Start(ctx.Done())
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), w.synced...) {
+		return fmt.Errorf("informers did not sync: %w", ctx.Err())
+	}
+	return nil
+}
+
+func (h Hooks) withDefaults() Hooks {
+	if h.Changed == nil {
+		h.Changed = func() {}
+	}
+	if h.Event == nil {
+		h.Event = func(string) {}
+	}
+	if h.Invalid == nil {
+		h.Invalid = func(Problem) {}
+	}
+	if h.Node == nil {
+		h.Node = func(*v1.Node) {}
+	}
+	return h
+}
+
+func report(h Hooks, problems []Problem) {
+	for _, p := range problems {
+		klog.ErrorS(nil, "Skipping invalid part of object", "kind", p.Kind, "object", p.Object, "reason", p.Reason, "detail", p.Detail)
+		h.Invalid(p)
+	}
+}
+
+
+func recordDelete[K comparable, V any](h Hooks, t *changes.Tracker[K, V], k K) {
+	if t.Delete(k) {
+		h.Changed()
+	}
+}
+
+// handler adapts add/update/delete callbacks; deletes are given the object's
+// namespace and name (tombstones included).
+func handler(h Hooks, kind string, upsert func(obj any), del func(ns, name string)) cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { h.Event(kind); upsert(obj) },
+		UpdateFunc: func(_, obj any) { h.Event(kind); upsert(obj) },
+		DeleteFunc: func(obj any) {
+			h.Event(kind)
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if m, ok := obj.(metav1.Object); ok {
+				del(m.GetNamespace(), m.GetName())
+			}
+		},
+	}
+}
