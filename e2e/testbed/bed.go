@@ -1,0 +1,273 @@
+package testbed
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// Addresses of the control namespace on the fabric; the API server listens there.
+const (
+	ControlIPv4 = "10.10.0.1"
+	ControlIPv6 = "fd00:10::1"
+	// APIServerURL is the API server as seen from every namespace of a bed.
+	APIServerURL = "https://" + ControlIPv4 + ":6443"
+	// ServiceCIDRs are the API server's --service-cluster-ip-range (IPv4 primary).
+	ServiceCIDRs = "10.96.0.0/12,fd00:96::/108"
+)
+
+// Users in the API server's token file.
+const (
+	// AdminUser is in group system:masters.
+	AdminUser = "admin"
+	// ProxyUser has only what ClusterRole system:node-proxier grants (bound by the
+	// ClusterRoleBinding ProxyRoleBinding), like kube-proxy in a real cluster.
+	ProxyUser = "nftproxy"
+	// ProxyRoleBinding is the ClusterRoleBinding giving ProxyUser system:node-proxier.
+	ProxyRoleBinding = "nftproxy-e2e:node-proxier"
+)
+
+// Options configure a bed. The zero value is fine.
+type Options struct {
+	// BinDir holds etcd and kube-apiserver. Empty: EnsureBinaries (which builds them).
+	BinDir string
+	// LogDir receives component and process logs (in a subdirectory named after the
+	// bed's Prefix) and keeps them after the test.
+	// Empty: a temporary directory, removed at cleanup; if the test failed, the tails of
+	// all logs are printed first.
+	LogDir string
+	// APIServerFlags are appended to kube-apiserver's command line
+	// (e.g. "--feature-gates=...").
+	APIServerFlags []string
+}
+
+// Bed is one running test cluster. Its methods that create things (AddNode, AddPod,
+// Start) fail the test on error and must be called from the test's goroutine.
+type Bed struct {
+	// Prefix starts the name of every namespace of this bed: "nfp" and 5 hex digits.
+	Prefix string
+	// Ctl is the control namespace: bridge br0, etcd, kube-apiserver.
+	Ctl Netns
+	// AdminKubeconfig and ProxyKubeconfig are kubeconfig files for AdminUser and
+	// ProxyUser, for programs running inside a bed namespace (they use APIServerURL).
+	AdminKubeconfig, ProxyKubeconfig string
+	// Dir is the bed's working directory (certificates, etcd data).
+	Dir string
+
+	t       TB
+	opts    Options
+	logDir  string
+	pki     *pki
+	etcd    *Process
+	apisrv  *Process
+	client  kubernetes.Interface
+	cleaned sync.Once
+
+	mu         sync.Mutex
+	namespaces []string // created namespaces, in creation order
+	procs      []*Process
+	procSeq    int
+	nodes      []*Node
+}
+
+// Start creates a bed: the control namespace and fabric, etcd and kube-apiserver (ready,
+// with RBAC for ProxyUser in place). Everything is removed when the test ends. Start skips
+// a *testing.T or *testing.B when it cannot run here (not root, no iproute2), unless
+// NFTPROXY_E2E=1; any other TB gets a Fatal.
+func Start(t TB, opts Options) *Bed {
+	t.Helper()
+	if tb, ok := t.(testing.TB); ok {
+		RequirePrivileges(tb)
+	} else if why := privilegeProblem(); why != "" {
+		t.Fatalf("e2e test bed %s", why)
+	}
+	sweepOnce.Do(func() {
+		removed, err := Sweep(false)
+		if len(removed) > 0 || err != nil {
+			t.Logf("testbed: swept leftovers of earlier runs: %v (errors: %v)", removed, err)
+		}
+	})
+	if opts.BinDir == "" {
+		opts.BinDir = EnsureBinaries(t)
+	} else if err := checkBinaries(opts.BinDir); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	b := &Bed{t: t, opts: opts}
+	// The owner file is written before anything else exists, so that a concurrent Sweep
+	// never mistakes this bed for a dead one.
+	for b.Prefix == "" {
+		prefix := newPrefix()
+		if err := writeOwner(prefix); errors.Is(err, os.ErrExist) {
+			continue
+		} else if err != nil {
+			t.Fatalf("record test bed owner: %v", err)
+		}
+		b.Prefix = prefix
+	}
+	b.Ctl = Netns{NS: b.Prefix + "-ctl", bed: b}
+	register(b)
+	t.Cleanup(func() { b.cleanup(t.Failed()) })
+	if err := b.start(); err != nil {
+		t.Fatalf("start test bed %s: %v", b.Prefix, err)
+	}
+	t.Logf("testbed %s: API server ready at %s after %v (logs in %s)", b.Prefix, APIServerURL, time.Since(started).Round(time.Millisecond), b.logDir)
+	return b
+}
+
+var sweepOnce sync.Once
+
+// RequirePrivileges skips the test unless it runs as root with iproute2 installed; with
+// NFTPROXY_E2E=1 it fails the test instead.
+func RequirePrivileges(t testing.TB) {
+	t.Helper()
+	why := privilegeProblem()
+	if why == "" {
+		return
+	}
+	if os.Getenv("NFTPROXY_E2E") == "1" {
+		t.Fatalf("e2e test bed %s (NFTPROXY_E2E=1 makes this a failure)", why)
+	}
+	t.Skipf("e2e test bed %s", why)
+}
+
+// privilegeProblem says why a bed cannot run here, or "".
+func privilegeProblem() string {
+	if os.Geteuid() != 0 {
+		return "needs root"
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return "needs iproute2 (ip)"
+	}
+	return ""
+}
+
+func newPrefix() string {
+	b := make([]byte, 3)
+	rand.Read(b)
+	return "nfp" + hex.EncodeToString(b)[:5]
+}
+
+func (b *Bed) start() error {
+	dir, err := os.MkdirTemp("", b.Prefix+"-")
+	if err != nil {
+		return err
+	}
+	b.Dir = dir
+	b.logDir = filepath.Join(dir, "logs")
+	if b.opts.LogDir != "" {
+		b.logDir = filepath.Join(b.opts.LogDir, b.Prefix) // beds may share a LogDir
+	}
+	if err := os.MkdirAll(b.logDir, 0o755); err != nil {
+		return err
+	}
+	if err := b.setupControlNetns(); err != nil {
+		return err
+	}
+	return b.startControlPlane()
+}
+
+// addNetns creates a namespace of this bed and records it for cleanup.
+func (b *Bed) addNetns(ns string, settings ...string) error {
+	b.mu.Lock()
+	b.namespaces = append(b.namespaces, ns)
+	b.mu.Unlock()
+	return addNetns(ns, settings...)
+}
+
+// RESTConfig is an admin client configuration whose connections are made inside the
+// control namespace. QPS and Burst are high for scale tests; copy and change as needed.
+func (b *Bed) RESTConfig() *rest.Config {
+	return b.restConfig(b.pki.adminToken)
+}
+
+// ProxyRESTConfig is like RESTConfig but authenticates as ProxyUser.
+func (b *Bed) ProxyRESTConfig() *rest.Config {
+	return b.restConfig(b.pki.proxyToken)
+}
+
+func (b *Bed) restConfig(token string) *rest.Config {
+	return &rest.Config{
+		Host:            APIServerURL,
+		BearerToken:     token,
+		TLSClientConfig: rest.TLSClientConfig{CAData: b.pki.caPEM},
+		Dial:            b.Ctl.DialContext,
+		QPS:             1000,
+		Burst:           2000,
+	}
+}
+
+// Client is an admin clientset for the bed's API server.
+func (b *Bed) Client() kubernetes.Interface {
+	return b.client
+}
+
+// Nodes returns the nodes added so far, in order.
+func (b *Bed) Nodes() []*Node {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.nodes)
+}
+
+// LogDir is the directory holding the logs of etcd, kube-apiserver and started processes.
+func (b *Bed) LogDir() string { return b.logDir }
+
+// cleanup kills every process and deletes every namespace of the bed, once. It runs from
+// t.Cleanup or from the signal handler (then without t, so it writes to stderr).
+func (b *Bed) cleanup(failed bool) {
+	b.cleaned.Do(func() {
+		defer unregister(b)
+		b.mu.Lock()
+		procs, namespaces := slices.Clone(b.procs), slices.Clone(b.namespaces)
+		b.mu.Unlock()
+		if failed {
+			b.dumpLogs(procs)
+		}
+		for _, p := range slices.Backward(procs) {
+			p.Kill()
+		}
+		for _, ns := range slices.Backward(namespaces) {
+			for _, pid := range netnsPids(ns) { // e.g. daemons a test started via Exec
+				killPid(pid)
+			}
+			if err := deleteNetns(ns); err != nil {
+				fmt.Fprintf(os.Stderr, "testbed %s: %v\n", b.Prefix, err)
+			}
+		}
+		os.Remove(filepath.Join(ownerDir, b.Prefix))
+		switch {
+		case b.Dir == "":
+		case b.opts.LogDir != "":
+			os.RemoveAll(filepath.Join(b.Dir, "etcd")) // logs are elsewhere; drop the bulk
+		default:
+			os.RemoveAll(b.Dir)
+		}
+	})
+}
+
+// dumpLogs prints the tail of every log, for a failed test.
+func (b *Bed) dumpLogs(procs []*Process) {
+	for _, p := range procs {
+		n := 30
+		if p == b.apisrv || p == b.etcd {
+			n = 60
+		}
+		msg := fmt.Sprintf("testbed %s: last %d lines of %s (%v):\n%s", b.Prefix, n, p.LogPath, p.Args, tail(p.Log(), n))
+		if b.t != nil {
+			b.t.Log(msg)
+		} else {
+			fmt.Fprintln(os.Stderr, msg)
+		}
+	}
+}

@@ -1,0 +1,118 @@
+package testbed
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+)
+
+// CacheDir is where build.sh puts binaries: $NFTPROXY_E2E_CACHE, or
+// $HOME/.cache/nftproxy-e2e.
+func CacheDir() string {
+	if d := os.Getenv("NFTPROXY_E2E_CACHE"); d != "" {
+		return d
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		home = os.TempDir()
+	}
+	return filepath.Join(home, ".cache", "nftproxy-e2e")
+}
+
+// repoRoot is the root of the nftproxy module, found from this source file so that tests
+// in any package (and any working directory) can find e2e/tools/build.sh.
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// requiredBinaries are the programs a Bed runs (kube-proxy is built too, for comparisons,
+// but a Bed does not need it).
+var requiredBinaries = []string{"etcd", "kube-apiserver"}
+
+// EnsureBinaries returns the directory holding etcd, kube-apiserver and kube-proxy,
+// running e2e/tools/build.sh first (a no-op when the binaries are up to date; about 5
+// minutes from cold caches). It fails the test with the build output when the build fails.
+func EnsureBinaries(t TB) string {
+	t.Helper()
+	dir := filepath.Join(CacheDir(), "bin")
+	script := filepath.Join(repoRoot(), "e2e", "tools", "build.sh")
+	cmd := exec.Command(script)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("building e2e binaries with %s failed (it needs the Go module proxy): %v\n%s", script, err, out)
+	}
+	if err := checkBinaries(dir); err != nil {
+		t.Fatalf("after %s: %v\n%s", script, err, out)
+	}
+	return dir
+}
+
+func checkBinaries(dir string) error {
+	for _, name := range requiredBinaries {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("binary %s missing in %s (run e2e/tools/build.sh)", name, dir)
+		}
+	}
+	return nil
+}
+
+// builds memoizes GoBuild per package path: one build per test process, even when
+// parallel tests ask at the same time.
+var builds sync.Map // package path → *goBuildResult
+
+type goBuildResult struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
+// GoBuild builds a main package of this module (e.g.
+// "github.com/nftproxy/nftproxy/e2e/cmd/probe") once per test process and returns the
+// binary's path under CacheDir()/gobin. The binary is written to a temporary name and
+// renamed, so test processes of other packages running the previous build are not
+// disturbed.
+func GoBuild(t TB, pkg string) string {
+	t.Helper()
+	v, _ := builds.LoadOrStore(pkg, new(goBuildResult))
+	r := v.(*goBuildResult)
+	r.once.Do(func() { r.bin, r.err = goBuild(pkg) })
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return r.bin
+}
+
+func goBuild(pkg string) (string, error) {
+	dir := filepath.Join(CacheDir(), "gobin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, path.Base(pkg))
+	tmp := bin + ".tmp" + strconv.Itoa(os.Getpid())
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	cmd := exec.Command(goTool, "build", "-o", tmp, pkg)
+	cmd.Dir = repoRoot()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("go build %s: %w\n%s", pkg, err, out.String())
+	}
+	return bin, os.Rename(tmp, bin)
+}
+
+// ProbePath builds e2e/cmd/probe and returns its path; see that command for its output.
+func ProbePath(t TB) string {
+	t.Helper()
+	return GoBuild(t, "github.com/nftproxy/nftproxy/e2e/cmd/probe")
+}
