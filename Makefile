@@ -1,0 +1,40 @@
+# nftproxy — see README.md. Everything that touches the kernel needs root.
+GO        ?= go
+BIN       := bin
+E2E_FLAGS ?= -timeout 30m
+
+.PHONY: all build test unit e2e-tools e2e demo bench vet clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/nftproxy ./cmd/nftproxy
+	$(GO) build -o $(BIN)/probe ./e2e/cmd/probe
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+
+# Unit tests (pure code, fakes) and kernel integration tests (root: each in
+# its own network namespace), with the race detector.
+unit:
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e/)
+
+# kube-apiserver, etcd and upstream kube-proxy, built from the Go module
+# proxy into ~/.cache/nftproxy-e2e (instant when up to date).
+e2e-tools:
+	e2e/tools/build.sh
+
+# The real test bed: apiserver + etcd, nodes and pods as network namespaces.
+e2e: e2e-tools
+	NFTPROXY_E2E=1 $(GO) test -count=1 $(E2E_FLAGS) ./e2e/...
+
+test: vet unit e2e
+
+# A local control plane, a node with two pods, traffic through a Service.
+demo: e2e-tools
+	$(GO) run ./e2e/cmd/demo
+
+clean:
+	rm -rf $(BIN)
+	$(GO) run ./e2e/cmd/sweep
