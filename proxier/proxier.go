@@ -129,11 +129,23 @@ func (p *Proxier) sync(ctx context.Context) error {
 	}
 	p.trackers.Services.Applied(svcs)
 	p.trackers.Slices.Applied(slices)
+	observeProgrammingLatency(slices.Changed)
 	metrics.ServiceChangesTotal.Add(float64(len(svcs.Changed)))
 	metrics.EndpointChangesTotal.Add(float64(len(slices.Changed)))
 	metrics.ServiceChangesPending.Set(float64(p.trackers.Services.Pending()))
 	metrics.EndpointChangesPending.Set(float64(p.trackers.Slices.Pending()))
 	return nil
+}
+
+// observeProgrammingLatency records, for every EndpointSlice change now in
+// the kernel, the time since the change that caused it.
+func observeProgrammingLatency(changed map[model.SliceKey]*model.EndpointSlice) {
+	now := time.Now()
+	for _, es := range changed {
+		if es != nil && !es.TriggerTime.IsZero() {
+			metrics.NetworkProgrammingLatency.WithLabelValues(familyLabel(es.Family)).Observe(now.Sub(es.TriggerTime).Seconds())
+		}
+	}
 }
 
 // syncFamily builds, diffs and applies one family. After a failure the

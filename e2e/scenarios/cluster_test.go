@@ -61,6 +61,14 @@ func newCluster(t *testing.T) *cluster {
 	return c
 }
 
+// sub returns the cluster for use inside subtest t, so failures end the
+// subtest rather than (illegally) its parent.
+func (c *cluster) sub(t *testing.T) *cluster {
+	cc := *c
+	cc.t = t
+	return &cc
+}
+
 // backend adds a pod on node i (0-based) running the probe server.
 func (c *cluster) backend(i int, name string) *testbed.Pod {
 	p := c.nodes[i].AddPod(name)

@@ -7,6 +7,7 @@ package model
 import (
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -53,6 +54,10 @@ type EndpointSlice struct {
 	Family    nft.Family
 	Ports     []EndpointPort
 	Endpoints []Endpoint
+	// TriggerTime is when the change this version of the slice reflects
+	// happened (annotation endpoints.kubernetes.io/last-change-trigger-time);
+	// zero if unknown. It feeds the network programming latency metric.
+	TriggerTime time.Time
 }
 
 // EndpointPort is one port of an EndpointSlice.

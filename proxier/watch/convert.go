@@ -7,6 +7,7 @@ package watch
 import (
 	"fmt"
 	"net/netip"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -127,6 +128,11 @@ func ConvertEndpointSlice(es *discovery.EndpointSlice) (*model.EndpointSlice, []
 		return Problem{Kind: "EndpointSlice", Object: key.String(), Reason: reason, Detail: fmt.Sprintf(format, args...)}
 	}
 	out := &model.EndpointSlice{Name: es.Name, Service: model.ServiceName{Namespace: es.Namespace, Name: svc}, Family: fam}
+	if raw, ok := es.Annotations[v1.EndpointsLastChangeTriggerTime]; ok {
+		if t, err := time.Parse(time.RFC3339Nano, raw); err == nil {
+			out.TriggerTime = t
+		}
+	}
 	var problems []Problem
 	for _, p := range es.Ports {
 		proto := v1.ProtocolTCP

@@ -145,7 +145,6 @@ func report(h Hooks, problems []Problem) {
 	}
 }
 
-
 func recordDelete[K comparable, V any](h Hooks, t *changes.Tracker[K, V], k K) {
 	if t.Delete(k) {
 		h.Changed()

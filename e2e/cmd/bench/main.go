@@ -33,6 +33,7 @@ var (
 	endpoints = flag.Int("endpoints", 5, "endpoints per Service")
 	changes   = flag.Int("changes", 10, "single EndpointSlice changes to time")
 	upstream  = flag.Bool("upstream", false, "also run upstream kube-proxy (nftables mode) side by side")
+	logDir    = flag.String("logs", "", "keep the logs of every process in this directory")
 )
 
 const ns = "bench"
@@ -55,7 +56,7 @@ type proxy struct {
 }
 
 func run(tb testbed.TB) {
-	bed := testbed.Start(tb, testbed.Options{})
+	bed := testbed.Start(tb, testbed.Options{LogDir: *logDir})
 	client := bed.Client()
 	ctx := context.Background()
 	_, err := client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
@@ -70,8 +71,9 @@ func run(tb testbed.TB) {
 		proxies = append(proxies, &proxy{name: "kube-proxy", node: bed.AddNode("upstream")})
 	}
 	for _, p := range proxies {
+		args := command(tb, bed, p) // may build: not part of the measurement
 		p.started = time.Now()
-		p.proc = p.node.Start(command(tb, bed, p)...)
+		p.proc = p.node.Start(args...)
 	}
 	for _, p := range proxies {
 		waitFirstSync(tb, p)
