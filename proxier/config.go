@@ -37,4 +37,6 @@ type Config struct {
 	SyncPeriod     time.Duration
 	MinSyncPeriod  time.Duration
 	FullSyncPeriod time.Duration
+	// ResyncPeriod is the informers' resync period (--config-sync-period).
+	ResyncPeriod time.Duration
 }

@@ -74,7 +74,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 			}
 		},
 	}
-	w, err := watch.New(p.deps.Client, p.cfg.NodeName, 0, p.trackers, hooks)
+	w, err := watch.New(p.deps.Client, p.cfg.NodeName, p.cfg.ResyncPeriod, p.trackers, hooks)
 	if err != nil {
 		return err
 	}
@@ -85,6 +85,9 @@ func (p *Proxier) Run(ctx context.Context) error {
 	}
 	klog.InfoS("Waiting for informers to sync")
 	if err := w.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before the first sync
+		}
 		return err
 	}
 	klog.InfoS("Informers synced, starting sync loop", "services", len(p.trackers.Services.Checkout().Current))
@@ -184,6 +187,10 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	}
 	metrics.SyncProxyRulesLastTimestamp.WithLabelValues(fam).Set(float64(time.Now().Unix()))
 	metrics.SyncKernelOperations.WithLabelValues(fam).Observe(float64(len(tx.Ops)))
+	// No traffic policy is Local yet, so no Service lacks local endpoints;
+	// set the gauges so dashboards show 0 rather than no data.
+	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyInternal, fam).Set(0)
+	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyExternal, fam).Set(0)
 	metrics.SyncsTotal.WithLabelValues(fam, metrics.ResultSuccess).Inc()
 	if p.deps.Health != nil {
 		p.deps.Health.Updated(f)

@@ -1,0 +1,454 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"io/fs"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/nftproxy/nftproxy/proxier"
+)
+
+// testEnv serves files from a map and reports hostname "Node-1 ".
+func testEnv(files map[string]string) environment {
+	return environment{
+		readFile: func(name string) ([]byte, error) {
+			if s, ok := files[name]; ok {
+				return []byte(s), nil
+			}
+			return nil, fs.ErrNotExist
+		},
+		hostname: func() (string, error) { return "Node-1 ", nil },
+		output:   io.Discard,
+	}
+}
+
+// defaultProxierConfig is what no flags and no file give.
+func defaultProxierConfig() proxier.Config {
+	return proxier.Config{
+		NodeName:       "node-1",
+		MasqueradeBit:  14,
+		IPv4:           true,
+		IPv6:           true,
+		SyncPeriod:     30 * time.Second,
+		MinSyncPeriod:  time.Second,
+		FullSyncPeriod: time.Hour,
+		ResyncPeriod:   15 * time.Minute,
+	}
+}
+
+func prefixes(s ...string) []netip.Prefix {
+	var ps []netip.Prefix
+	for _, p := range s {
+		ps = append(ps, netip.MustParsePrefix(p))
+	}
+	return ps
+}
+
+// kubeadmConfig is the config.conf kubeadm v1.36 writes into the
+// kube-proxy ConfigMap (with kind's cluster CIDRs and mode).
+const kubeadmConfig = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 0
+clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 1s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: ""
+mode: nftables
+nftables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+nodePortAddresses: null
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+`
+
+func TestParseOptionsProxierConfig(t *testing.T) {
+	tests := []struct {
+		name  string
+		args  []string
+		files map[string]string
+		want  func(c *proxier.Config)
+	}{
+		{name: "defaults", want: func(*proxier.Config) {}},
+		{
+			name: "flags",
+			args: []string{
+				"--hostname-override=Worker-7", "--proxy-mode=nftables",
+				"--cluster-cidr=10.244.0.0/16,fd00:10:244::/56", "--service-cidr=10.96.0.0/12",
+				"--masquerade-all", "--iptables-masquerade-bit=5",
+				"--iptables-sync-period=1m", "--iptables-min-sync-period=0", "--ip-families=IPv4",
+			},
+			want: func(c *proxier.Config) {
+				c.NodeName = "worker-7"
+				c.ClusterCIDRs = prefixes("10.244.0.0/16", "fd00:10:244::/56")
+				c.ServiceCIDRs = prefixes("10.96.0.0/12")
+				c.MasqueradeAll = true
+				c.MasqueradeBit = 5
+				c.SyncPeriod, c.MinSyncPeriod = time.Minute, 0
+				c.IPv6 = false
+			},
+		},
+		{
+			name: "non-canonical CIDR is masked",
+			args: []string{"--cluster-cidr=10.244.1.7/16"},
+			want: func(c *proxier.Config) { c.ClusterCIDRs = prefixes("10.244.0.0/16") },
+		},
+		{
+			name:  "kubeadm config file",
+			args:  []string{"--config=/var/lib/kube-proxy/config.conf", "--hostname-override=kind-worker"},
+			files: map[string]string{"/var/lib/kube-proxy/config.conf": kubeadmConfig},
+			want: func(c *proxier.Config) {
+				c.NodeName = "kind-worker"
+				c.ClusterCIDRs = prefixes("10.244.0.0/16", "fd00:10:244::/56")
+			},
+		},
+		{
+			name: "file nftables section",
+			args: []string{"--config=c.yaml"},
+			files: map[string]string{"c.yaml": `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+nftables: {masqueradeBit: 3, masqueradeAll: true, syncPeriod: 10s, minSyncPeriod: 2s}
+iptables: {masqueradeBit: 9, syncPeriod: 1h}
+`},
+			want: func(c *proxier.Config) {
+				c.MasqueradeBit, c.MasqueradeAll = 3, true
+				c.SyncPeriod, c.MinSyncPeriod = 10*time.Second, 2*time.Second
+			},
+		},
+		{
+			name: "file without mode uses the iptables section",
+			args: []string{"--config=c.yaml"},
+			files: map[string]string{"c.yaml": `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+iptables: {masqueradeBit: 9, masqueradeAll: true, syncPeriod: 1m}
+`},
+			want: func(c *proxier.Config) {
+				c.MasqueradeBit, c.MasqueradeAll = 9, true
+				c.SyncPeriod = time.Minute
+			},
+		},
+		{
+			name: "flags override the file",
+			args: []string{"--config=c.yaml", "--iptables-sync-period=45s", "--cluster-cidr=10.0.0.0/8"},
+			files: map[string]string{"c.yaml": `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clusterCIDR: 192.168.0.0/16
+hostnameOverride: from-file
+nftables: {syncPeriod: 10s, masqueradeBit: 7}
+`},
+			want: func(c *proxier.Config) {
+				c.NodeName = "from-file"
+				c.ClusterCIDRs = prefixes("10.0.0.0/8")
+				c.SyncPeriod = 45 * time.Second
+				c.MasqueradeBit = 7
+			},
+		},
+		{
+			name: "file with unknown fields is decoded leniently",
+			args: []string{"--config=c.json"},
+			files: map[string]string{"c.json": `{"apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+"kind": "KubeProxyConfiguration", "mode": "nftables", "someFutureField": 1,
+"nftables": {"masqueradeBit": 2}}`},
+			want: func(c *proxier.Config) { c.MasqueradeBit = 2 },
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseOptions(tt.args, testEnv(tt.files))
+			if err != nil {
+				t.Fatalf("parseOptions: %v", err)
+			}
+			want := defaultProxierConfig()
+			tt.want(&want)
+			if !reflect.DeepEqual(o.Proxier, want) {
+				t.Errorf("proxier.Config\n got %+v\nwant %+v", o.Proxier, want)
+			}
+		})
+	}
+}
+
+func TestParseOptionsServerAndClient(t *testing.T) {
+	tests := []struct {
+		name  string
+		args  []string
+		files map[string]string
+		check func(t *testing.T, o *options)
+	}{
+		{
+			name: "defaults",
+			check: func(t *testing.T, o *options) {
+				want := clientOptions{ContentType: "application/vnd.kubernetes.protobuf", QPS: 5, Burst: 10}
+				expect(t, "Client", o.Client, want)
+				expect(t, "HealthzBindAddress", o.HealthzBindAddress, "0.0.0.0:10256")
+				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "127.0.0.1:10249")
+				expect(t, "ConfigSyncPeriod", o.ConfigSyncPeriod, 15*time.Minute)
+				expect(t, "Conntrack.MaxPerCore", *o.Conntrack.MaxPerCore, int32(32768))
+				expect(t, "Conntrack.TCPCloseWaitTimeout", o.Conntrack.TCPCloseWaitTimeout.Duration, time.Hour)
+				expect(t, "IPFamiliesExplicit", o.IPFamiliesExplicit, false)
+			},
+		},
+		{
+			name: "client and server flags",
+			args: []string{
+				"--kubeconfig=/k", "--master=https://10.0.0.1:6443", "--kube-api-qps=50", "--kube-api-burst=100",
+				"--kube-api-content-type=application/json", "--config-sync-period=1m",
+				"--healthz-bind-address=[::]:1234", "--metrics-bind-address=", "--bind-address-hard-fail",
+				"--nodeport-addresses=10.0.0.0/8,fd00::/64", "--conntrack-max-per-core=0",
+				"--conntrack-tcp-timeout-close-wait=30m", "--feature-gates=A=true,B=false", "-v=4",
+				"--vmodule=sync*=5", "--cleanup", "--ip-families=ipv6",
+			},
+			check: func(t *testing.T, o *options) {
+				want := clientOptions{Kubeconfig: "/k", Master: "https://10.0.0.1:6443",
+					ContentType: "application/json", QPS: 50, Burst: 100}
+				expect(t, "Client", o.Client, want)
+				expect(t, "ConfigSyncPeriod", o.ConfigSyncPeriod, time.Minute)
+				expect(t, "HealthzBindAddress", o.HealthzBindAddress, "[::]:1234")
+				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "")
+				expect(t, "BindAddressHardFail", o.BindAddressHardFail, true)
+				expect(t, "NodePortAddresses", o.NodePortAddresses, []string{"10.0.0.0/8", "fd00::/64"})
+				expect(t, "Conntrack.MaxPerCore", *o.Conntrack.MaxPerCore, int32(0))
+				expect(t, "Conntrack.TCPCloseWaitTimeout", o.Conntrack.TCPCloseWaitTimeout.Duration, 30*time.Minute)
+				expect(t, "FeatureGates", o.FeatureGates, map[string]bool{"A": true, "B": false})
+				expect(t, "Verbosity", o.Verbosity, 4)
+				expect(t, "VModule", o.VModule, "sync*=5")
+				expect(t, "Cleanup", o.Cleanup, true)
+				expect(t, "IPFamiliesExplicit", o.IPFamiliesExplicit, true)
+			},
+		},
+		{
+			name:  "kubeadm config file",
+			args:  []string{"--config=k"},
+			files: map[string]string{"k": kubeadmConfig},
+			check: func(t *testing.T, o *options) {
+				want := clientOptions{Kubeconfig: "/var/lib/kube-proxy/kubeconfig.conf",
+					ContentType: "application/vnd.kubernetes.protobuf", QPS: 5, Burst: 10}
+				expect(t, "Client", o.Client, want)
+				expect(t, "HealthzBindAddress", o.HealthzBindAddress, "0.0.0.0:10256")
+				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "127.0.0.1:10249")
+				expect(t, "ConfigSyncPeriod", o.ConfigSyncPeriod, 15*time.Minute)
+				expect(t, "FileOverrides", o.FileOverrides, []string(nil))
+			},
+		},
+		{
+			name: "bare IP gets the default port",
+			args: []string{"--healthz-bind-address=10.1.2.3", "--metrics-bind-address=::1"},
+			check: func(t *testing.T, o *options) {
+				expect(t, "HealthzBindAddress", o.HealthzBindAddress, "10.1.2.3:10256")
+				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "[::1]:10249")
+			},
+		},
+		{
+			name: "deprecated port flags",
+			args: []string{"--healthz-port=0", "--metrics-port=9999"},
+			check: func(t *testing.T, o *options) {
+				expect(t, "HealthzBindAddress", o.HealthzBindAddress, "")
+				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "127.0.0.1:9999")
+			},
+		},
+		{
+			name: "file client connection and logging; -v overrides",
+			args: []string{"--config=c.yaml", "-v=2"},
+			files: map[string]string{"c.yaml": `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: /var/lib/kube-proxy/kubeconfig.conf, qps: 20, burst: 30}
+logging: {verbosity: 6, vmodule: [{filePattern: watch, verbosity: 3}]}
+healthzBindAddress: 0.0.0.0:20256
+featureGates: {X: true}
+`},
+			check: func(t *testing.T, o *options) {
+				want := clientOptions{Kubeconfig: "/var/lib/kube-proxy/kubeconfig.conf",
+					ContentType: "application/vnd.kubernetes.protobuf", QPS: 20, Burst: 30}
+				expect(t, "Client", o.Client, want)
+				expect(t, "Verbosity", o.Verbosity, 2)
+				expect(t, "VModule", o.VModule, "watch=3")
+				expect(t, "HealthzBindAddress", o.HealthzBindAddress, "0.0.0.0:20256")
+				expect(t, "FeatureGates", o.FeatureGates, map[string]bool{"X": true})
+				expect(t, "FileOverrides", o.FileOverrides, []string{"v"})
+			},
+		},
+		{
+			name: "ignored upstream flags are accepted and reported",
+			args: []string{"--profiling", "--oom-score-adj=-999", "--ipvs-scheduler=rr", "--bind-address=0.0.0.0"},
+			check: func(t *testing.T, o *options) {
+				got := slices.Sorted(slices.Values(o.IgnoredFlags))
+				expect(t, "IgnoredFlags", got, []string{"bind-address", "ipvs-scheduler", "oom-score-adj", "profiling"})
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseOptions(tt.args, testEnv(tt.files))
+			if err != nil {
+				t.Fatalf("parseOptions: %v", err)
+			}
+			tt.check(t, o)
+		})
+	}
+}
+
+func TestParseOptionsErrors(t *testing.T) {
+	tests := []struct {
+		name  string
+		args  []string
+		files map[string]string
+		want  []string // substrings of the error
+	}{
+		{name: "iptables mode", args: []string{"--proxy-mode=iptables"},
+			want: []string{`--proxy-mode / mode "iptables": nftproxy only implements the nftables mode`}},
+		{name: "ipvs mode from file", args: []string{"--config=c"},
+			files: map[string]string{"c": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ipvs\n"},
+			want:  []string{`mode "ipvs"`}},
+		{name: "detect-local-mode NodeCIDR", args: []string{"--detect-local-mode=NodeCIDR"},
+			want: []string{`"NodeCIDR": not supported yet`}},
+		{name: "detect-local-mode typo", args: []string{"--detect-local-mode=Cluster"},
+			want: []string{`"Cluster": unknown mode`}},
+		{name: "bad cluster CIDR", args: []string{"--cluster-cidr=10.0.0.0/33"},
+			want: []string{`--cluster-cidr / clusterCIDR "10.0.0.0/33"`}},
+		{name: "two IPv4 cluster CIDRs", args: []string{"--cluster-cidr=10.0.0.0/16,10.1.0.0/16"},
+			want: []string{"at most one CIDR per IP family"}},
+		{name: "bad service CIDR", args: []string{"--service-cidr=10.96.0.0"},
+			want: []string{`--service-cidr "10.96.0.0"`}},
+		{name: "masquerade bit", args: []string{"--iptables-masquerade-bit=32"},
+			want: []string{"nftables.masqueradeBit 32: must be within [0, 31]"}},
+		{name: "sync periods", args: []string{"--iptables-sync-period=1s", "--iptables-min-sync-period=2s"},
+			want: []string{"must not exceed the sync period"}},
+		{name: "zero sync period", args: []string{"--iptables-sync-period=0"},
+			want: []string{"nftables.syncPeriod 0s: must be greater than 0"}},
+		{name: "ip families", args: []string{"--ip-families=ipv4,ip7"},
+			want: []string{`"ip7" is not ipv4 or ipv6`}},
+		{name: "healthz address", args: []string{"--healthz-bind-address=localhost:10256"},
+			want: []string{`--healthz-bind-address / healthzBindAddress "localhost:10256": "localhost" is not an IP address`}},
+		{name: "metrics port", args: []string{"--metrics-bind-address=127.0.0.1:99999"},
+			want: []string{"port must be 1-65535"}},
+		{name: "feature gate value", args: []string{"--feature-gates=A=maybe"},
+			want: []string{"--feature-gates A=maybe"}},
+		{name: "nodeport addresses", args: []string{"--nodeport-addresses=primary,10.0.0.0/8"},
+			want: []string{`"primary" must be the only value`}},
+		{name: "unknown flag", args: []string{"--no-such-flag"},
+			want: []string{"unknown flag: --no-such-flag"}},
+		{name: "stray argument", args: []string{"run"},
+			want: []string{`unexpected arguments ["run"]`}},
+		{name: "missing config file", args: []string{"--config=/nope"},
+			want: []string{"--config: file does not exist"}},
+		{name: "wrong kind", args: []string{"--config=c"},
+			files: map[string]string{"c": "apiVersion: v1\nkind: ConfigMap\n"},
+			want:  []string{`want apiVersion "kubeproxy.config.k8s.io/v1alpha1" kind "KubeProxyConfiguration"`}},
+		{name: "not YAML", args: []string{"--config=c"},
+			files: map[string]string{"c": "{{{"},
+			want:  []string{"--config c: decode:"}},
+		{name: "json logging", args: []string{"--config=c"},
+			files: map[string]string{"c": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nlogging: {format: json}\n"},
+			want:  []string{`logging.format "json"`}},
+		{name: "all problems at once", args: []string{"--proxy-mode=ipvs", "--iptables-masquerade-bit=-1", "--kube-api-qps=-1"},
+			want: []string{`mode "ipvs"`, "masqueradeBit -1", "clientConnection.qps -1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseOptions(tt.args, testEnv(tt.files))
+			if err == nil {
+				t.Fatal("parseOptions succeeded, want an error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\nlacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var out strings.Builder
+	env := testEnv(nil)
+	env.output = &out
+	_, err := parseOptions([]string{"--help"}, env)
+	if !errors.Is(err, pflag.ErrHelp) {
+		t.Fatalf("err = %v, want pflag.ErrHelp", err)
+	}
+	for _, flag := range []string{"--config", "--iptables-sync-period", "--service-cidr", "--ip-families"} {
+		if !strings.Contains(out.String(), flag) {
+			t.Errorf("usage lacks %s", flag)
+		}
+	}
+}
+
+func TestNodeNameFromHostname(t *testing.T) {
+	env := testEnv(nil)
+	env.hostname = func() (string, error) { return "", errors.New("no uts") }
+	if _, err := parseOptions(nil, env); err == nil || !strings.Contains(err.Error(), "no uts") {
+		t.Errorf("err = %v, want the hostname error", err)
+	}
+	if o, err := parseOptions([]string{"--hostname-override=n"}, env); err != nil || o.Proxier.NodeName != "n" {
+		t.Errorf("with override: %v, %v", o, err)
+	}
+}
+
+func expect[T any](t *testing.T, what string, got, want T) {
+	t.Helper()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("%s = %#v, want %#v", what, got, want)
+	}
+}

@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/klog/v2"
+
+	"github.com/nftproxy/nftproxy/metrics"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier"
+	"github.com/nftproxy/nftproxy/proxier/healthz"
+)
+
+// bindRetryInterval is how long to wait before retrying a server that
+// failed to bind, when bind failures are not fatal (upstream's default).
+const bindRetryInterval = 5 * time.Second
+
+// ipv6SysctlDir exists unless the kernel runs with IPv6 disabled
+// (ipv6.disable=1); a variable for tests.
+var ipv6SysctlDir = "/proc/sys/net/ipv6"
+
+// run wires nftproxy together and runs it until ctx is done.
+func run(ctx context.Context, o *options) error {
+	if err := setupLogging(o.Verbosity, o.VModule); err != nil {
+		return err
+	}
+	if err := selectFamilies(o); err != nil {
+		return err
+	}
+	logStartup(o)
+	if o.InitOnly {
+		klog.InfoS("Nothing to initialize; exiting (--init-only)")
+		return nil
+	}
+	backends, closeBackends, err := openBackends(o.Proxier)
+	if err != nil {
+		return err
+	}
+	defer closeBackends()
+	if o.Cleanup {
+		klog.InfoS("Deleting nftproxy's nftables tables (--cleanup)")
+		return proxier.Cleanup(ctx, backends)
+	}
+	client, err := newClient(o.Client)
+	if err != nil {
+		return err
+	}
+	// Upstream's health timeout: an update may wait up to syncPeriod for
+	// the next periodic sync; twice that means syncs are stuck.
+	health := healthz.NewProxyHealth(2*o.Proxier.SyncPeriod, nil)
+	p, err := proxier.New(o.Proxier, proxier.Deps{Client: client, NFT: backends, Health: health})
+	if err != nil {
+		return fmt.Errorf("create proxier: %w", err)
+	}
+	return runAll(ctx, o, health, p)
+}
+
+// runAll runs the proxier and the two HTTP servers until ctx is done or
+// one of them fails.
+//
+// Errors that come after ctx was cancelled (SIGTERM) are the shutdown
+// itself, not failures: the exit status stays 0 so that kubelet and
+// systemd do not report a crash on every rollout.
+func runAll(parent context.Context, o *options, health *healthz.ProxyHealth, p *proxier.Proxier) error {
+	err := runGroup(parent, o, health, p)
+	if err != nil && parent.Err() != nil {
+		klog.InfoS("Stopped", "err", err)
+		return nil
+	}
+	return err
+}
+
+func runGroup(ctx context.Context, o *options, health *healthz.ProxyHealth, p *proxier.Proxier) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return serveForever(ctx, "healthz", o.HealthzBindAddress, healthz.HealthMux(health), o.BindAddressHardFail, bindRetryInterval)
+	})
+	g.Go(func() error {
+		return serveForever(ctx, "metrics", o.MetricsBindAddress, healthz.MetricsMux(metrics.Handler()), o.BindAddressHardFail, bindRetryInterval)
+	})
+	g.Go(func() error {
+		err := p.Run(ctx)
+		if err == nil && ctx.Err() == nil {
+			err = errors.New("proxier stopped unexpectedly")
+		}
+		return err
+	})
+	return g.Wait()
+}
+
+// serveForever serves h on addr until ctx is done. An empty addr disables
+// the server. When the server fails (typically: port in use), hardFail
+// makes that fatal, as upstream's --bind-address-hard-fail; otherwise the
+// error is logged and the server retried, so that a proxy whose health port
+// is briefly taken still programs the node.
+func serveForever(ctx context.Context, name, addr string, h http.Handler, hardFail bool, retry time.Duration) error {
+	if addr == "" {
+		klog.InfoS("Server disabled", "server", name)
+		return nil
+	}
+	for {
+		klog.InfoS("Starting server", "server", name, "address", addr)
+		err := healthz.ListenAndServe(ctx, addr, h)
+		if err == nil {
+			return nil
+		}
+		if hardFail {
+			return fmt.Errorf("%s server: %w", name, err)
+		}
+		klog.ErrorS(err, "Server failed; retrying", "server", name, "retryIn", retry)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(retry):
+		}
+	}
+}
+
+// selectFamilies drops IPv6 when the kernel has it disabled, unless
+// --ip-families asked for it explicitly; upstream likewise runs
+// single-stack when the node cannot do IPv6.
+func selectFamilies(o *options) error {
+	if !o.Proxier.IPv6 {
+		return nil
+	}
+	if _, err := os.Stat(ipv6SysctlDir); !errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if o.IPFamiliesExplicit {
+		return errors.New("--ip-families includes ipv6 but IPv6 is disabled in the kernel")
+	}
+	klog.InfoS("IPv6 is disabled in the kernel; programming IPv4 only")
+	o.Proxier.IPv6 = false
+	if !o.Proxier.IPv4 {
+		return errors.New("no IP family left to program")
+	}
+	return nil
+}
+
+// openBackends opens one netlink socket per enabled family, so that the
+// families' syncs never wait on each other's batches.
+func openBackends(cfg proxier.Config) (map[nft.Family]nft.Interface, func(), error) {
+	backends := map[nft.Family]nft.Interface{}
+	var opened []*nft.Netlink
+	closeAll := func() {
+		for _, n := range opened {
+			_ = n.Close()
+		}
+	}
+	for _, f := range enabledFamilies(cfg) {
+		n, err := nft.NewNetlink(nft.NetlinkOptions{})
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("nftables backend for %s: %w", f, err)
+		}
+		opened = append(opened, n)
+		backends[f] = n
+	}
+	return backends, closeAll, nil
+}
+
+func enabledFamilies(cfg proxier.Config) []nft.Family {
+	var fams []nft.Family
+	if cfg.IPv4 {
+		fams = append(fams, nft.IPv4)
+	}
+	if cfg.IPv6 {
+		fams = append(fams, nft.IPv6)
+	}
+	return fams
+}
+
+// newClient builds the API client as upstream does: in-cluster config when
+// neither --kubeconfig nor --master is given, else the kubeconfig with
+// --master overriding its server.
+func newClient(c clientOptions) (kubernetes.Interface, error) {
+	cfg, err := restConfig(c)
+	if err != nil {
+		return nil, fmt.Errorf("API client configuration: %w", err)
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+func restConfig(c clientOptions) (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if c.Kubeconfig == "" && c.Master == "" {
+		klog.InfoS("Neither kubeconfig file nor master URL was specified, falling back to in-cluster config")
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			&clientcmd.ClientConfigLoadingRules{ExplicitPath: c.Kubeconfig},
+			&clientcmd.ConfigOverrides{ClusterInfo: clientcmdapi.Cluster{Server: c.Master}},
+		).ClientConfig()
+	}
+	if err != nil {
+		return nil, err
+	}
+	cfg.AcceptContentTypes = c.AcceptContentTypes
+	cfg.ContentType = c.ContentType
+	cfg.QPS = c.QPS
+	cfg.Burst = c.Burst
+	return cfg, nil
+}
+
+// setupLogging applies -v and -vmodule (from the flags or the file) to klog.
+func setupLogging(verbosity int, vmodule string) error {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	if err := fs.Set("v", strconv.Itoa(verbosity)); err != nil {
+		return fmt.Errorf("-v: %w", err)
+	}
+	if err := fs.Set("vmodule", vmodule); err != nil {
+		return fmt.Errorf("-vmodule: %w", err)
+	}
+	return nil
+}
+
+// logStartup logs the effective configuration and what is accepted but
+// without effect, so that a migrated DaemonSet shows what it lost.
+func logStartup(o *options) {
+	c := o.Proxier
+	klog.InfoS("Starting nftproxy", "node", c.NodeName, "ipv4", c.IPv4, "ipv6", c.IPv6,
+		"clusterCIDRs", c.ClusterCIDRs, "serviceCIDRs", c.ServiceCIDRs,
+		"masqueradeAll", c.MasqueradeAll, "masqueradeBit", c.MasqueradeBit,
+		"syncPeriod", c.SyncPeriod, "minSyncPeriod", c.MinSyncPeriod)
+	for _, name := range o.FileOverrides {
+		klog.InfoS("Command-line flag overrides the config file", "flag", name)
+	}
+	for _, name := range o.IgnoredFlags {
+		klog.InfoS("Flag has no effect in nftproxy", "flag", name)
+	}
+	if len(o.FeatureGates) > 0 {
+		klog.InfoS("Ignoring feature gates: nftproxy has none", "featureGates", o.FeatureGates)
+	}
+	if len(o.NodePortAddresses) > 0 {
+		klog.InfoS("nodePortAddresses is not used yet: NodePorts are accepted on every local address", "nodePortAddresses", o.NodePortAddresses)
+	}
+	if len(c.ClusterCIDRs) == 0 && !c.MasqueradeAll {
+		klog.InfoS("No --cluster-cidr: traffic to ClusterIPs from outside the pod network is not masqueraded")
+	}
+}

@@ -1,0 +1,57 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// nftproxyNamespace prefixes the metrics that upstream has no equivalent of.
+const nftproxyNamespace = "nftproxy"
+
+var (
+	// SyncKernelOperations is the number of kernel operations (netlink
+	// messages: adds, deletes, flushes of tables, chains, rules, sets and
+	// elements) one sync of one family sent. An unchanged sync should
+	// observe 0, which is why 0 is a bucket of its own; the _sum series
+	// gives the running total. Label: ip_family.
+	SyncKernelOperations = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "sync_kernel_operations",
+		Help:      "Number of nftables operations sent to the kernel per sync",
+		Buckets:   []float64{0, 1, 10, 100, 1e3, 1e4, 1e5, 1e6},
+	}, []string{"ip_family"})
+
+	// SyncsTotal counts syncs of one family by outcome. Labels: ip_family,
+	// result (ResultSuccess or ResultFailure).
+	SyncsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "syncs_total",
+		Help:      "Number of rule syncs by IP family and result",
+	}, []string{"ip_family", "result"})
+
+	// InvalidObjectsTotal counts API objects (or parts of them) skipped
+	// because they could not be programmed, e.g. a Service with an
+	// unparsable ClusterIP. Labels: kind ("Service", "EndpointSlice", ...),
+	// reason (a short fixed word chosen by the caller, never free text from
+	// the object, to keep cardinality bounded).
+	InvalidObjectsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "invalid_objects_total",
+		Help:      "Number of API objects skipped as invalid, by kind and reason",
+	}, []string{"kind", "reason"})
+
+	// APIEventsTotal counts informer events received (add, update, delete).
+	// Label: kind ("Service", "EndpointSlice", "Node", "ServiceCIDR").
+	APIEventsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "api_events_total",
+		Help:      "Number of API watch events received, by kind",
+	}, []string{"kind"})
+)
+
+// nftproxyCollectors lists the metrics above for registration.
+func nftproxyCollectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		SyncKernelOperations,
+		SyncsTotal,
+		InvalidObjectsTotal,
+		APIEventsTotal,
+	}
+}
