@@ -38,12 +38,24 @@ type Proxier struct {
 	runner   *runner.Runner
 
 	mu                 sync.Mutex
-	apiServiceCIDRs    []netip.Prefix // from ServiceCIDR objects; nil: not known
+	apiServiceCIDRs    []netip.Prefix // from ServiceCIDR objects
 	haveAPIServiceCIDR bool
 
-	// Owned by the sync loop.
-	committed map[nft.Family]*nft.Ruleset // nil: unknown, next sync is full
-	lastFull  map[nft.Family]time.Time
+	// Owned by the sync loop: the objects as of the last checkout, and per
+	// family what was programmed.
+	services    map[model.ServiceName]*model.Service
+	slicesBySvc map[model.ServiceName]map[model.SliceKey]*model.EndpointSlice
+	sliceSvc    map[model.SliceKey]model.ServiceName
+	families    map[nft.Family]*familyState
+}
+
+// familyState is what the proxier programmed in one family's table.
+type familyState struct {
+	editor   *nft.Editor // nil: state unknown, the next sync is full
+	base     *nft.Fragment
+	services map[model.ServiceName]programmed
+	ports    int // service ports programmed
+	lastFull time.Time
 }
 
 // New returns a Proxier; Run starts it.
@@ -55,7 +67,13 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 		return nil, fmt.Errorf("masquerade bit %d out of range 0-31", cfg.MasqueradeBit)
 	}
 	p := &Proxier{cfg: cfg, deps: deps, trackers: watch.NewTrackers(),
-		committed: map[nft.Family]*nft.Ruleset{}, lastFull: map[nft.Family]time.Time{}}
+		services:    map[model.ServiceName]*model.Service{},
+		slicesBySvc: map[model.ServiceName]map[model.SliceKey]*model.EndpointSlice{},
+		sliceSvc:    map[model.SliceKey]model.ServiceName{},
+		families:    map[nft.Family]*familyState{}}
+	for f := range deps.NFT {
+		p.families[f] = &familyState{}
+	}
 	p.runner = runner.New(runner.Config{MinInterval: cfg.MinSyncPeriod, MaxInterval: cfg.SyncPeriod,
 		RetryMin: 100 * time.Millisecond, RetryMax: cfg.SyncPeriod}, p.sync)
 	return p, nil
@@ -90,7 +108,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	klog.InfoS("Informers synced, starting sync loop", "services", len(p.trackers.Services.Checkout().Current))
+	klog.InfoS("Informers synced, starting sync loop", "services", p.trackers.Services.Pending())
 	p.runner.Run(ctx)
 	return nil
 }
@@ -113,17 +131,18 @@ func (p *Proxier) setAPIServiceCIDRs(cidrs []netip.Prefix) {
 	p.apiServiceCIDRs, p.haveAPIServiceCIDR = cidrs, true
 }
 
-// sync brings every family in line with one snapshot of the trackers. The
-// snapshot is marked applied only if every family succeeded, so a failure
-// loses no change.
+// sync brings every family in line with the pending changes. They are
+// marked applied only if every family succeeded, so a failure loses no
+// change: the next sync sees them again.
 func (p *Proxier) sync(ctx context.Context) error {
 	svcs := p.trackers.Services.Checkout()
 	slices := p.trackers.Slices.Checkout()
 	metrics.ServiceChangesPending.Set(float64(len(svcs.Changed)))
 	metrics.EndpointChangesPending.Set(float64(len(slices.Changed)))
+	affected := p.record(svcs, slices)
 	var errs []error
 	for f, backend := range p.deps.NFT {
-		if err := p.syncFamily(ctx, f, backend, svcs.Current, slices.Current); err != nil {
+		if err := p.syncFamily(ctx, f, backend, affected); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -132,53 +151,143 @@ func (p *Proxier) sync(ctx context.Context) error {
 	}
 	p.trackers.Services.Applied(svcs)
 	p.trackers.Slices.Applied(slices)
-	observeProgrammingLatency(slices.Changed)
 	metrics.ServiceChangesTotal.Add(float64(len(svcs.Changed)))
 	metrics.EndpointChangesTotal.Add(float64(len(slices.Changed)))
 	metrics.ServiceChangesPending.Set(float64(p.trackers.Services.Pending()))
 	metrics.EndpointChangesPending.Set(float64(p.trackers.Slices.Pending()))
+	observeProgrammingLatency(slices)
 	return nil
+}
+
+// record updates the proxier's view of the objects with the checked-out
+// changes (idempotent: after a failed sync the same changes come again) and
+// returns the Services they affect.
+func (p *Proxier) record(svcs watch.ServiceChanges, slices watch.SliceChanges) map[model.ServiceName]bool {
+	affected := map[model.ServiceName]bool{}
+	for k, c := range svcs.Changed {
+		if c.Deleted {
+			delete(p.services, k)
+		} else {
+			p.services[k] = c.Value
+		}
+		affected[k] = true
+	}
+	for k, c := range slices.Changed {
+		if old, ok := p.sliceSvc[k]; ok {
+			delete(p.slicesBySvc[old], k)
+			if len(p.slicesBySvc[old]) == 0 {
+				delete(p.slicesBySvc, old)
+			}
+			delete(p.sliceSvc, k)
+			affected[old] = true
+		}
+		if c.Deleted {
+			continue
+		}
+		svc := c.Value.Service
+		if p.slicesBySvc[svc] == nil {
+			p.slicesBySvc[svc] = map[model.SliceKey]*model.EndpointSlice{}
+		}
+		p.slicesBySvc[svc][k] = c.Value
+		p.sliceSvc[k] = svc
+		affected[svc] = true
+	}
+	return affected
 }
 
 // observeProgrammingLatency records, for every EndpointSlice change now in
 // the kernel, the time since the change that caused it.
-func observeProgrammingLatency(changed map[model.SliceKey]*model.EndpointSlice) {
+func observeProgrammingLatency(slices watch.SliceChanges) {
 	now := time.Now()
-	for _, es := range changed {
-		if es != nil && !es.TriggerTime.IsZero() {
+	for _, c := range slices.Changed {
+		if es := c.Value; !c.Deleted && !es.TriggerTime.IsZero() {
 			metrics.NetworkProgrammingLatency.WithLabelValues(familyLabel(es.Family)).Observe(now.Sub(es.TriggerTime).Seconds())
 		}
 	}
 }
 
-// syncFamily builds, diffs and applies one family. After a failure the
-// committed state is forgotten, so the next sync rewrites the table whole.
-func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Interface,
-	services map[model.ServiceName]*model.Service, slices map[model.SliceKey]*model.EndpointSlice) error {
+// programmed is one Service's fragment and how many ports it programs.
+type programmed struct {
+	frag  *nft.Fragment
+	ports int
+}
+
+// syncFamily updates one family's table for the affected Services: their
+// fragments are rebuilt and the editor turns the difference into a
+// transaction sized by the change. A full sync (at start, after a failure,
+// and every FullSyncPeriod) rebuilds every Service and rewrites the table.
+func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Interface, affected map[model.ServiceName]bool) error {
 	start := time.Now()
 	fam := familyLabel(f)
-	committed := p.committed[f]
-	full := committed == nil || (p.cfg.FullSyncPeriod > 0 && start.Sub(p.lastFull[f]) >= p.cfg.FullSyncPeriod)
+	fs := p.families[f]
+	full := fs.editor == nil || (p.cfg.FullSyncPeriod > 0 && start.Sub(fs.lastFull) >= p.cfg.FullSyncPeriod)
 	if full {
-		committed = nil
+		fs.editor, fs.base, fs.services, fs.ports = nft.NewEditor(f), nil, map[model.ServiceName]programmed{}, 0
+		for _, set := range ruleset.Sets(f) {
+			fs.editor.AddSet(set)
+		}
+		affected = make(map[model.ServiceName]bool, len(p.services))
+		for name := range p.services {
+			affected[name] = true
+		}
 	}
-	st := model.Build(f, services, slices)
-	desired := ruleset.Build(p.rulesetConfig(f), st)
-	tx := nft.Diff(committed, desired)
+	base := ruleset.Base(p.rulesetConfig(f), f)
+	fs.editor.Replace(fs.base, base)
+	fs.base = base
+	for name := range affected {
+		p.syncService(f, fs, name)
+	}
+	tx := fs.editor.Transaction()
 	if !tx.Empty() {
 		if err := backend.Apply(ctx, tx); err != nil {
-			p.committed[f] = nil
+			fs.editor = nil
 			metrics.NFTablesSyncFailuresTotal.WithLabelValues(fam).Inc()
 			metrics.SyncsTotal.WithLabelValues(fam, metrics.ResultFailure).Inc()
 			klog.ErrorS(err, "Sync failed; the next sync rewrites the table", "ipFamily", fam, "ops", len(tx.Ops))
 			return fmt.Errorf("sync %s: %w", fam, err)
 		}
 	}
-	p.committed[f] = desired
+	fs.editor.Commit()
 	if full {
-		p.lastFull[f] = start
+		fs.lastFull = start
 	}
-	elapsed := time.Since(start)
+	p.recordSync(f, full, time.Since(start), tx)
+	klog.V(2).InfoS("Synced", "ipFamily", fam, "full", full, "servicePorts", fs.ports,
+		"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", time.Since(start))
+	return nil
+}
+
+// syncService replaces the fragment of one Service in one family.
+func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceName) {
+	var frag *nft.Fragment
+	var ports []model.ServicePortState
+	if svc := p.services[name]; svc != nil {
+		var slices []*model.EndpointSlice
+		for _, es := range p.slicesBySvc[name] {
+			if es.Family == f {
+				slices = append(slices, es)
+			}
+		}
+		if ports = model.ServicePorts(f, svc, slices); len(ports) > 0 {
+			frag = ruleset.ServiceFragment(ports)
+		}
+	}
+	old := fs.services[name]
+	if old.frag == nil && frag == nil {
+		return
+	}
+	fs.editor.Replace(old.frag, frag)
+	if frag == nil {
+		delete(fs.services, name)
+	} else {
+		fs.services[name] = programmed{frag: frag, ports: len(ports)}
+	}
+	fs.ports += len(ports) - old.ports
+}
+
+// recordSync updates the metrics and health after a successful sync.
+func (p *Proxier) recordSync(f nft.Family, full bool, elapsed time.Duration, tx *nft.Transaction) {
+	fam := familyLabel(f)
 	metrics.SyncProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
 	if full {
 		metrics.SyncFullProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
@@ -187,17 +296,14 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	}
 	metrics.SyncProxyRulesLastTimestamp.WithLabelValues(fam).Set(float64(time.Now().Unix()))
 	metrics.SyncKernelOperations.WithLabelValues(fam).Observe(float64(len(tx.Ops)))
+	metrics.SyncsTotal.WithLabelValues(fam, metrics.ResultSuccess).Inc()
 	// No traffic policy is Local yet, so no Service lacks local endpoints;
 	// set the gauges so dashboards show 0 rather than no data.
 	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyInternal, fam).Set(0)
 	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyExternal, fam).Set(0)
-	metrics.SyncsTotal.WithLabelValues(fam, metrics.ResultSuccess).Inc()
 	if p.deps.Health != nil {
 		p.deps.Health.Updated(f)
 	}
-	klog.V(2).InfoS("Synced", "ipFamily", fam, "full", full, "servicePorts", len(st.ServicePorts),
-		"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", elapsed)
-	return nil
 }
 
 func (p *Proxier) rulesetConfig(f nft.Family) ruleset.Config {

@@ -3,6 +3,7 @@ package proxier
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -132,4 +133,28 @@ func TestFailedSyncIsRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
+}
+
+// TestSingleChangeCostsItsSize: with 2,000 Services programmed, moving one
+// endpoint sends a transaction of a few operations, not a rewrite.
+func TestSingleChangeCostsItsSize(t *testing.T) {
+	var objs []runtime.Object
+	for i := 0; i < 2000; i++ {
+		ip := fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)
+		name := fmt.Sprintf("svc-%d", i)
+		objs = append(objs, service("default", name, ip, 80, v1.ProtocolTCP),
+			slice("default", name, name+"-1", 8080, v1.ProtocolTCP, fmt.Sprintf("10.244.%d.%d", i/250, i%250+1)))
+	}
+	h := start(t, objs...)
+	h.eventually(tcp("10.96.7.250", 80), nft.VerdictAccept, "10.244.7.250:8080")
+	before := h.fk.Ops
+	es := slice("default", "svc-1999", "svc-1999-1", 8080, v1.ProtocolTCP, "10.244.99.1")
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(tcp("10.96.7.250", 80), nft.VerdictAccept, "10.244.99.1:8080")
+	// flush + 1 rule; hairpin element out and in.
+	if ops := h.fk.Ops - before; ops > 4 {
+		t.Errorf("one endpoint change took %d operations", ops)
+	}
 }

@@ -79,28 +79,40 @@ func (t *Tracker[K, V]) Total() int {
 	return t.total
 }
 
-// Snapshot is a consistent view of a tracker: every current object, and the
-// changes pending at the time it was taken.
-type Snapshot[K comparable, V any] struct {
-	Current map[K]V
-	// Changed maps each pending key to its value at snapshot time; a key
-	// absent from Current was deleted.
-	Changed map[K]V
+// Change is the latest state of one object: its value, or deleted.
+type Change[V any] struct {
+	Value   V
+	Deleted bool
 }
 
-// Checkout returns a snapshot. It changes nothing: call Applied with it once
-// the sync built from it has succeeded.
+// Snapshot holds the changes pending when it was taken.
+type Snapshot[K comparable, V any] struct {
+	Changed map[K]Change[V]
+}
+
+// Checkout returns the pending changes. It changes nothing: call Applied
+// with the snapshot once the sync built from it has succeeded. Its cost is
+// proportional to the number of pending changes.
 func (t *Tracker[K, V]) Checkout() Snapshot[K, V] {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s := Snapshot[K, V]{Current: make(map[K]V, len(t.current)), Changed: make(map[K]V, len(t.dirty))}
-	for k, v := range t.current {
-		s.Current[k] = v
-	}
+	s := Snapshot[K, V]{Changed: make(map[K]Change[V], len(t.dirty))}
 	for k := range t.dirty {
-		s.Changed[k] = t.current[k]
+		v, ok := t.current[k]
+		s.Changed[k] = Change[V]{Value: v, Deleted: !ok}
 	}
 	return s
+}
+
+// All returns every current object (for a full sync).
+func (t *Tracker[K, V]) All() map[K]V {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[K]V, len(t.current))
+	for k, v := range t.current {
+		out[k] = v
+	}
+	return out
 }
 
 // Applied marks the state of a snapshot as applied. Changes recorded after
@@ -108,11 +120,11 @@ func (t *Tracker[K, V]) Checkout() Snapshot[K, V] {
 func (t *Tracker[K, V]) Applied(s Snapshot[K, V]) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for k := range s.Changed {
-		if v, ok := s.Current[k]; ok {
-			t.applied[k] = v
-		} else {
+	for k, c := range s.Changed {
+		if c.Deleted {
 			delete(t.applied, k)
+		} else {
+			t.applied[k] = c.Value
 		}
 		t.markLocked(k)
 	}

@@ -17,43 +17,6 @@ type ServicePortState struct {
 	Endpoints []netip.AddrPort // sorted; empty: reject
 }
 
-// State is the node-local model of one family: every service port this node
-// programs, sorted by name.
-type State struct {
-	Family       nft.Family
-	ServicePorts []ServicePortState
-}
-
-// Build derives the node-local model of one family from the current
-// Services and EndpointSlices. It is pure: same input, same output.
-func Build(f nft.Family, services map[ServiceName]*Service, slices map[SliceKey]*EndpointSlice) *State {
-	bySvc := map[ServiceName][]*EndpointSlice{}
-	for _, s := range slices {
-		if s.Family == f {
-			bySvc[s.Service] = append(bySvc[s.Service], s)
-		}
-	}
-	st := &State{Family: f}
-	for _, svc := range services {
-		st.ServicePorts = append(st.ServicePorts, ServicePorts(f, svc, bySvc[svc.Name])...)
-	}
-	sort.Slice(st.ServicePorts, func(i, j int) bool { return lessPortName(st.ServicePorts[i].Name, st.ServicePorts[j].Name) })
-	return st
-}
-
-func lessPortName(a, b ServicePortName) bool {
-	if a.Namespace != b.Namespace {
-		return a.Namespace < b.Namespace
-	}
-	if a.Name != b.Name {
-		return a.Name < b.Name
-	}
-	if a.Port != b.Port {
-		return a.Port < b.Port
-	}
-	return a.Protocol < b.Protocol
-}
-
 // ServicePorts derives the service ports of one Service in family f from the
 // Service and its EndpointSlices of that family. A Service without a
 // ClusterIP in the family has none.

@@ -26,33 +26,44 @@ var (
 	hairpinKey   = []nft.Field{nft.FieldSrcAddr, nft.FieldDstAddr, nft.FieldL4Proto, nft.FieldDstPort}
 )
 
-// Build returns the complete desired ruleset of the model's family.
-func Build(cfg Config, st *model.State) *nft.Ruleset {
-	rs := nft.NewRuleset(st.Family)
-	addBase(rs, cfg)
-	for i := range st.ServicePorts {
-		addServicePort(rs, &st.ServicePorts[i])
+// Build returns the complete desired ruleset of a family: the base objects
+// and the fragment of the given service ports. The proxier builds the same
+// ruleset Service by Service (see proxier.syncFamily); Build is for tests
+// and tools.
+func Build(cfg Config, f nft.Family, ports []model.ServicePortState) *nft.Ruleset {
+	ed := nft.NewEditor(f)
+	for _, s := range Sets(f) {
+		ed.AddSet(s)
 	}
-	return rs
+	ed.Replace(nil, Base(cfg, f))
+	ed.Replace(nil, ServiceFragment(ports))
+	return ed.Ruleset()
 }
 
-// addBase adds the objects every node has, whatever its Services.
-func addBase(rs *nft.Ruleset, cfg Config) {
-	f := rs.Family
+// Sets are the sets and maps every node has. Their definitions never
+// change while nftproxy runs.
+func Sets(f nft.Family) []*nft.Set {
 	addr := f.AddrType()
 	vipKey := []nft.DataType{addr, nft.TypeInetProto, nft.TypeInetService}
+	return []*nft.Set{
+		{Name: setClusterIPs, Key: []nft.DataType{addr}, Comment: "Active ClusterIPs"},
+		{Name: mapServiceIPs, Key: vipKey, Data: []nft.DataType{nft.TypeVerdict}, Comment: "ClusterIP traffic"},
+		{Name: mapNoEndpointServices, Key: vipKey, Data: []nft.DataType{nft.TypeVerdict},
+			Comment: "services with no endpoints: reject"},
+		{Name: setHairpinConnections, Key: []nft.DataType{addr, addr, nft.TypeInetProto, nft.TypeInetService},
+			Comment: "endpoint connections to itself through its service"},
+	}
+}
 
-	rs.AddSet(&nft.Set{Name: setClusterIPs, Key: []nft.DataType{addr}, Comment: "Active ClusterIPs"})
-	rs.AddSet(&nft.Set{Name: mapServiceIPs, Key: vipKey, Data: []nft.DataType{nft.TypeVerdict},
-		Comment: "ClusterIP traffic"})
-	rs.AddSet(&nft.Set{Name: mapNoEndpointServices, Key: vipKey, Data: []nft.DataType{nft.TypeVerdict},
-		Comment: "services with no endpoints: reject"})
-	rs.AddSet(&nft.Set{Name: setHairpinConnections,
-		Key:     []nft.DataType{addr, addr, nft.TypeInetProto, nft.TypeInetService},
-		Comment: "endpoint connections to itself through its service"})
-
+// Base returns the chains every node has, whatever its Services: the base
+// chains hooking into netfilter and the chains they dispatch to.
+func Base(cfg Config, f nft.Family) *nft.Fragment {
+	fr := &nft.Fragment{}
 	base := func(name string, t nft.ChainType, h nft.Hook, prio int32, rules ...nft.Rule) {
-		rs.AddChain(&nft.Chain{Name: name, Base: &nft.BaseChain{Type: t, Hook: h, Priority: prio}, Rules: rules})
+		fr.Chains = append(fr.Chains, &nft.Chain{Name: name, Base: &nft.BaseChain{Type: t, Hook: h, Priority: prio}, Rules: rules})
+	}
+	chain := func(name string, rules ...nft.Rule) {
+		fr.Chains = append(fr.Chains, &nft.Chain{Name: name, Rules: rules})
 	}
 	ctNewJump := func(chain string) nft.Rule {
 		return nft.Rule{Phrases: []nft.Phrase{nft.MatchCtStateNew{}, nft.Jump(chain)}}
@@ -67,26 +78,26 @@ func addBase(rs *nft.Ruleset, cfg Config) {
 	base(chainFilterInput, nft.ChainFilter, nft.HookInput, nft.PriorityFilter,
 		ctNewJump(chainServiceEndpointCheck))
 
-	rs.AddChain(&nft.Chain{Name: chainServices, Rules: servicesRules(cfg)})
-	rs.AddChain(&nft.Chain{Name: chainMasquerading, Rules: []nft.Rule{
+	chain(chainServices, servicesRules(cfg)...)
+	chain(chainMasquerading,
 		rule(nft.MatchMarkBits{Mask: cfg.MasqueradeMark}, nft.ToggleMarkBits{Bits: cfg.MasqueradeMark}, nft.Masquerade{}),
-		rule(nft.MatchCtStatusDNAT{}, nft.MatchSet{Fields: hairpinKey, Set: setHairpinConnections}, nft.Masquerade{}),
-	}})
-	rs.AddChain(&nft.Chain{Name: chainServiceEndpointCheck, Rules: []nft.Rule{
-		rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapNoEndpointServices}),
-	}})
+		rule(nft.MatchCtStatusDNAT{}, nft.MatchSet{Fields: hairpinKey, Set: setHairpinConnections}, nft.Masquerade{}))
+	chain(chainServiceEndpointCheck, rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapNoEndpointServices}))
 	check := []nft.Rule{{
 		Phrases: []nft.Phrase{nft.MatchSet{Fields: []nft.Field{nft.FieldDstAddr}, Set: setClusterIPs}, nft.Reject{}},
 		Comment: "reject traffic to invalid ports of ClusterIPs",
 	}}
 	for _, p := range cfg.ServiceCIDRs {
-		check = append(check, nft.Rule{
-			Phrases: []nft.Phrase{nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: p}, nft.Drop()},
-			Comment: "drop traffic to unallocated ClusterIPs",
-		})
+		if f.Contains(p.Addr()) {
+			check = append(check, nft.Rule{
+				Phrases: []nft.Phrase{nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: p}, nft.Drop()},
+				Comment: "drop traffic to unallocated ClusterIPs",
+			})
+		}
 	}
-	rs.AddChain(&nft.Chain{Name: chainClusterIPsCheck, Rules: check})
-	rs.AddChain(&nft.Chain{Name: chainReject, Rules: []nft.Rule{rule(nft.Reject{})}})
+	chain(chainClusterIPsCheck, check...)
+	chain(chainReject, rule(nft.Reject{}))
+	return fr
 }
 
 // servicesRules mark ClusterIP traffic for masquerading, then dispatch.
@@ -109,27 +120,35 @@ func servicesRules(cfg Config) []nft.Rule {
 	return append(rules, rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapServiceIPs}))
 }
 
-// addServicePort adds what one service port needs: its ClusterIP, and
-// either a chain that DNATs to its endpoints (dispatched from service-ips)
-// or a reject (no-endpoint-services).
-func addServicePort(rs *nft.Ruleset, sp *model.ServicePortState) {
-	rs.AddElement(setClusterIPs, nft.Element{Key: []nft.Datum{nft.Addr(sp.ClusterIP)}})
-	key := []nft.Datum{nft.Addr(sp.ClusterIP), nft.Int(uint32(sp.Name.Protocol)), nft.Int(uint32(sp.Port))}
-	comment := sp.Name.String()
-	if len(sp.Endpoints) == 0 {
-		rs.AddElement(mapNoEndpointServices, nft.Element{Key: key, Comment: comment,
-			Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: chainReject}})
-		return
+// ServiceFragment is what the ports of one Service (in one family) need:
+// the ClusterIP, and per port either a chain that DNATs to the endpoints
+// (dispatched from service-ips) or a reject (no-endpoint-services).
+func ServiceFragment(ports []model.ServicePortState) *nft.Fragment {
+	fr := &nft.Fragment{}
+	add := func(set string, e nft.Element) {
+		fr.Elements = append(fr.Elements, nft.SetElement{Set: set, Element: e})
 	}
-	chain := ServiceChainName(sp.Name)
-	rs.AddChain(&nft.Chain{Name: chain, Rules: dnatCascade(sp.Name.Protocol, sp.Endpoints)})
-	rs.AddElement(mapServiceIPs, nft.Element{Key: key, Comment: comment,
-		Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: chain}})
-	for _, ep := range sp.Endpoints {
-		rs.AddElement(setHairpinConnections, nft.Element{Key: []nft.Datum{
-			nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nft.Int(uint32(sp.Name.Protocol)), nft.Int(uint32(ep.Port())),
-		}})
+	for i := range ports {
+		sp := &ports[i]
+		add(setClusterIPs, nft.Element{Key: []nft.Datum{nft.Addr(sp.ClusterIP)}})
+		key := []nft.Datum{nft.Addr(sp.ClusterIP), nft.Int(uint32(sp.Name.Protocol)), nft.Int(uint32(sp.Port))}
+		comment := sp.Name.String()
+		if len(sp.Endpoints) == 0 {
+			add(mapNoEndpointServices, nft.Element{Key: key, Comment: comment,
+				Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: chainReject}})
+			continue
+		}
+		chain := ServiceChainName(sp.Name)
+		fr.Chains = append(fr.Chains, &nft.Chain{Name: chain, Rules: dnatCascade(sp.Name.Protocol, sp.Endpoints)})
+		add(mapServiceIPs, nft.Element{Key: key, Comment: comment,
+			Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: chain}})
+		for _, ep := range sp.Endpoints {
+			add(setHairpinConnections, nft.Element{Key: []nft.Datum{
+				nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nft.Int(uint32(sp.Name.Protocol)), nft.Int(uint32(ep.Port())),
+			}})
+		}
 	}
+	return fr
 }
 
 // dnatCascade picks one of n endpoints uniformly at random per connection:

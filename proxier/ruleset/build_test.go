@@ -26,14 +26,14 @@ func spName(ns, name, port string, proto uint8) model.ServicePortName {
 
 // testState: web (tcp 80 → 2 endpoints on 8080), dns (udp 53 → 1), empty
 // (tcp 80, no endpoints).
-func testState() *model.State {
-	return &model.State{Family: nft.IPv4, ServicePorts: []model.ServicePortState{
+func testState() []model.ServicePortState {
+	return []model.ServicePortState{
 		{Name: spName("default", "web", "http", nft.ProtoTCP), ClusterIP: ip("10.96.0.10"), Port: 80,
 			Endpoints: []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}},
 		{Name: spName("kube-system", "dns", "dns", nft.ProtoUDP), ClusterIP: ip("10.96.0.53"), Port: 53,
 			Endpoints: []netip.AddrPort{ap("10.244.1.20:5353")}},
 		{Name: spName("default", "empty", "", nft.ProtoTCP), ClusterIP: ip("10.96.0.20"), Port: 80},
-	}}
+	}
 }
 
 func apply(t *testing.T, fk *nft.Fake, committed, desired *nft.Ruleset) *nft.Transaction {
@@ -47,7 +47,7 @@ func apply(t *testing.T, fk *nft.Fake, committed, desired *nft.Ruleset) *nft.Tra
 
 func TestFlows(t *testing.T) {
 	fk := nft.NewFake()
-	apply(t, fk, nil, Build(testConfig, testState()))
+	apply(t, fk, nil, Build(testConfig, nft.IPv4, testState()))
 	tr := nft.NewTracer(fk, ip("10.10.0.11"))
 
 	pod, outside := ip("10.244.1.5"), ip("10.10.0.99")
@@ -94,9 +94,9 @@ func TestFlows(t *testing.T) {
 
 func TestResyncIsEmpty(t *testing.T) {
 	fk := nft.NewFake()
-	first := Build(testConfig, testState())
+	first := Build(testConfig, nft.IPv4, testState())
 	apply(t, fk, nil, first)
-	if tx := nft.Diff(first, Build(testConfig, testState())); !tx.Empty() {
+	if tx := nft.Diff(first, Build(testConfig, nft.IPv4, testState())); !tx.Empty() {
 		t.Fatalf("unchanged state gives %d ops: %+v", len(tx.Ops), tx.Ops)
 	}
 }
@@ -107,11 +107,11 @@ func TestChangesCostTheirSize(t *testing.T) {
 	for _, n := range []int{10, 1000} {
 		st := bigState(n)
 		fk := nft.NewFake()
-		committed := Build(testConfig, st)
+		committed := Build(testConfig, nft.IPv4, st)
 		apply(t, fk, nil, committed)
 
-		st.ServicePorts[n/2].Endpoints = []netip.AddrPort{ap("10.244.9.9:8080")}
-		desired := Build(testConfig, st)
+		st[n/2].Endpoints = []netip.AddrPort{ap("10.244.9.9:8080")}
+		desired := Build(testConfig, nft.IPv4, st)
 		tx := apply(t, fk, committed, desired)
 		// flush + add rule of one chain, hairpin: 5 old out, 1 new in.
 		if got := tx.Changes(); got != 2+5+1 {
@@ -119,8 +119,8 @@ func TestChangesCostTheirSize(t *testing.T) {
 		}
 		committed = desired
 
-		st.ServicePorts = st.ServicePorts[1:]
-		desired = Build(testConfig, st)
+		st = st[1:]
+		desired = Build(testConfig, nft.IPv4, st)
 		tx = apply(t, fk, committed, desired)
 		// cluster-ips, service-ips, 5 hairpin elements out; chain flushed and deleted.
 		if got := tx.Changes(); got != 1+1+5+2 {
@@ -129,8 +129,8 @@ func TestChangesCostTheirSize(t *testing.T) {
 	}
 }
 
-func bigState(n int) *model.State {
-	st := &model.State{Family: nft.IPv4}
+func bigState(n int) []model.ServicePortState {
+	var st []model.ServicePortState
 	for i := 0; i < n; i++ {
 		sp := model.ServicePortState{
 			Name:      spName("ns", "svc"+strconv.Itoa(i), "http", nft.ProtoTCP),
@@ -139,7 +139,7 @@ func bigState(n int) *model.State {
 		for j := 0; j < 5; j++ {
 			sp.Endpoints = append(sp.Endpoints, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), uint16(8000+j)))
 		}
-		st.ServicePorts = append(st.ServicePorts, sp)
+		st = append(st, sp)
 	}
 	return st
 }

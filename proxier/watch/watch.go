@@ -25,6 +25,12 @@ type Trackers struct {
 	Slices   *changes.Tracker[model.SliceKey, *model.EndpointSlice]
 }
 
+// ServiceChanges and SliceChanges are checked-out tracker snapshots.
+type (
+	ServiceChanges = changes.Snapshot[model.ServiceName, *model.Service]
+	SliceChanges   = changes.Snapshot[model.SliceKey, *model.EndpointSlice]
+)
+
 // NewTrackers returns empty trackers that drop no-op changes.
 func NewTrackers() Trackers {
 	return Trackers{

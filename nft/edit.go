@@ -1,0 +1,223 @@
+package nft
+
+import "sort"
+
+// Fragment is the part of a ruleset that one owner contributes: chains it
+// owns outright, and elements it needs in shared sets and maps. nftproxy has
+// one fragment per Service and family, so a change to one Service touches
+// only that Service's objects.
+type Fragment struct {
+	Chains   []*Chain
+	Elements []SetElement
+}
+
+// SetElement is an element of a named set.
+type SetElement struct {
+	Set     string
+	Element Element
+}
+
+// Editor keeps the desired ruleset of one family as fragments come and go,
+// and turns what changed since the last Commit into a Transaction whose size
+// is proportional to the change, not to the ruleset. Elements are reference
+// counted: several fragments may need the same element (two Services with
+// the same endpoint share a hairpin element); it is deleted when the last
+// one goes.
+//
+// After a failed Apply, the kernel state is unknown: drop the Editor and
+// start a new one, whose first transaction rewrites the table whole.
+type Editor struct {
+	rs    *Ruleset
+	refs  map[setKey]int
+	reset bool // the next transaction starts by resetting the table
+
+	// Before-images of what changed since the last Commit: the chain or
+	// element as it was (nil: absent), recorded on first touch.
+	chainsBefore map[string]*Chain
+	elemsBefore  map[setKey]*Element
+	setsAdded    []string
+}
+
+type setKey struct{ set, key string }
+
+// NewEditor returns an editor for an empty table; its first transaction
+// resets the table in the kernel.
+func NewEditor(f Family) *Editor {
+	return &Editor{rs: NewRuleset(f), refs: map[setKey]int{}, reset: true,
+		chainsBefore: map[string]*Chain{}, elemsBefore: map[setKey]*Element{}}
+}
+
+// Ruleset is the desired ruleset. Callers must not modify it.
+func (e *Editor) Ruleset() *Ruleset { return e.rs }
+
+// AddSet defines a set (without elements). Set definitions are static: a
+// set is added once and never removed while the editor lives.
+func (e *Editor) AddSet(s *Set) {
+	if _, ok := e.rs.Sets[s.Name]; ok {
+		return
+	}
+	e.rs.AddSet(&Set{Name: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Dynamic: s.Dynamic,
+		Size: s.Size, Comment: s.Comment, Elements: map[string]Element{}})
+	e.setsAdded = append(e.setsAdded, s.Name)
+}
+
+// Replace removes fragment old and adds fragment new (either may be nil).
+// Sets named by elements must have been added with AddSet.
+func (e *Editor) Replace(old, new *Fragment) {
+	if old != nil {
+		for _, c := range old.Chains {
+			e.touchChain(c.Name)
+			delete(e.rs.Chains, c.Name)
+		}
+		for _, se := range old.Elements {
+			e.release(se)
+		}
+	}
+	if new != nil {
+		for _, c := range new.Chains {
+			e.touchChain(c.Name)
+			e.rs.Chains[c.Name] = c
+		}
+		for _, se := range new.Elements {
+			e.hold(se)
+		}
+	}
+}
+
+func (e *Editor) touchChain(name string) {
+	if _, seen := e.chainsBefore[name]; !seen {
+		e.chainsBefore[name] = e.rs.Chains[name]
+	}
+}
+
+func (e *Editor) touchElement(s *Set, k setKey) {
+	if _, seen := e.elemsBefore[k]; seen {
+		return
+	}
+	if el, ok := s.Elements[k.key]; ok {
+		e.elemsBefore[k] = &el
+	} else {
+		e.elemsBefore[k] = nil
+	}
+}
+
+func (e *Editor) hold(se SetElement) {
+	s := e.mustSet(se.Set)
+	k := setKey{se.Set, s.KeyString(se.Element.Key)}
+	e.touchElement(s, k)
+	e.refs[k]++
+	s.Elements[k.key] = se.Element // the latest holder's value wins
+}
+
+func (e *Editor) release(se SetElement) {
+	s := e.mustSet(se.Set)
+	k := setKey{se.Set, s.KeyString(se.Element.Key)}
+	e.touchElement(s, k)
+	if e.refs[k]--; e.refs[k] <= 0 {
+		delete(e.refs, k)
+		delete(s.Elements, k.key)
+	}
+}
+
+func (e *Editor) mustSet(name string) *Set {
+	s, ok := e.rs.Sets[name]
+	if !ok {
+		panic("nft: Editor element for undefined set " + name)
+	}
+	return s
+}
+
+// Transaction returns the operations that take the kernel from the state
+// of the last Commit to the desired ruleset, in the order Diff uses.
+func (e *Editor) Transaction() *Transaction {
+	if e.reset {
+		return fullRewrite(e.rs)
+	}
+	f := e.rs.Family
+	tx := &Transaction{Family: f}
+	for _, name := range e.setsAdded {
+		tx.add(Op{Kind: OpAddSet, Set: e.rs.Sets[name]})
+	}
+	names := make([]string, 0, len(e.chainsBefore))
+	for n := range e.chainsBefore {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var rewrite, gone []string
+	for _, n := range names {
+		before, now := e.chainsBefore[n], e.rs.Chains[n]
+		switch {
+		case before == nil && now != nil:
+			tx.add(Op{Kind: OpAddChain, Chain: now})
+			rewrite = append(rewrite, n)
+		case before != nil && now == nil:
+			gone = append(gone, n)
+		case before != nil && now != nil && !rulesEqual(f, before.Rules, now.Rules):
+			rewrite = append(rewrite, n)
+		}
+	}
+	for _, n := range rewrite {
+		if before := e.chainsBefore[n]; before != nil && len(before.Rules) > 0 {
+			tx.add(Op{Kind: OpFlushChain, Chain: e.rs.Chains[n]})
+		}
+		for _, r := range e.rs.Chains[n].Rules {
+			tx.add(Op{Kind: OpAddRule, ChainName: n, Rule: r})
+		}
+	}
+	e.elementOps(tx)
+	for _, n := range gone {
+		if before := e.chainsBefore[n]; len(before.Rules) > 0 {
+			tx.add(Op{Kind: OpFlushChain, Chain: before})
+		}
+	}
+	for _, n := range gone {
+		tx.add(Op{Kind: OpDeleteChain, Chain: e.chainsBefore[n]})
+	}
+	return tx
+}
+
+// elementOps adds the element deletions, then additions, set by set.
+func (e *Editor) elementOps(tx *Transaction) {
+	del := map[string][]Element{}
+	add := map[string][]Element{}
+	keys := make([]setKey, 0, len(e.elemsBefore))
+	for k := range e.elemsBefore {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].set != keys[j].set {
+			return keys[i].set < keys[j].set
+		}
+		return keys[i].key < keys[j].key
+	})
+	for _, k := range keys {
+		s := e.rs.Sets[k.set]
+		before := e.elemsBefore[k]
+		now, present := s.Elements[k.key]
+		switch {
+		case before == nil && present:
+			add[k.set] = append(add[k.set], now)
+		case before != nil && !present:
+			del[k.set] = append(del[k.set], *before)
+		case before != nil && present && !sameElement(s, *before, now):
+			del[k.set] = append(del[k.set], *before)
+			add[k.set] = append(add[k.set], now)
+		}
+	}
+	for _, name := range e.rs.SortedSetNames() {
+		if len(del[name]) > 0 {
+			tx.add(Op{Kind: OpDeleteElements, Set: e.rs.Sets[name], Elements: del[name]})
+		}
+		if len(add[name]) > 0 {
+			tx.add(Op{Kind: OpAddElements, Set: e.rs.Sets[name], Elements: add[name]})
+		}
+	}
+}
+
+// Commit records that the last Transaction was applied.
+func (e *Editor) Commit() {
+	e.reset = false
+	e.setsAdded = nil
+	clear(e.chainsBefore)
+	clear(e.elemsBefore)
+}
