@@ -46,14 +46,15 @@ func (w *Watcher) WatchServiceCIDRs(client kubernetes.Interface, h Hooks, set fu
 		set(out)
 		h.Changed()
 	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { h.Event("ServiceCIDR"); update() },
 		UpdateFunc: func(any, any) { h.Event("ServiceCIDR"); update() },
 		DeleteFunc: func(any) { h.Event("ServiceCIDR"); update() },
-	}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
 	w.extra = append(w.extra, f)
-	w.synced = append(w.synced, inf.HasSynced)
+	w.synced = append(w.synced, reg.HasSynced)
 	return nil
 }

@@ -73,7 +73,7 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration, t T
 	w := &Watcher{factory: factory, nodeFactory: nodeFactory}
 
 	svcInf := factory.Core().V1().Services().Informer()
-	if _, err := svcInf.AddEventHandler(handler(h, "Service", func(obj any) {
+	svcReg, err := svcInf.AddEventHandler(handler(h, "Service", func(obj any) {
 		s := obj.(*v1.Service)
 		key := model.ServiceName{Namespace: s.Namespace, Name: s.Name}
 		m, problems := ConvertService(s)
@@ -85,11 +85,12 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration, t T
 		if t.Services.Set(key, m) {
 			h.Changed()
 		}
-	}, func(ns, name string) { recordDelete(h, t.Services, model.ServiceName{Namespace: ns, Name: name}) })); err != nil {
+	}, func(ns, name string) { recordDelete(h, t.Services, model.ServiceName{Namespace: ns, Name: name}) }))
+	if err != nil {
 		return nil, fmt.Errorf("service informer: %w", err)
 	}
 	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
-	if _, err := sliceInf.AddEventHandler(handler(h, "EndpointSlice", func(obj any) {
+	sliceReg, err := sliceInf.AddEventHandler(handler(h, "EndpointSlice", func(obj any) {
 		es := obj.(*discovery.EndpointSlice)
 		key := model.SliceKey{Namespace: es.Namespace, Name: es.Name}
 		m, problems := ConvertEndpointSlice(es)
@@ -101,7 +102,8 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration, t T
 		if t.Slices.Set(key, m) {
 			h.Changed()
 		}
-	}, func(ns, name string) { recordDelete(h, t.Slices, model.SliceKey{Namespace: ns, Name: name}) })); err != nil {
+	}, func(ns, name string) { recordDelete(h, t.Slices, model.SliceKey{Namespace: ns, Name: name}) }))
+	if err != nil {
 		return nil, fmt.Errorf("endpointslice informer: %w", err)
 	}
 	nodeInf := nodeFactory.Core().V1().Nodes().Informer()
@@ -109,7 +111,10 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration, t T
 		func(string, string) { h.Node(nil) })); err != nil {
 		return nil, fmt.Errorf("node informer: %w", err)
 	}
-	w.synced = []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
+	// The registrations' HasSynced, not the informers': an informer's store
+	// is synced before its handlers have seen every initial object, and a
+	// sync then would program a partial view.
+	w.synced = []cache.InformerSynced{svcReg.HasSynced, sliceReg.HasSynced}
 	return w, nil
 }
 

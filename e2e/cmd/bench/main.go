@@ -188,6 +188,8 @@ func metric(tb testbed.TB, p *proxy, name string) (histogram, bool) {
 	for _, l := range strings.Split(body, "\n") {
 		var v float64
 		switch {
+		case !strings.Contains(l, `ip_family="IPv4"`):
+			continue // the Services are IPv4
 		case strings.HasPrefix(l, name+"_count"):
 			fmt.Sscan(l[strings.LastIndex(l, " ")+1:], &v)
 			h.count += v
