@@ -3,7 +3,6 @@ module github.com/nftproxy/nftproxy
 go 1.26.0
 
 require (
-	github.com/google/nftables v0.3.0
 	github.com/mdlayher/netlink v1.11.2
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3

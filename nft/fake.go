@@ -255,14 +255,13 @@ func checkRule(rs *Ruleset, f Family, r Rule) error {
 			if !s.IsVerdictMap() || !fieldsFit(f, p.Fields, s.Key) {
 				return opErr(unix.EINVAL, "map %q does not fit %s", p.Map, fieldsText(f, p.Fields))
 			}
-		case DNATRandom:
-			if len(p.Backends) == 0 {
-				return opErr(unix.EINVAL, "dnat to no backends")
+		case MatchRandom:
+			if p.Mod == 0 {
+				return opErr(unix.ERANGE, "numgen random mod 0")
 			}
-			for _, b := range p.Backends {
-				if !f.Contains(b.Addr()) {
-					return opErr(unix.EINVAL, "dnat to %v in a %s table", b, f)
-				}
+		case DNAT:
+			if !f.Contains(p.To.Addr()) {
+				return opErr(unix.EINVAL, "dnat to %v in a %s table", p.To, f)
 			}
 		}
 	}

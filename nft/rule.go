@@ -10,7 +10,10 @@ import (
 // is closed: every phrase type is declared in this file, with the nft text it
 // stands for. netlink_lower.go lowers each to kernel expressions the way nft
 // 1.0.6 does (see TestTemplatesListBack), and trace.go evaluates each in the
-// Fake.
+// Fake. Every phrase lowers to expressions alone, never to an anonymous set
+// or map: binding one costs the kernel a walk of the whole transaction, which
+// makes a large batch quadratic (see MatchRandom for how a random pick is
+// written without one).
 type Phrase interface {
 	// Text is the phrase as `nft list ruleset` prints it in a table of
 	// family f.
@@ -195,28 +198,23 @@ func (v VmapLookup) Text(f Family) string {
 	return fieldsText(f, v.Fields) + " vmap @" + v.Map
 }
 
-// DNATRandom destination-NATs to one of the backends, picked uniformly at
-// random per connection. The preceding phrase must be a MatchL4Proto (nft
-// requires a transport protocol before a port mapping):
+// MatchRandom matches with probability 1/Mod: it draws a fresh random
+// number per packet. A chain of N DNAT rules guarded by mod N, N-1, …, 2
+// (the last one unguarded) picks each of N backends with probability 1/N:
 //
-//	dnat ip to numgen random mod 2 map { 0 : 10.244.1.11 . 8080, 1 : 10.244.1.12 . 8080 }
-//
-// The map is anonymous and belongs to the rule; its keys are written in host
-// byte order with set userdata saying so, so nft lists them as 0, 1, 2…
-type DNATRandom struct{ Backends []netip.AddrPort }
+//	numgen random mod 3 0
+type MatchRandom struct{ Mod uint32 }
 
-func (d DNATRandom) Text(f Family) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "dnat %s to numgen random mod %d map { ", f, len(d.Backends))
-	for i, be := range d.Backends {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%d : %s . %d", i, be.Addr(), be.Port())
-	}
-	b.WriteString(" }")
-	return b.String()
-}
+func (m MatchRandom) Text(Family) string { return fmt.Sprintf("numgen random mod %d 0", m.Mod) }
+
+// DNAT destination-NATs to one backend. A MatchL4Proto must come earlier in
+// the rule (nft requires a transport protocol before a port mapping):
+//
+//	dnat to 10.244.1.11:8080
+//	dnat to [fd00:244:1::11]:8080
+type DNAT struct{ To netip.AddrPort }
+
+func (d DNAT) Text(Family) string { return "dnat to " + d.To.String() }
 
 func (MatchPrefix) phrase()       {}
 func (MatchSet) phrase()          {}
@@ -230,7 +228,8 @@ func (Masquerade) phrase()        {}
 func (Reject) phrase()            {}
 func (VerdictPhrase) phrase()     {}
 func (VmapLookup) phrase()        {}
-func (DNATRandom) phrase()        {}
+func (MatchRandom) phrase()       {}
+func (DNAT) phrase()              {}
 
 // Text returns the rule as nft lists it.
 func (r Rule) Text(f Family) string {

@@ -19,7 +19,10 @@ type Packet struct {
 
 // TraceResult is what happened to a traced packet.
 type TraceResult struct {
-	Verdict    VerdictKind // VerdictAccept, VerdictDrop, or "reject"
+	Verdict VerdictKind // VerdictAccept, VerdictDrop, or "reject"
+	// DNAT lists every backend the packet could have been sent to (all
+	// targets of a random cascade, in rule order); empty if not NATed.
+	// Tracer.Pick chooses which one the traced packet continues to.
 	DNAT       []netip.AddrPort
 	Masquerade bool
 	Log        []string // chains and rules taken, for failure messages
@@ -36,7 +39,9 @@ type Tracer struct {
 	// LocalAddrs are the node's own addresses: a packet whose destination
 	// (after DNAT) is one of them goes to the input hook, not forward.
 	LocalAddrs []netip.Addr
-	// Pick chooses which backend a random DNAT picks (index modulo N).
+	// Pick chooses which rule of a random cascade the traced packet takes:
+	// the Pick-th random match (from 0) succeeds, the others fail, so
+	// Pick ≥ N-1 takes the last, unguarded rule of an N-rule cascade.
 	Pick int
 }
 
@@ -51,6 +56,7 @@ type traceState struct {
 	dnat  bool
 	res   TraceResult
 	depth int
+	draws int // random matches evaluated so far
 }
 
 // Trace sends p through the rulesets.
@@ -125,8 +131,17 @@ func (t *Tracer) runChain(rs *Ruleset, c *Chain, st *traceState) VerdictKind {
 		return VerdictDrop
 	}
 	st.res.Log = append(st.res.Log, "chain "+c.Name)
-	for _, r := range c.Rules {
+	for i, r := range c.Rules {
 		if v, done := t.runRule(rs, r, st); done {
+			if st.draws > 0 {
+				// A random cascade took this rule; the rules after it
+				// were possible outcomes too.
+				for _, later := range c.Rules[i+1:] {
+					if to, ok := dnatTarget(later); ok {
+						st.res.DNAT = append(st.res.DNAT, to)
+					}
+				}
+			}
 			return v
 		}
 	}
@@ -152,10 +167,19 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 		case Reject:
 			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
 			return VerdictReject, true
-		case DNATRandom:
-			be := p.Backends[t.Pick%len(p.Backends)]
-			st.res.DNAT = append([]netip.AddrPort(nil), p.Backends...)
-			st.pkt.Dst, st.pkt.DPort, st.dnat = be.Addr(), be.Port(), true
+		case MatchRandom:
+			// Every backend of a random cascade is a possible outcome:
+			// note this rule's target, then take it only on the Pick-th draw.
+			st.draws++
+			if st.draws-1 != t.Pick {
+				if to, ok := dnatTarget(r); ok {
+					st.res.DNAT = append(st.res.DNAT, to)
+				}
+				return "", false
+			}
+		case DNAT:
+			st.res.DNAT = append(st.res.DNAT, p.To)
+			st.pkt.Dst, st.pkt.DPort, st.dnat = p.To.Addr(), p.To.Port(), true
 			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
 			return VerdictAccept, true
 		case Masquerade:
@@ -173,6 +197,16 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 		}
 	}
 	return "", false
+}
+
+// dnatTarget is the destination of the rule's DNAT phrase, if it has one.
+func dnatTarget(r Rule) (netip.AddrPort, bool) {
+	for _, p := range r.Phrases {
+		if d, ok := p.(DNAT); ok {
+			return d.To, true
+		}
+	}
+	return netip.AddrPort{}, false
 }
 
 func (t *Tracer) applyVerdict(rs *Ruleset, v Verdict, st *traceState) (VerdictKind, bool) {

@@ -100,7 +100,7 @@ func command(tb testbed.TB, bed *testbed.Bed, p *proxy) []string {
 	common := []string{"--kubeconfig", bed.ProxyKubeconfig, "--hostname-override", p.node.Name,
 		"--cluster-cidr", "10.244.0.0/16", "--metrics-bind-address", "127.0.0.1:10249"}
 	if p.name == "nftproxy" {
-		return append([]string{testbed.GoBuild(tb, "github.com/nftproxy/nftproxy/cmd/nftproxy")}, common...)
+		return append([]string{testbed.GoBuild(tb, "github.com/nftproxy/nftproxy/cmd/nftproxy"), "--v", "2"}, common...)
 	}
 	return append([]string{filepath.Join(testbed.EnsureBinaries(tb), "kube-proxy"), "--proxy-mode", "nftables",
 		"--conntrack-max-per-core", "0", "--conntrack-tcp-timeout-established", "0",

@@ -1,0 +1,194 @@
+package nft
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+)
+
+// This file encodes values: element keys and data, and the userdata TLVs
+// nft stores with rules, sets and elements.
+
+// Key and data layout (nftables src/datatype.c, src/evaluate.c): a single
+// field has its own length; in a concatenation every field is padded to the
+// 4-byte register size, and the type number is the field types' numbers
+// shifted in 6 bits at a time (TYPE_BITS).
+const concatTypeBits = 6
+
+func typeMagic(ts []DataType) uint32 {
+	if len(ts) == 1 {
+		return ts[0].Magic
+	}
+	var m uint32
+	for _, t := range ts {
+		m = m<<concatTypeBits | t.Magic
+	}
+	return m
+}
+
+func pad4(n int) int { return (n + 3) &^ 3 }
+
+func tupleLen(ts []DataType) int {
+	if len(ts) == 1 {
+		return ts[0].Len
+	}
+	n := 0
+	for _, t := range ts {
+		n += pad4(t.Len)
+	}
+	return n
+}
+
+// encodeTuple encodes a key or data value: addresses and ports in network
+// byte order, marks and plain integers in host byte order (nft's
+// byteorder for these types).
+func encodeTuple(f Family, ts []DataType, ds []Datum) ([]byte, error) {
+	if len(ts) != len(ds) {
+		return nil, fmt.Errorf("%d fields for a %d-field type", len(ds), len(ts))
+	}
+	out := make([]byte, 0, tupleLen(ts))
+	for i, t := range ts {
+		start := len(out)
+		var err error
+		if out, err = appendDatum(out, t, ds[i]); err != nil {
+			return nil, fmt.Errorf("field %d: %w", i, err)
+		}
+		if len(ts) > 1 {
+			for len(out)-start < pad4(t.Len) {
+				out = append(out, 0)
+			}
+		}
+	}
+	return out, nil
+}
+
+func appendDatum(b []byte, t DataType, d Datum) ([]byte, error) {
+	switch t {
+	case TypeIPv4Addr:
+		if !d.Addr.Is4() {
+			return nil, fmt.Errorf("%v is not an IPv4 address", d.Addr)
+		}
+		a := d.Addr.As4()
+		return append(b, a[:]...), nil
+	case TypeIPv6Addr:
+		if !d.Addr.Is6() || d.Addr.Is4In6() {
+			return nil, fmt.Errorf("%v is not an IPv6 address", d.Addr)
+		}
+		a := d.Addr.As16()
+		return append(b, a[:]...), nil
+	case TypeInetProto:
+		if d.Int > 0xff {
+			return nil, fmt.Errorf("%d does not fit inet_proto", d.Int)
+		}
+		return append(b, byte(d.Int)), nil
+	case TypeInetService:
+		if d.Int > 0xffff {
+			return nil, fmt.Errorf("%d does not fit inet_service", d.Int)
+		}
+		return binary.BigEndian.AppendUint16(b, uint16(d.Int)), nil
+	case TypeMark, TypeInteger:
+		return binary.NativeEndian.AppendUint32(b, d.Int), nil
+	}
+	return nil, fmt.Errorf("cannot encode type %s", t.Name)
+}
+
+// addrBytes returns an address in network byte order, 4 or 16 bytes as the
+// family wants.
+func addrBytes(f Family, a netip.Addr) ([]byte, error) {
+	if !f.Contains(a) {
+		return nil, fmt.Errorf("%v is not an %s address", a, f)
+	}
+	if f == IPv4 {
+		b := a.As4()
+		return b[:], nil
+	}
+	b := a.As16()
+	return b[:], nil
+}
+
+// Userdata (libnftnl include/libnftnl/udata.h): a list of TLVs with a one
+// byte type and a one byte length.
+const (
+	udataRuleComment = 0 // NFTNL_UDATA_RULE_COMMENT
+	udataElemComment = 0 // NFTNL_UDATA_SET_ELEM_COMMENT
+
+	udataSetKeyByteorder  = 0 // NFTNL_UDATA_SET_KEYBYTEORDER
+	udataSetDataByteorder = 1 // NFTNL_UDATA_SET_DATABYTEORDER
+	udataSetKeyTypeof     = 3 // NFTNL_UDATA_SET_KEY_TYPEOF
+	udataSetDataInterval  = 6 // NFTNL_UDATA_SET_DATA_INTERVAL
+	udataSetComment       = 7 // NFTNL_UDATA_SET_COMMENT
+
+	udataTypeofExpr = 0 // NFTNL_UDATA_SET_TYPEOF_EXPR
+	udataTypeofData = 1 // NFTNL_UDATA_SET_TYPEOF_DATA
+
+	// nft's enum byteorder (include/datatype.h).
+	byteorderInvalid = 0
+	byteorderHost    = 1
+	byteorderBig     = 2
+
+	// exprConcat is EXPR_CONCAT in nft's enum expr_types (include/expression.h).
+	exprConcat = 13
+)
+
+func udataTLV(b []byte, typ byte, data []byte) []byte {
+	return append(append(b, typ, byte(len(data))), data...)
+}
+
+func udataU32(b []byte, typ byte, v uint32) []byte {
+	return udataTLV(b, typ, binary.NativeEndian.AppendUint32(nil, v))
+}
+
+// udataString is a NUL-terminated string TLV; its length must fit the one
+// byte length field.
+func udataString(typ byte, s string) ([]byte, error) {
+	if len(s)+1 > 0xff {
+		return nil, fmt.Errorf("comment %q: longer than 254 bytes", s)
+	}
+	return udataTLV(nil, typ, append([]byte(s), 0)), nil
+}
+
+// byteorder is the byte order nft records for a key or data type: none for
+// a concatenation or a verdict, host order for marks and integers, network
+// order otherwise.
+func byteorder(ts []DataType) uint32 {
+	if len(ts) != 1 {
+		return byteorderInvalid
+	}
+	switch ts[0] {
+	case TypeVerdict:
+		return byteorderInvalid
+	case TypeMark, TypeInteger:
+		return byteorderHost
+	}
+	return byteorderBig
+}
+
+// setUserdata is the NEWSET userdata nft 1.0.6 writes for a set declared
+// with `type …` (captured with `nft --debug=mnl`):
+//
+//	key byte order; data byte order (maps); for a concatenated key, a
+//	KEY_TYPEOF nest saying "concatenation" with no fields; data interval 0
+//	(maps); the comment.
+func setUserdata(s *Set) ([]byte, error) {
+	ud := udataU32(nil, udataSetKeyByteorder, byteorder(s.Key))
+	if s.IsMap() {
+		ud = udataU32(ud, udataSetDataByteorder, byteorder(s.Data))
+	}
+	if len(s.Key) > 1 {
+		var typeof []byte
+		typeof = udataU32(typeof, udataTypeofExpr, exprConcat)
+		typeof = udataTLV(typeof, udataTypeofData, nil)
+		ud = udataTLV(ud, udataSetKeyTypeof, typeof)
+	}
+	if s.IsMap() {
+		ud = udataU32(ud, udataSetDataInterval, 0)
+	}
+	if s.Comment != "" {
+		c, err := udataString(udataSetComment, s.Comment)
+		if err != nil {
+			return nil, err
+		}
+		ud = append(ud, c...)
+	}
+	return ud, nil
+}

@@ -1,0 +1,292 @@
+package nft
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// These tests need neither root nor nft; the kernel tests in
+// netlink_test.go and netlink_nftbytes_test.go check the same facts against
+// the kernel and nft itself.
+
+func littleEndianHost(t *testing.T) {
+	t.Helper()
+	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
+		t.Skip("expected bytes were captured on a little-endian host")
+	}
+}
+
+// TestSetUserdataMatchesNft: NEWSET userdata as nft 1.0.6 wrote it on x86
+// (`nft --debug=mnl -f`, 2026-11), for each set shape nftproxy uses.
+func TestSetUserdataMatchesNft(t *testing.T) {
+	littleEndianHost(t)
+	v4, v6 := TypeIPv4Addr, TypeIPv6Addr
+	for _, tc := range []struct {
+		name string
+		set  Set
+		want string
+	}{
+		{"vmap ipv4_addr . inet_proto . inet_service with comment",
+			Set{Key: []DataType{v4, TypeInetProto, TypeInetService}, Data: []DataType{TypeVerdict}, Comment: "ClusterIP"},
+			// keyorder 0, dataorder 0, typeof{concat, no fields}, data interval 0, comment
+			"000400000000" + "010400000000" + "030800040d0000000100" + "060400000000" + "070a436c7573746572495000"},
+		{"vmap ipv6_addr . inet_proto . inet_service",
+			Set{Key: []DataType{v6, TypeInetProto, TypeInetService}, Data: []DataType{TypeVerdict}},
+			"000400000000010400000000030800040d0000000100060400000000"},
+		{"vmap inet_proto . inet_service",
+			Set{Key: []DataType{TypeInetProto, TypeInetService}, Data: []DataType{TypeVerdict}},
+			"000400000000010400000000030800040d0000000100060400000000"},
+		{"set ipv4_addr", Set{Key: []DataType{v4}}, "000402000000"},
+		{"set ipv6_addr, dynamic, timeout, size",
+			Set{Key: []DataType{v6}, Dynamic: true, Timeout: 10 * time.Minute, Size: 65535}, "000402000000"},
+		{"set ipv4_addr . ipv4_addr . inet_proto . inet_service",
+			Set{Key: []DataType{v4, v4, TypeInetProto, TypeInetService}},
+			"000400000000030800040d0000000100"},
+	} {
+		got, err := setUserdata(&tc.set)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hex.EncodeToString(got) != tc.want {
+			t.Errorf("%s:\n got %x\nwant %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestSetTypeAndLength(t *testing.T) {
+	for _, tc := range []struct {
+		types []DataType
+		magic uint32
+		len   int
+	}{
+		{[]DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}, 0x730d, 12}, // nft: 0x0000730d, 12
+		{[]DataType{TypeIPv6Addr, TypeInetProto, TypeInetService}, 0x830d, 24},
+		{[]DataType{TypeInetProto, TypeInetService}, 0x030d, 8},
+		{[]DataType{TypeIPv6Addr, TypeIPv6Addr, TypeInetProto, TypeInetService}, 0x20830d, 40},
+		{[]DataType{TypeIPv4Addr, TypeInetService}, 0x1cd, 8}, // 7<<6 | 13
+		{[]DataType{TypeIPv6Addr, TypeInetService}, 0x20d, 20},
+		{[]DataType{TypeInetProto}, 12, 1},
+	} {
+		if m, l := typeMagic(tc.types), tupleLen(tc.types); m != tc.magic || l != tc.len {
+			t.Errorf("%v: magic %#x len %d, want %#x %d", tc.types, m, l, tc.magic, tc.len)
+		}
+	}
+}
+
+func TestEncodeTuple(t *testing.T) {
+	littleEndianHost(t)
+	a4, a6 := netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")
+	for _, tc := range []struct {
+		types []DataType
+		vals  []Datum
+		want  string
+	}{
+		// nft: element 0a60000a 00000006 00005000
+		{[]DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}, []Datum{Addr(a4), tcp, Int(80)}, "0a60000a0600000000500000"},
+		{[]DataType{TypeIPv6Addr, TypeInetService}, []Datum{Addr(a6), Int(8080)}, "fd000096000000000000000000000010" + "1f900000"},
+		{[]DataType{TypeIPv4Addr}, []Datum{Addr(a4)}, "0a60000a"},
+		{[]DataType{TypeInetService}, []Datum{Int(53)}, "0035"},
+		{[]DataType{TypeMark}, []Datum{Int(0x4000)}, "00400000"},
+	} {
+		got, err := encodeTuple(IPv4, tc.types, tc.vals)
+		if err != nil || hex.EncodeToString(got) != tc.want {
+			t.Errorf("%v %v: %x, %v; want %s", tc.types, tc.vals, got, err, tc.want)
+		}
+	}
+	for _, bad := range []struct {
+		types []DataType
+		vals  []Datum
+	}{
+		{[]DataType{TypeIPv4Addr}, []Datum{Addr(a6)}},
+		{[]DataType{TypeIPv6Addr}, []Datum{Addr(netip.MustParseAddr("::ffff:10.0.0.1"))}},
+		{[]DataType{TypeInetProto}, []Datum{Int(256)}},
+		{[]DataType{TypeInetService}, []Datum{Int(65536)}},
+		{[]DataType{TypeIPv4Addr, TypeInetService}, []Datum{Addr(a4)}},
+	} {
+		if _, err := encodeTuple(IPv4, bad.types, bad.vals); err == nil {
+			t.Errorf("%v %v: no error", bad.types, bad.vals)
+		}
+	}
+}
+
+func TestSlotReg(t *testing.T) {
+	// nft --debug=netlink: ip daddr . meta l4proto . th dport → reg 1, 9, 10;
+	// ip6: reg 1, 2, 13; ip6 saddr . ip6 daddr . l4proto . dport → 1, 2, 3, 17.
+	for slot, want := range map[int]uint32{0: 1, 1: 9, 2: 10, 4: 2, 5: 13, 8: 3, 9: 17} {
+		if got := slotReg(slot); got != want {
+			t.Errorf("slot %d: reg %d, want %d", slot, got, want)
+		}
+	}
+}
+
+// TestElementSplitting: a long element list becomes several messages of
+// the same batch, each below the limit, every element exactly once.
+func TestElementSplitting(t *testing.T) {
+	defer func(old int) { maxElemListLen = old }(maxElemListLen)
+	maxElemListLen = 1000
+	s := &Set{Name: "cluster-ips", Key: []DataType{TypeIPv4Addr}}
+	var elems []Element
+	for i := range 500 {
+		elems = append(elems, Element{Key: []Datum{Addr(netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}))}})
+	}
+	tx := &Transaction{Family: IPv4, Ops: []Op{{Kind: OpAddSet, Set: s}, {Kind: OpAddElements, Set: s, Elements: elems}}}
+	b, err := encodeTransaction(tx, batchOptions{firstSeq: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	msgs := 0
+	for i, m := range splitMessages(b.enc.b) {
+		if seq := binary.NativeEndian.Uint32(m[8:]); seq != 7+uint32(i) {
+			t.Errorf("message %d has sequence %d", i, seq)
+		}
+		if binary.NativeEndian.Uint16(m[4:])&0xff != unix.NFT_MSG_NEWSETELEM {
+			continue
+		}
+		msgs++
+		if b.owners[i] != 1 {
+			t.Errorf("element message %d owned by op %d", i, b.owners[i])
+		}
+		list := (&nla{kids: parseNLAs(m[20:])}).child(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+		if len(list.data)+4 > maxElemListLen {
+			t.Errorf("element list of %d bytes", len(list.data)+4)
+		}
+		if id := (&nla{kids: parseNLAs(m[20:])}).child(unix.NFTA_SET_ELEM_LIST_SET_ID); id == nil {
+			t.Errorf("element message without the set ID of the set created in the batch")
+		}
+		for _, e := range list.kids {
+			seen[hex.EncodeToString(e.child(unix.NFTA_SET_ELEM_KEY).child(unix.NFTA_DATA_VALUE).data)]++
+		}
+	}
+	if msgs < 500*16/1000 {
+		t.Errorf("%d element messages", msgs)
+	}
+	if len(seen) != 500 {
+		t.Errorf("%d distinct elements sent", len(seen))
+	}
+	for k, n := range seen {
+		if n != 1 {
+			t.Errorf("element %s sent %d times", k, n)
+		}
+	}
+	if b.elements != 500 {
+		t.Errorf("counted %d elements", b.elements)
+	}
+}
+
+func TestEncodeErrorsNameTheOp(t *testing.T) {
+	s := &Set{Name: "cluster-ips", Key: []DataType{TypeIPv4Addr}}
+	for _, tc := range []struct {
+		op   Op
+		want string
+	}{
+		{Op{Kind: OpAddElements, Set: s, Elements: []Element{{Key: []Datum{Addr(netip.MustParseAddr("fd00::1"))}}}},
+			`op 0 add-elements "cluster-ips": element fd00::1: key: field 0: fd00::1 is not an IPv4 address`},
+		{Op{Kind: OpAddRule, ChainName: "c", Rule: Rule{Phrases: []Phrase{MatchL4Proto{ProtoTCP},
+			DNAT{netip.MustParseAddrPort("[fd00::1]:80")}}}},
+			`op 0 add-rule "c": rule "meta l4proto tcp dnat to [fd00::1]:80": fd00::1 is not an ip address`},
+		{Op{Kind: OpAddRule, ChainName: "c", Rule: Rule{Phrases: []Phrase{Drop()}, Comment: strings.Repeat("x", 300)}},
+			`op 0 add-rule "c": comment`},
+		{Op{Kind: OpAddSet, Set: &Set{Name: "s", Key: []DataType{TypeIPv4Addr}, Comment: strings.Repeat("x", 255)}},
+			`op 0 add-set "s": comment`},
+	} {
+		_, err := encodeTransaction(&Transaction{Family: IPv4, Ops: []Op{tc.op}}, batchOptions{firstSeq: 1})
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("error %v, want prefix %q", err, tc.want)
+		}
+	}
+}
+
+// TestParseReplies: errors with and without NLM_F_CAPPED, with an extended
+// ACK message (mdlayher/netlink v1.11.2 fails on the capped form).
+func TestParseReplies(t *testing.T) {
+	errMsg := func(seq uint32, errno int32, flags uint16, reqPayload []byte, ext string) []byte {
+		var b []byte
+		b = binary.NativeEndian.AppendUint32(b, 0)
+		b = binary.NativeEndian.AppendUint16(b, unix.NLMSG_ERROR)
+		b = binary.NativeEndian.AppendUint16(b, flags)
+		b = binary.NativeEndian.AppendUint32(b, seq)
+		b = binary.NativeEndian.AppendUint32(b, 0)
+		b = binary.NativeEndian.AppendUint32(b, uint32(errno))
+		// the request's header: length includes its payload even if capped
+		b = binary.NativeEndian.AppendUint32(b, uint32(nlmsgHeaderLen+len(reqPayload)+64))
+		b = append(b, make([]byte, 12)...)
+		if flags&unix.NLM_F_CAPPED == 0 {
+			b = append(b, reqPayload...)
+			b = append(b, make([]byte, 64)...)
+		}
+		if ext != "" {
+			e := encoder{b: b}
+			e.str(unix.NLMSGERR_ATTR_MSG, ext)
+			e.u32(unix.NLMSGERR_ATTR_OFFS, 20)
+			b = e.b
+		}
+		binary.NativeEndian.PutUint32(b, uint32(len(b)))
+		return b
+	}
+	dgram := append(errMsg(5, -int32(unix.ENOENT), unix.NLM_F_CAPPED|unix.NLM_F_ACK_TLVS, nil, "no such chain"),
+		errMsg(6, -int32(unix.EEXIST), unix.NLM_F_ACK_TLVS, []byte{1, 2, 3, 4}, "exists")...)
+	dgram = append(dgram, errMsg(7, 0, unix.NLM_F_CAPPED, nil, "")...)
+	got, err := parseReplies(dgram)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []reply{
+		{typ: unix.NLMSG_ERROR, seq: 5, errno: unix.ENOENT, extMsg: "no such chain"},
+		{typ: unix.NLMSG_ERROR, seq: 6, errno: unix.EEXIST, extMsg: "exists"},
+		{typ: unix.NLMSG_ERROR, seq: 7},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d replies, want %d", len(got), len(want))
+	}
+	for i := range want {
+		g := got[i]
+		if g.typ != want[i].typ || g.seq != want[i].seq || g.errno != want[i].errno || g.extMsg != want[i].extMsg {
+			t.Errorf("reply %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+func TestDescribeError(t *testing.T) {
+	tx := &Transaction{Family: IPv4, Ops: []Op{
+		{Kind: OpResetTable},
+		{Kind: OpAddChain, Chain: &Chain{Name: "svc"}},
+		{Kind: OpAddRule, ChainName: "svc", Rule: Rule{Phrases: []Phrase{Jump("missing")}}},
+	}}
+	b, err := encodeTransaction(tx, batchOptions{firstSeq: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// begin, 3 table messages, chain, rule, end
+	if len(b.owners) != 7 {
+		t.Fatalf("%d messages", len(b.owners))
+	}
+	err = describeError(tx, b, []msgError{{index: 5, errno: unix.ENOENT}, {index: 6, errno: unix.EINVAL}})
+	if want := `op 2 add-rule "svc" (rule "jump missing"): no such file or directory (and 1 more errors)`; err.Error() != want {
+		t.Errorf("got %q\nwant %q", err, want)
+	}
+	if !errors.Is(err, unix.ENOENT) {
+		t.Errorf("%v does not wrap ENOENT", err)
+	}
+	err = describeError(tx, b, []msgError{{index: 0, errno: unix.ENOMEM, msg: "commit failed"}})
+	if want := "commit: cannot allocate memory (kernel: commit failed)"; err.Error() != want {
+		t.Errorf("got %q, want %q", err, want)
+	}
+}
+
+func TestSequenceNumbersSkipZero(t *testing.T) {
+	for _, seq := range []uint32{0, 1<<31 - 1, 1 << 31, ^uint32(0)} {
+		n := &Netlink{seq: seq}
+		first := n.nextSeqs(10)
+		if first == 0 || first > 1<<31 || n.seq != first+10 {
+			t.Errorf("from %d: first %d, next %d", seq, first, n.seq)
+		}
+	}
+}
