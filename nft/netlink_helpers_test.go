@@ -168,6 +168,8 @@ func everyPhraseRuleset(f Family) *Ruleset {
 	rs.Append("nat-output", Rule{Phrases: []Phrase{Jump("services")}})
 	rs.Append("nat-postrouting", Rule{Phrases: []Phrase{Jump("masquerading")}})
 	rs.Append("filter-forward", Rule{Phrases: []Phrase{MatchCtStateNew{}, Jump("cluster-ips-check")}})
+	rs.Append("cluster-ips-check", Rule{Phrases: []Phrase{
+		MatchSet{Fields: []Field{FieldDstAddr}, Set: "cluster-ips"}, RejectTCPReset{}}})
 	rs.Append("filter-output-pre-dnat", Rule{Phrases: []Phrase{MatchCtStateNew{}, Jump("cluster-ips-check")}})
 	rs.Append("nat-output", Rule{Phrases: []Phrase{MatchCtStateNew{}, Jump("prefixes")}})
 	rs.Append("services", Rule{Phrases: []Phrase{

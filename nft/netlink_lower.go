@@ -42,12 +42,27 @@ const (
 // lowerRule writes the expressions of a rule, inside the rule's
 // NFTA_RULE_EXPRESSIONS nest.
 func (b *batch) lowerRule(r Rule) error {
-	for _, p := range r.Phrases {
+	phrases := r.Phrases
+	if hasTCPReset(phrases) {
+		// nft resolves the reset's protocol dependency by putting the
+		// protocol match first in the rule; so do we.
+		b.lowerPhrase(MatchL4Proto{Proto: ProtoTCP})
+	}
+	for _, p := range phrases {
 		if err := b.lowerPhrase(p); err != nil {
 			return fmt.Errorf("rule %q: %w", r.Text(b.family), err)
 		}
 	}
 	return nil
+}
+
+func hasTCPReset(phrases []Phrase) bool {
+	for _, p := range phrases {
+		if _, ok := p.(RejectTCPReset); ok {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *batch) lowerPhrase(p Phrase) error {
@@ -86,6 +101,11 @@ func (b *batch) lowerPhrase(p Phrase) error {
 		e.masq(unix.NF_NAT_RANGE_PROTO_RANDOM_FULLY)
 	case Reject:
 		lowerReject(e, f)
+	case RejectTCPReset:
+		// [ reject type 1 code 0 ], after the rule's leading
+		// [ meta load l4proto => reg 1 ] [ cmp eq reg 1 0x00000006 ]
+		// (see lowerRule).
+		e.reject(unix.NFT_REJECT_TCP_RST, 0)
 	case VerdictPhrase:
 		// [ immediate reg 0 jump -> chain ]
 		e.immediateVerdict(p.Verdict)

@@ -176,6 +176,20 @@ type Reject struct{}
 
 func (Reject) Text(Family) string { return "reject" }
 
+// RejectTCPReset refuses a TCP packet with a TCP reset; packets of other
+// protocols do not match. It lowers to a protocol match and the reject,
+// which nft lists as the reject alone:
+//
+//	reject with tcp reset
+//
+// A reset reaches the client as "connection refused" at once, where the
+// ICMP error of Reject is rate limited by the kernel per destination
+// (net.ipv4.icmp_ratelimit: bursts of 6, then one per second), so a client
+// retrying quickly would see timeouts instead.
+type RejectTCPReset struct{}
+
+func (RejectTCPReset) Text(Family) string { return "reject with tcp reset" }
+
 // VerdictPhrase ends the rule with a verdict:
 //
 //	jump services
@@ -229,6 +243,7 @@ func (Reject) phrase()            {}
 func (VerdictPhrase) phrase()     {}
 func (VmapLookup) phrase()        {}
 func (MatchRandom) phrase()       {}
+func (RejectTCPReset) phrase()    {}
 func (DNAT) phrase()              {}
 
 // Text returns the rule as nft lists it.

@@ -164,6 +164,12 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 			}
 			st.res.Log = append(st.res.Log, fmt.Sprintf("  %s: %s", r.Text(st.f), key))
 			return t.applyVerdict(rs, *e.Verdict, st)
+		case RejectTCPReset:
+			if st.pkt.Proto != ProtoTCP {
+				return "", false
+			}
+			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
+			return VerdictReject, true
 		case Reject:
 			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
 			return VerdictReject, true

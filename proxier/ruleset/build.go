@@ -83,10 +83,11 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 		rule(nft.MatchMarkBits{Mask: cfg.MasqueradeMark}, nft.ToggleMarkBits{Bits: cfg.MasqueradeMark}, nft.Masquerade{}),
 		rule(nft.MatchCtStatusDNAT{}, nft.MatchSet{Fields: hairpinKey, Set: setHairpinConnections}, nft.Masquerade{}))
 	chain(chainServiceEndpointCheck, rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapNoEndpointServices}))
-	check := []nft.Rule{{
-		Phrases: []nft.Phrase{nft.MatchSet{Fields: []nft.Field{nft.FieldDstAddr}, Set: setClusterIPs}, nft.Reject{}},
-		Comment: "reject traffic to invalid ports of ClusterIPs",
-	}}
+	toClusterIP := nft.MatchSet{Fields: []nft.Field{nft.FieldDstAddr}, Set: setClusterIPs}
+	check := []nft.Rule{
+		{Phrases: []nft.Phrase{toClusterIP, nft.RejectTCPReset{}}, Comment: "reject traffic to invalid ports of ClusterIPs"},
+		{Phrases: []nft.Phrase{toClusterIP, nft.Reject{}}, Comment: "reject traffic to invalid ports of ClusterIPs"},
+	}
 	for _, p := range cfg.ServiceCIDRs {
 		if f.Contains(p.Addr()) {
 			check = append(check, nft.Rule{
@@ -96,7 +97,8 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 		}
 	}
 	chain(chainClusterIPsCheck, check...)
-	chain(chainReject, rule(nft.Reject{}))
+	// TCP gets a reset, other protocols an ICMP error: see nft.RejectTCPReset.
+	chain(chainReject, rule(nft.RejectTCPReset{}), rule(nft.Reject{}))
 	return fr
 }
 
