@@ -7,7 +7,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -73,36 +72,16 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration, t T
 	w := &Watcher{factory: factory, nodeFactory: nodeFactory}
 
 	svcInf := factory.Core().V1().Services().Informer()
-	svcReg, err := svcInf.AddEventHandler(handler(h, "Service", func(obj any) {
-		s := obj.(*v1.Service)
-		key := model.ServiceName{Namespace: s.Namespace, Name: s.Name}
-		m, problems := ConvertService(s)
-		report(h, problems)
-		if m == nil {
-			recordDelete(h, t.Services, key)
-			return
-		}
-		if t.Services.Set(key, m) {
-			h.Changed()
-		}
-	}, func(ns, name string) { recordDelete(h, t.Services, model.ServiceName{Namespace: ns, Name: name}) }))
+	svcReg, err := svcInf.AddEventHandler(tracking(h, "Service", t.Services,
+		func(ns, name string) model.ServiceName { return model.ServiceName{Namespace: ns, Name: name} },
+		ConvertService))
 	if err != nil {
 		return nil, fmt.Errorf("service informer: %w", err)
 	}
 	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
-	sliceReg, err := sliceInf.AddEventHandler(handler(h, "EndpointSlice", func(obj any) {
-		es := obj.(*discovery.EndpointSlice)
-		key := model.SliceKey{Namespace: es.Namespace, Name: es.Name}
-		m, problems := ConvertEndpointSlice(es)
-		report(h, problems)
-		if m == nil {
-			recordDelete(h, t.Slices, key)
-			return
-		}
-		if t.Slices.Set(key, m) {
-			h.Changed()
-		}
-	}, func(ns, name string) { recordDelete(h, t.Slices, model.SliceKey{Namespace: ns, Name: name}) }))
+	sliceReg, err := sliceInf.AddEventHandler(tracking(h, "EndpointSlice", t.Slices,
+		func(ns, name string) model.SliceKey { return model.SliceKey{Namespace: ns, Name: name} },
+		ConvertEndpointSlice))
 	if err != nil {
 		return nil, fmt.Errorf("endpointslice informer: %w", err)
 	}
@@ -160,6 +139,24 @@ func recordDelete[K comparable, V any](h Hooks, t *changes.Tracker[K, V], k K) {
 	if t.Delete(k) {
 		h.Changed()
 	}
+}
+
+// tracking returns the event handler that converts objects of type O and
+// records them in t: an object the proxy ignores (converted to nil) counts
+// as deleted.
+func tracking[O metav1.Object, K comparable, V any](h Hooks, kind string, t *changes.Tracker[K, *V],
+	key func(ns, name string) K, convert func(O) (*V, []Problem)) cache.ResourceEventHandler {
+	del := func(ns, name string) { recordDelete(h, t, key(ns, name)) }
+	return handler(h, kind, func(obj any) {
+		o := obj.(O)
+		m, problems := convert(o)
+		report(h, problems)
+		if m == nil {
+			del(o.GetNamespace(), o.GetName())
+		} else if t.Set(key(o.GetNamespace(), o.GetName()), m) {
+			h.Changed()
+		}
+	}, del)
 }
 
 // handler adapts add/update/delete callbacks; deletes are given the object's
