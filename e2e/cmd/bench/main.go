@@ -70,12 +70,12 @@ func run(tb testbed.TB) {
 	if *upstream {
 		proxies = append(proxies, &proxy{name: "kube-proxy", node: bed.AddNode("upstream")})
 	}
+	// One at a time, so that neither start-up competes with the other for
+	// the CPU.
 	for _, p := range proxies {
 		args := command(tb, bed, p) // may build: not part of the measurement
 		p.started = time.Now()
 		p.proc = p.node.Start(args...)
-	}
-	for _, p := range proxies {
 		waitFirstSync(tb, p)
 		fmt.Printf("%s: rules programmed %v after start; first full sync %.3fs\n", p.name, p.ready.Round(time.Millisecond), p.full)
 	}
