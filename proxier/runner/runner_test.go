@@ -51,7 +51,7 @@ func TestPeriodicSync(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	r.Run(ctx)
-	if n := calls.Load(); n < 4 {
+	if n := calls.Load(); n < 3 {
 		t.Fatalf("want periodic syncs every 30ms, got %d in 200ms", n)
 	}
 }
