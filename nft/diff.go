@@ -10,14 +10,8 @@ import (
 // the transaction then starts by resetting the table and writes everything.
 // Unchanged state gives an empty transaction.
 //
-// The order of operations follows the kernel's reference rules, so that the
-// batch is valid at every step:
-//  1. new sets and chains (so rules and elements can refer to them),
-//  2. rewritten chains (flush, then their rules),
-//  3. element deletions, then additions, set by set,
-//  4. removed chains are flushed (dropping their references to sets and
-//     chains), then removed sets deleted (dropping element references to
-//     chains), then removed chains deleted.
+// The operations come in the order described at changes, valid for the
+// kernel at every step of the batch.
 //
 // Sets and base chains are defined by nftproxy's code and never change while
 // it runs; if their definition differs from the committed one (an upgrade),
@@ -26,68 +20,53 @@ func Diff(committed, desired *Ruleset) *Transaction {
 	if committed == nil || committed.Family != desired.Family || definitionsChanged(committed, desired) {
 		return fullRewrite(desired)
 	}
-	tx := &Transaction{Family: desired.Family}
-	f := desired.Family
-
-	setNames := desired.SortedSetNames()
-	for _, name := range setNames {
+	c := newChanges(desired.Family)
+	for _, name := range desired.SortedSetNames() {
 		if _, ok := committed.Sets[name]; !ok {
-			tx.add(Op{Kind: OpAddSet, Set: desired.Sets[name]})
+			c.newSets = append(c.newSets, desired.Sets[name])
 		}
 	}
-	chainNames := desired.SortedChainNames()
-	for _, name := range chainNames {
-		if _, ok := committed.Chains[name]; !ok {
-			tx.add(Op{Kind: OpAddChain, Chain: desired.Chains[name]})
-		}
+	for _, name := range unionKeys(committed.Chains, desired.Chains) {
+		c.chain(committed.Chains[name], desired.Chains[name])
 	}
-	for _, name := range chainNames {
-		want := desired.Chains[name]
-		have, existed := committed.Chains[name]
-		if existed && rulesEqual(f, have.Rules, want.Rules) {
-			continue
-		}
-		if existed && len(have.Rules) > 0 {
-			tx.add(Op{Kind: OpFlushChain, Chain: want})
-		}
-		for _, r := range want.Rules {
-			tx.add(Op{Kind: OpAddRule, ChainName: name, Rule: r})
-		}
-	}
-	for _, name := range setNames {
+	for _, name := range desired.SortedSetNames() {
 		want := desired.Sets[name]
 		var have map[string]Element
 		if old, ok := committed.Sets[name]; ok {
 			have = old.Elements
 		}
-		del, add := diffElements(want, have, want.Elements)
-		if len(del) > 0 {
-			tx.add(Op{Kind: OpDeleteElements, Set: want, Elements: del})
-		}
-		if len(add) > 0 {
-			tx.add(Op{Kind: OpAddElements, Set: want, Elements: add})
-		}
-	}
-
-	var goneChains []string
-	for name, c := range committed.Chains {
-		if _, ok := desired.Chains[name]; !ok {
-			goneChains = append(goneChains, name)
-			if len(c.Rules) > 0 {
-				tx.add(Op{Kind: OpFlushChain, Chain: c})
-			}
+		for _, k := range unionKeys(have, want.Elements) {
+			c.element(want, elementOrNil(have, k), elementOrNil(want.Elements, k))
 		}
 	}
 	for _, name := range committed.SortedSetNames() {
 		if _, ok := desired.Sets[name]; !ok {
-			tx.add(Op{Kind: OpDeleteSet, Set: committed.Sets[name]})
+			c.goneSets = append(c.goneSets, committed.Sets[name])
 		}
 	}
-	sort.Strings(goneChains)
-	for _, name := range goneChains {
-		tx.add(Op{Kind: OpDeleteChain, Chain: committed.Chains[name]})
+	return c.transaction()
+}
+
+// unionKeys returns the keys of both maps, sorted.
+func unionKeys[V any](a, b map[string]V) []string {
+	keys := make([]string, 0, len(b))
+	for k := range b {
+		keys = append(keys, k)
 	}
-	return tx
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func elementOrNil(m map[string]Element, k string) *Element {
+	if e, ok := m[k]; ok {
+		return &e
+	}
+	return nil
 }
 
 // fullRewrite resets the table and writes the whole ruleset.
@@ -128,34 +107,6 @@ func rulesEqual(f Family, a, b []Rule) bool {
 		}
 	}
 	return true
-}
-
-// diffElements returns the elements to delete from have and to add from
-// want, sorted by key. An element whose value or comment changed is deleted
-// and added again (the kernel has no element update).
-func diffElements(s *Set, have, want map[string]Element) (del, add []Element) {
-	var delKeys, addKeys []string
-	for k, h := range have {
-		w, ok := want[k]
-		if !ok || !sameElement(s, h, w) {
-			delKeys = append(delKeys, k)
-		}
-	}
-	for k, w := range want {
-		h, ok := have[k]
-		if !ok || !sameElement(s, h, w) {
-			addKeys = append(addKeys, k)
-		}
-	}
-	sort.Strings(delKeys)
-	sort.Strings(addKeys)
-	for _, k := range delKeys {
-		del = append(del, have[k])
-	}
-	for _, k := range addKeys {
-		add = append(add, want[k])
-	}
-	return del, add
 }
 
 func sameElement(s *Set, a, b Element) bool {

@@ -128,58 +128,24 @@ func (e *Editor) mustSet(name string) *Set {
 }
 
 // Transaction returns the operations that take the kernel from the state
-// of the last Commit to the desired ruleset, in the order Diff uses.
+// of the last Commit to the desired ruleset, in the order Diff uses; only
+// the objects touched since then are compared.
 func (e *Editor) Transaction() *Transaction {
 	if e.reset {
 		return fullRewrite(e.rs)
 	}
-	f := e.rs.Family
-	tx := &Transaction{Family: f}
+	c := newChanges(e.rs.Family)
 	for _, name := range e.setsAdded {
-		tx.add(Op{Kind: OpAddSet, Set: e.rs.Sets[name]})
+		c.newSets = append(c.newSets, e.rs.Sets[name])
 	}
 	names := make([]string, 0, len(e.chainsBefore))
 	for n := range e.chainsBefore {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	var rewrite, gone []string
 	for _, n := range names {
-		before, now := e.chainsBefore[n], e.rs.Chains[n]
-		switch {
-		case before == nil && now != nil:
-			tx.add(Op{Kind: OpAddChain, Chain: now})
-			rewrite = append(rewrite, n)
-		case before != nil && now == nil:
-			gone = append(gone, n)
-		case before != nil && now != nil && !rulesEqual(f, before.Rules, now.Rules):
-			rewrite = append(rewrite, n)
-		}
+		c.chain(e.chainsBefore[n], e.rs.Chains[n])
 	}
-	for _, n := range rewrite {
-		if before := e.chainsBefore[n]; before != nil && len(before.Rules) > 0 {
-			tx.add(Op{Kind: OpFlushChain, Chain: e.rs.Chains[n]})
-		}
-		for _, r := range e.rs.Chains[n].Rules {
-			tx.add(Op{Kind: OpAddRule, ChainName: n, Rule: r})
-		}
-	}
-	e.elementOps(tx)
-	for _, n := range gone {
-		if before := e.chainsBefore[n]; len(before.Rules) > 0 {
-			tx.add(Op{Kind: OpFlushChain, Chain: before})
-		}
-	}
-	for _, n := range gone {
-		tx.add(Op{Kind: OpDeleteChain, Chain: e.chainsBefore[n]})
-	}
-	return tx
-}
-
-// elementOps adds the element deletions, then additions, set by set.
-func (e *Editor) elementOps(tx *Transaction) {
-	del := map[string][]Element{}
-	add := map[string][]Element{}
 	keys := make([]setKey, 0, len(e.elemsBefore))
 	for k := range e.elemsBefore {
 		keys = append(keys, k)
@@ -192,26 +158,9 @@ func (e *Editor) elementOps(tx *Transaction) {
 	})
 	for _, k := range keys {
 		s := e.rs.Sets[k.set]
-		before := e.elemsBefore[k]
-		now, present := s.Elements[k.key]
-		switch {
-		case before == nil && present:
-			add[k.set] = append(add[k.set], now)
-		case before != nil && !present:
-			del[k.set] = append(del[k.set], *before)
-		case before != nil && present && !sameElement(s, *before, now):
-			del[k.set] = append(del[k.set], *before)
-			add[k.set] = append(add[k.set], now)
-		}
+		c.element(s, e.elemsBefore[k], elementOrNil(s.Elements, k.key))
 	}
-	for _, name := range e.rs.SortedSetNames() {
-		if len(del[name]) > 0 {
-			tx.add(Op{Kind: OpDeleteElements, Set: e.rs.Sets[name], Elements: del[name]})
-		}
-		if len(add[name]) > 0 {
-			tx.add(Op{Kind: OpAddElements, Set: e.rs.Sets[name], Elements: add[name]})
-		}
-	}
+	return c.transaction()
 }
 
 // Commit records that the last Transaction was applied.

@@ -246,23 +246,6 @@ func (r *Ruleset) Append(chain string, rule Rule) {
 	c.Rules = append(c.Rules, rule)
 }
 
-// SortedChainNames returns the chain names in a stable order: base chains
-// first, then the rest by name.
-func (r *Ruleset) SortedChainNames() []string {
-	names := make([]string, 0, len(r.Chains))
-	for n := range r.Chains {
-		names = append(names, n)
-	}
-	sort.Slice(names, func(i, j int) bool {
-		bi, bj := r.Chains[names[i]].Base != nil, r.Chains[names[j]].Base != nil
-		if bi != bj {
-			return bi
-		}
-		return names[i] < names[j]
-	})
-	return names
-}
-
 // SortedSetNames returns the set names sorted.
 func (r *Ruleset) SortedSetNames() []string {
 	names := make([]string, 0, len(r.Sets))
