@@ -89,12 +89,10 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 		{Phrases: []nft.Phrase{toClusterIP, nft.Reject{}}, Comment: "reject traffic to invalid ports of ClusterIPs"},
 	}
 	for _, p := range cfg.ServiceCIDRs {
-		if f.Contains(p.Addr()) {
-			check = append(check, nft.Rule{
-				Phrases: []nft.Phrase{nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: p}, nft.Drop()},
-				Comment: "drop traffic to unallocated ClusterIPs",
-			})
-		}
+		check = append(check, nft.Rule{
+			Phrases: []nft.Phrase{nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: p}, nft.Drop()},
+			Comment: "drop traffic to unallocated ClusterIPs",
+		})
 	}
 	chain(chainClusterIPsCheck, check...)
 	// TCP gets a reset, other protocols an ICMP error: see nft.RejectTCPReset.
