@@ -29,6 +29,15 @@ func (f Family) String() string {
 	return fmt.Sprintf("family(%d)", uint8(f))
 }
 
+// IPFamily is the family as Kubernetes names it ("IPv4", "IPv6"): the
+// ip_family label of the metrics, the family in health reports.
+func (f Family) IPFamily() string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
 // AddrType is the nft data type of an address of this family.
 func (f Family) AddrType() DataType {
 	if f == IPv6 {

@@ -37,9 +37,8 @@ type Proxier struct {
 	trackers watch.Trackers
 	runner   *runner.Runner
 
-	mu                 sync.Mutex
-	apiServiceCIDRs    []netip.Prefix // from ServiceCIDR objects
-	haveAPIServiceCIDR bool
+	mu              sync.Mutex
+	apiServiceCIDRs []netip.Prefix // from ServiceCIDR objects; none: use Config.ServiceCIDRs
 
 	// Owned by the sync loop: the objects as of the last checkout, and per
 	// family what was programmed.
@@ -117,7 +116,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 func (p *Proxier) queued() {
 	now := time.Now()
 	for f := range p.deps.NFT {
-		metrics.SyncProxyRulesLastQueuedTimestamp.WithLabelValues(familyLabel(f)).Set(float64(now.Unix()))
+		metrics.SyncProxyRulesLastQueuedTimestamp.WithLabelValues(f.IPFamily()).Set(float64(now.Unix()))
 		if p.deps.Health != nil {
 			p.deps.Health.QueuedUpdate(f)
 		}
@@ -128,7 +127,7 @@ func (p *Proxier) queued() {
 func (p *Proxier) setAPIServiceCIDRs(cidrs []netip.Prefix) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.apiServiceCIDRs, p.haveAPIServiceCIDR = cidrs, true
+	p.apiServiceCIDRs = cidrs
 }
 
 // sync brings every family in line with the pending changes. They are
@@ -201,7 +200,7 @@ func observeProgrammingLatency(slices watch.SliceChanges) {
 	now := time.Now()
 	for _, c := range slices.Changed {
 		if es := c.Value; !c.Deleted && !es.TriggerTime.IsZero() {
-			metrics.NetworkProgrammingLatency.WithLabelValues(familyLabel(es.Family)).Observe(now.Sub(es.TriggerTime).Seconds())
+			metrics.NetworkProgrammingLatency.WithLabelValues(es.Family.IPFamily()).Observe(now.Sub(es.TriggerTime).Seconds())
 		}
 	}
 }
@@ -218,7 +217,7 @@ type programmed struct {
 // and every FullSyncPeriod) rebuilds every Service and rewrites the table.
 func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Interface, affected map[model.ServiceName]bool) error {
 	start := time.Now()
-	fam := familyLabel(f)
+	fam := f.IPFamily()
 	fs := p.families[f]
 	full := fs.editor == nil || (p.cfg.FullSyncPeriod > 0 && start.Sub(fs.lastFull) >= p.cfg.FullSyncPeriod)
 	if full {
@@ -287,7 +286,7 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 
 // recordSync updates the metrics and health after a successful sync.
 func (p *Proxier) recordSync(f nft.Family, full bool, elapsed time.Duration, tx *nft.Transaction) {
-	fam := familyLabel(f)
+	fam := f.IPFamily()
 	metrics.SyncProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
 	if full {
 		metrics.SyncFullProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
@@ -309,7 +308,7 @@ func (p *Proxier) recordSync(f nft.Family, full bool, elapsed time.Duration, tx 
 func (p *Proxier) rulesetConfig(f nft.Family) ruleset.Config {
 	p.mu.Lock()
 	serviceCIDRs := p.cfg.ServiceCIDRs
-	if p.haveAPIServiceCIDR && len(p.apiServiceCIDRs) > 0 {
+	if len(p.apiServiceCIDRs) > 0 {
 		serviceCIDRs = p.apiServiceCIDRs
 	}
 	p.mu.Unlock()
@@ -331,19 +330,12 @@ func ofFamily(f nft.Family, ps []netip.Prefix) []netip.Prefix {
 	return out
 }
 
-func familyLabel(f nft.Family) string {
-	if f == nft.IPv6 {
-		return "IPv6"
-	}
-	return "IPv4"
-}
-
 // Cleanup deletes nftproxy's tables (--cleanup).
 func Cleanup(ctx context.Context, backends map[nft.Family]nft.Interface) error {
 	var errs []error
 	for f, b := range backends {
 		if err := b.Apply(ctx, &nft.Transaction{Family: f, Ops: []nft.Op{{Kind: nft.OpDeleteTable}}}); err != nil {
-			metrics.NFTablesCleanupFailuresTotal.WithLabelValues(familyLabel(f)).Inc()
+			metrics.NFTablesCleanupFailuresTotal.WithLabelValues(f.IPFamily()).Inc()
 			errs = append(errs, fmt.Errorf("delete table %s %s: %w", f, nft.TableName, err))
 		}
 	}

@@ -16,7 +16,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/utils/clock"
 
-	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -141,11 +140,11 @@ func (h *ProxyHealth) Status() Status {
 		if t.After(st.LastUpdated) {
 			st.LastUpdated = t
 		}
-		st.Families[familyName(f)] = FamilyStatus{LastUpdated: t, Healthy: true}
+		st.Families[f.IPFamily()] = FamilyStatus{LastUpdated: t, Healthy: true}
 	}
 	for f, queued := range h.oldestQueued {
 		healthy := now.Sub(queued) < h.timeout
-		st.Families[familyName(f)] = FamilyStatus{LastUpdated: h.lastUpdated[f], Healthy: healthy}
+		st.Families[f.IPFamily()] = FamilyStatus{LastUpdated: h.lastUpdated[f], Healthy: healthy}
 		st.Healthy = st.Healthy && healthy
 	}
 	return st
@@ -157,12 +156,4 @@ func (h *ProxyHealth) NodeEligible() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.nodeEligible
-}
-
-// familyName is the family as upstream names it in JSON and metric labels.
-func familyName(f nft.Family) string {
-	if f == nft.IPv6 {
-		return metrics.IPv6
-	}
-	return metrics.IPv4
 }
