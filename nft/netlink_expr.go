@@ -181,3 +181,12 @@ func (e *encoder) reject(typ uint32, code uint8) {
 	e.attr(unix.NFTA_REJECT_ICMP_CODE, []byte{code})
 	e.endExpr(el, d)
 }
+
+// fib: [ fib <daddr|saddr> <result> => reg <dreg> ]
+func (e *encoder) fib(flags, result, dreg uint32) {
+	el, d := e.beginExpr("fib")
+	e.u32(unix.NFTA_FIB_FLAGS, flags)
+	e.u32(unix.NFTA_FIB_RESULT, result)
+	e.u32(unix.NFTA_FIB_DREG, dreg)
+	e.endExpr(el, d)
+}

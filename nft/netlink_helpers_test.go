@@ -204,6 +204,13 @@ func everyPhraseRuleset(f Family) *Ruleset {
 		VerdictPhrase{Verdict{Kind: VerdictReturn}}}})
 	rs.Append("prefixes", Rule{Phrases: []Phrase{
 		MatchSet{Fields: []Field{FieldSrcAddr}, Set: "affinity-ABC", Negate: true}, Jump("svc-b")}})
+	rs.Append("prefixes", Rule{Phrases: []Phrase{MatchFibLocal{Field: FieldDstAddr},
+		MatchPrefix{Field: FieldDstAddr, Prefix: prefix(f, "127.0.0.0/8", "::1/128"), Negate: true},
+		VmapLookup{Fields: []Field{FieldL4Proto, FieldDstPort}, Map: "service-nodeports"}}})
+	rs.Append("prefixes", Rule{Phrases: []Phrase{MatchFibLocal{Field: FieldSrcAddr}, Goto("svc-a")}})
+	rs.Append("prefixes", Rule{Phrases: []Phrase{MatchIifname{Name: "cbr0"}, Goto("svc-a")}})
+	rs.Append("prefixes", Rule{Phrases: []Phrase{MatchIifname{Name: "veth", Prefix: true}, Goto("svc-a")}})
+	rs.Append("prefixes", Rule{Phrases: []Phrase{MatchIifname{Name: "veth", Prefix: true, Negate: true}, SetMarkBits{Bits: 0x4000}}})
 	// Cascades of 2, 1 and 12 backends: the last rule of each is an
 	// unguarded DNAT, svc-b has only that one.
 	rs.Chains["svc-a"].Rules = dnatCascade(ProtoTCP, backends(f, 1, 2, 8080))

@@ -115,6 +115,16 @@ func (b *batch) lowerPhrase(p Phrase) error {
 		e.cmp(unix.NFT_CMP_EQ, reg1, hostU32(0))
 	case DNAT:
 		return lowerDNAT(e, f, p)
+	case MatchFibLocal:
+		// [ fib daddr type => reg 1 ] [ cmp eq reg 1 0x00000002 ] (RTN_LOCAL)
+		flags := uint32(unix.NFTA_FIB_F_DADDR)
+		if p.Field == FieldSrcAddr {
+			flags = unix.NFTA_FIB_F_SADDR
+		}
+		e.fib(flags, unix.NFT_FIB_RESULT_ADDRTYPE, reg1)
+		e.cmp(unix.NFT_CMP_EQ, reg1, hostU32(unix.RTN_LOCAL))
+	case MatchIifname:
+		return lowerIifname(e, p)
 	default:
 		return fmt.Errorf("phrase %T cannot be lowered", p)
 	}
@@ -296,5 +306,28 @@ func lowerDNAT(e *encoder, f Family, d DNAT) error {
 	binary.BigEndian.PutUint16(port[:], d.To.Port())
 	e.immediate(reg2, port[:])
 	e.dnat(uint32(f), reg1, reg2, unix.NF_NAT_RANGE_PROTO_SPECIFIED)
+	return nil
+}
+
+// lowerIifname: an exact name is compared with its NUL padding to IFNAMSIZ,
+// a prefix (`"veth*"`) with its bytes alone:
+//
+//	[ meta load iifname => reg 1 ] [ cmp eq reg 1 0x30726263 0x00000000 0x00000000 0x00000000 ]
+//	[ meta load iifname => reg 1 ] [ cmp neq reg 1 0x68746576 ]
+func lowerIifname(e *encoder, m MatchIifname) error {
+	if len(m.Name) == 0 || len(m.Name) >= unix.IFNAMSIZ {
+		return fmt.Errorf("interface name %q: want 1 to %d bytes", m.Name, unix.IFNAMSIZ-1)
+	}
+	data := []byte(m.Name)
+	if !m.Prefix {
+		data = make([]byte, unix.IFNAMSIZ)
+		copy(data, m.Name)
+	}
+	op := uint32(unix.NFT_CMP_EQ)
+	if m.Negate {
+		op = unix.NFT_CMP_NEQ
+	}
+	e.metaLoad(unix.NFT_META_IIFNAME, reg1)
+	e.cmp(op, reg1, data)
 	return nil
 }

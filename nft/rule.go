@@ -230,7 +230,47 @@ type DNAT struct{ To netip.AddrPort }
 
 func (d DNAT) Text(Family) string { return "dnat to " + d.To.String() }
 
+// MatchFibLocal matches packets whose destination (or source) address is
+// one of this node's own addresses, as the routing table sees it:
+//
+//	fib daddr type local
+//	fib saddr type local
+type MatchFibLocal struct{ Field Field }
+
+func (m MatchFibLocal) Text(Family) string {
+	if m.Field == FieldSrcAddr {
+		return "fib saddr type local"
+	}
+	return "fib daddr type local"
+}
+
+// MatchIifname matches the input interface's name, or with Prefix the
+// start of it:
+//
+//	iifname "cbr0"
+//	iifname "veth*"
+//	iifname != "veth*"
+type MatchIifname struct {
+	Name   string
+	Prefix bool
+	Negate bool
+}
+
+func (m MatchIifname) Text(Family) string {
+	op := ""
+	if m.Negate {
+		op = "!= "
+	}
+	name := m.Name
+	if m.Prefix {
+		name += "*"
+	}
+	return fmt.Sprintf("iifname %s%q", op, name)
+}
+
 func (MatchPrefix) phrase()       {}
+func (MatchFibLocal) phrase()     {}
+func (MatchIifname) phrase()      {}
 func (MatchSet) phrase()          {}
 func (MatchL4Proto) phrase()      {}
 func (MatchCtStateNew) phrase()   {}

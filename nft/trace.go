@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"strings"
 )
 
 // Packet is the first packet of a connection, as the tracer sees it.
@@ -12,6 +13,8 @@ type Packet struct {
 	Proto    uint8
 	DPort    uint16
 	Mark     uint32
+	// Iif is the input interface's name (empty for packets from the node).
+	Iif string
 	// FromNode: the packet is sent by a process on the node itself (output
 	// hook) instead of arriving on an interface (prerouting hook).
 	FromNode bool
@@ -192,6 +195,14 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 			st.res.Masquerade = true
 			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
 			return VerdictAccept, true
+		case MatchFibLocal:
+			a := st.pkt.Dst
+			if p.Field == FieldSrcAddr {
+				a = st.pkt.Src
+			}
+			if !t.isLocal(a) {
+				return "", false
+			}
 		case SetMarkBits:
 			st.pkt.Mark |= p.Bits
 		case ToggleMarkBits:
@@ -267,6 +278,9 @@ func (st *traceState) match(rs *Ruleset, p Phrase) bool {
 		return st.dnat
 	case MatchMarkBits:
 		return st.pkt.Mark&p.Mask != 0
+	case MatchIifname:
+		ok := st.pkt.Iif == p.Name || (p.Prefix && strings.HasPrefix(st.pkt.Iif, p.Name))
+		return ok != p.Negate
 	}
 	panic(fmt.Sprintf("nft: tracer cannot evaluate %T", p))
 }
