@@ -46,7 +46,7 @@ func TestServicePorts(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := ServicePorts(tc.family, svc, tc.slices)
+			got := ServicePorts(tc.family, Node{Name: "n1"}, svc, tc.slices)
 			if len(got) != 2 {
 				t.Fatalf("got %d service ports, want 2", len(got))
 			}
@@ -69,7 +69,92 @@ func TestServicePorts(t *testing.T) {
 func TestSingleStackServiceHasNoOtherFamily(t *testing.T) {
 	svc := &Service{Name: ServiceName{"a", "b"}, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
 		Ports: []ServicePort{{Protocol: nft.ProtoTCP, Port: 80}}}
-	if got := ServicePorts(nft.IPv6, svc, nil); len(got) != 0 {
+	if got := ServicePorts(nft.IPv6, Node{}, svc, nil); len(got) != 0 {
 		t.Errorf("IPv4-only service has IPv6 ports: %+v", got)
+	}
+}
+
+// TestLocalAndTopology: which endpoints serve cluster-wide and node-local
+// traffic, from the point of view of node n1 in zone a.
+func TestLocalAndTopology(t *testing.T) {
+	svc := &Service{Name: ServiceName{"ns", "s"}, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+		Ports: []ServicePort{{Name: "p", Protocol: nft.ProtoTCP, Port: 80}}}
+	ports := []EndpointPort{{Name: "p", Protocol: nft.ProtoTCP, Port: 8080}}
+	type ep struct {
+		addr, node         string
+		ready, terminating bool
+		zones, nodes       []string
+	}
+	node := Node{Name: "n1", Zone: "a"}
+	tests := []struct {
+		name           string
+		eps            []ep
+		cluster, local []string
+		localReady     int
+	}{
+		{"local and remote", []ep{{addr: "10.0.0.1", node: "n1", ready: true}, {addr: "10.0.0.2", node: "n2", ready: true}},
+			[]string{"10.0.0.1", "10.0.0.2"}, []string{"10.0.0.1"}, 1},
+		{"no local", []ep{{addr: "10.0.0.2", node: "n2", ready: true}}, []string{"10.0.0.2"}, nil, 0},
+		{"local terminating only: used locally, not counted ready", []ep{
+			{addr: "10.0.0.1", node: "n1", terminating: true}, {addr: "10.0.0.2", node: "n2", ready: true}},
+			[]string{"10.0.0.2"}, []string{"10.0.0.1"}, 0},
+		{"zone hints narrow cluster endpoints", []ep{
+			{addr: "10.0.0.1", node: "n3", ready: true, zones: []string{"a"}}, {addr: "10.0.0.2", node: "n2", ready: true, zones: []string{"b"}}},
+			[]string{"10.0.0.1"}, nil, 0},
+		{"zone hints for other zones only: all", []ep{
+			{addr: "10.0.0.1", node: "n3", ready: true, zones: []string{"c"}}, {addr: "10.0.0.2", node: "n2", ready: true, zones: []string{"b"}}},
+			[]string{"10.0.0.1", "10.0.0.2"}, nil, 0},
+		{"partial hints are ignored", []ep{
+			{addr: "10.0.0.1", node: "n3", ready: true, zones: []string{"a"}}, {addr: "10.0.0.2", node: "n2", ready: true}},
+			[]string{"10.0.0.1", "10.0.0.2"}, nil, 0},
+		{"node hints first", []ep{
+			{addr: "10.0.0.1", node: "n1", ready: true, zones: []string{"a"}, nodes: []string{"n1"}},
+			{addr: "10.0.0.2", node: "n2", ready: true, zones: []string{"a"}, nodes: []string{"n2"}}},
+			[]string{"10.0.0.1"}, []string{"10.0.0.1"}, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			es := &EndpointSlice{Family: nft.IPv4, Ports: ports}
+			for _, e := range tc.eps {
+				es.Endpoints = append(es.Endpoints, Endpoint{Addr: netip.MustParseAddr(e.addr), NodeName: e.node,
+					Ready: e.ready, Serving: e.ready || e.terminating, Terminating: e.terminating, ZoneHints: e.zones, NodeHints: e.nodes})
+			}
+			got := ServicePorts(nft.IPv4, node, svc, []*EndpointSlice{es})[0]
+			addrs := func(aps []netip.AddrPort) []string {
+				var out []string
+				for _, a := range aps {
+					out = append(out, a.Addr().String())
+				}
+				return out
+			}
+			if c, l := addrs(got.Endpoints), addrs(got.LocalEndpoints); !slices.Equal(c, tc.cluster) || !slices.Equal(l, tc.local) || got.LocalReady != tc.localReady {
+				t.Errorf("cluster %v local %v localReady %d; want %v %v %d", c, l, got.LocalReady, tc.cluster, tc.local, tc.localReady)
+			}
+		})
+	}
+}
+
+// TestExternalFields: external frontends are split by family; source
+// ranges only apply with load balancer IPs; externalTrafficPolicy only
+// with an external frontend.
+func TestExternalFields(t *testing.T) {
+	svc := &Service{Name: ServiceName{"ns", "s"},
+		ClusterIPs:      []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00::1")},
+		Ports:           []ServicePort{{Name: "p", Protocol: nft.ProtoUDP, Port: 53, NodePort: 30053}},
+		ExternalIPs:     []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")},
+		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("192.0.2.2")},
+		SourceRanges:    []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8:1::/48")},
+		ExternalLocal:   true}
+	v4 := ServicePorts(nft.IPv4, Node{}, svc, nil)[0]
+	v6 := ServicePorts(nft.IPv6, Node{}, svc, nil)[0]
+	if len(v4.ExternalIPs) != 1 || len(v4.LoadBalancerIPs) != 1 || len(v4.SourceRanges) != 1 || !v4.ExternalLocal || v4.NodePort != 30053 {
+		t.Errorf("IPv4: %+v", v4)
+	}
+	if len(v6.ExternalIPs) != 1 || len(v6.LoadBalancerIPs) != 0 || len(v6.SourceRanges) != 0 || !v6.ExternalLocal {
+		t.Errorf("IPv6 (no LB IP, so no source ranges): %+v", v6)
+	}
+	svc.ExternalIPs, svc.LoadBalancerIPs, svc.Ports[0].NodePort = nil, nil, 0
+	if sp := ServicePorts(nft.IPv4, Node{}, svc, nil)[0]; sp.ExternalLocal || sp.HasExternal() {
+		t.Errorf("no external frontend, yet external: %+v", sp)
 	}
 }

@@ -38,6 +38,25 @@ type Service struct {
 	Name       ServiceName
 	ClusterIPs []netip.Addr // at most one per family
 	Ports      []ServicePort
+	// ExternalIPs (spec.externalIPs) and LoadBalancerIPs (status ingress
+	// IPs, except those with ipMode Proxy) are reached from outside the
+	// cluster; SourceRanges (spec.loadBalancerSourceRanges) restrict who
+	// may use the LoadBalancer IPs.
+	ExternalIPs     []netip.Addr
+	LoadBalancerIPs []netip.Addr
+	SourceRanges    []netip.Prefix
+	// ExternalLocal (externalTrafficPolicy: Local) sends external traffic
+	// only to endpoints on the receiving node, keeping the client's source
+	// address; InternalLocal (internalTrafficPolicy: Local) does the same
+	// for ClusterIP traffic.
+	ExternalLocal bool
+	InternalLocal bool
+	// HealthCheckNodePort answers load balancers' health checks for an
+	// ExternalLocal Service; 0 if none.
+	HealthCheckNodePort uint16
+	// AffinityTimeout is how long a client sticks to its endpoint with
+	// sessionAffinity ClientIP; 0: no affinity.
+	AffinityTimeout time.Duration
 }
 
 // ServicePort is one port of a Service.
@@ -45,6 +64,19 @@ type ServicePort struct {
 	Name     string
 	Protocol uint8 // nft.ProtoTCP, ProtoUDP, ProtoSCTP
 	Port     uint16
+	NodePort uint16 // 0: none
+}
+
+// Node is what the proxy needs to know about the node it runs on.
+type Node struct {
+	Name string
+	// Zone is the node's topology.kubernetes.io/zone label ("" if none).
+	Zone string
+	// Addresses are the node's primary IPs, at most one per family: its
+	// first InternalIP of the family, else its first ExternalIP.
+	Addresses []netip.Addr
+	// PodCIDRs are the node's pod CIDRs (spec.podCIDRs).
+	PodCIDRs []netip.Prefix
 }
 
 // EndpointSlice is the part of an EndpointSlice that the proxy acts on.
@@ -75,6 +107,10 @@ type Endpoint struct {
 	Serving     bool
 	Terminating bool
 	NodeName    string
+	// Topology hints set by the EndpointSlice controller: the zones and
+	// nodes this endpoint should serve.
+	ZoneHints []string
+	NodeHints []string
 }
 
 // SliceKey identifies an EndpointSlice.

@@ -9,20 +9,96 @@ import (
 
 // Config is what the builder needs besides the model.
 type Config struct {
-	// ClusterCIDRs of this family: ClusterIP traffic from outside them is
-	// masqueraded. Empty: none is.
-	ClusterCIDRs []netip.Prefix
+	// LocalTraffic tells traffic from this node's pods from other traffic.
+	// ClusterIP traffic from elsewhere is masqueraded; pod traffic to an
+	// externalTrafficPolicy: Local Service short-circuits to all endpoints.
+	LocalTraffic LocalDetector
 	// ServiceCIDRs of this family: traffic to an unallocated address inside
 	// them is dropped.
 	ServiceCIDRs []netip.Prefix
+	// NodePorts says on which destination addresses NodePorts are open.
+	NodePorts NodePortAddresses
 	// MasqueradeMark is the mark bit that asks for masquerading (0x4000).
 	MasqueradeMark uint32
 	// MasqueradeAll masquerades all ClusterIP traffic.
 	MasqueradeAll bool
 }
 
+// LocalDetector tells pod traffic from other traffic (--detect-local-mode).
+// At most one field is set; none: no traffic counts as local.
+type LocalDetector struct {
+	// CIDRs: sources inside one of them (ClusterCIDR, NodeCIDR modes).
+	CIDRs []netip.Prefix
+	// Interface: the input interface is this one (BridgeInterface mode), or
+	// with InterfacePrefix, starts with it (InterfaceNamePrefix mode).
+	Interface       string
+	InterfacePrefix bool
+}
+
+// matches returns the rules' phrase lists that match local traffic (one per
+// alternative), or that match non-local traffic (all of the phrases must
+// hold: one list); nil if there is no detector.
+func (d LocalDetector) local() [][]nft.Phrase {
+	if d.Interface != "" {
+		return [][]nft.Phrase{{nft.MatchIifname{Name: d.Interface, Prefix: d.InterfacePrefix}}}
+	}
+	var out [][]nft.Phrase
+	for _, c := range d.CIDRs {
+		out = append(out, []nft.Phrase{nft.MatchPrefix{Field: nft.FieldSrcAddr, Prefix: c}})
+	}
+	return out
+}
+
+func (d LocalDetector) notLocal() []nft.Phrase {
+	if d.Interface != "" {
+		return []nft.Phrase{nft.MatchIifname{Name: d.Interface, Prefix: d.InterfacePrefix, Negate: true}}
+	}
+	var out []nft.Phrase
+	for _, c := range d.CIDRs {
+		out = append(out, nft.MatchPrefix{Field: nft.FieldSrcAddr, Prefix: c, Negate: true})
+	}
+	return out
+}
+
+// NodePortAddresses are the destinations NodePorts answer on: exactly the
+// node's primary Addresses (--nodeport-addresses=primary), or any local
+// address inside one of the CIDRs (0.0.0.0/0: every local address).
+// Loopback addresses never are. Neither set: no NodePorts.
+type NodePortAddresses struct {
+	Addresses []netip.Addr
+	CIDRs     []netip.Prefix
+}
+
+// guards returns one phrase list per rule that must match the destination
+// of NodePort traffic.
+func (n NodePortAddresses) guards(f nft.Family) [][]nft.Phrase {
+	var out [][]nft.Phrase
+	for _, a := range n.Addresses {
+		if a.IsLoopback() {
+			continue
+		}
+		out = append(out, []nft.Phrase{nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: netip.PrefixFrom(a, a.BitLen())}})
+	}
+	loopback := netip.MustParsePrefix("127.0.0.0/8")
+	if f == nft.IPv6 {
+		loopback = netip.MustParsePrefix("::1/128")
+	}
+	for _, c := range n.CIDRs {
+		g := []nft.Phrase{nft.MatchFibLocal{Field: nft.FieldDstAddr}}
+		if c.Bits() > 0 {
+			g = append(g, nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: c.Masked()})
+		}
+		if c.Overlaps(loopback) {
+			g = append(g, nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: loopback, Negate: true})
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
 var (
 	vipProtoPort = []nft.Field{nft.FieldDstAddr, nft.FieldL4Proto, nft.FieldDstPort}
+	protoPort    = []nft.Field{nft.FieldL4Proto, nft.FieldDstPort}
 	hairpinKey   = []nft.Field{nft.FieldSrcAddr, nft.FieldDstAddr, nft.FieldL4Proto, nft.FieldDstPort}
 )
 
@@ -36,7 +112,7 @@ func Build(cfg Config, f nft.Family, ports []model.ServicePortState) *nft.Rulese
 		ed.AddSet(s)
 	}
 	ed.Replace(nil, Base(cfg, f))
-	ed.Replace(nil, ServiceFragment(ports))
+	ed.Replace(nil, ServiceFragment(cfg, ports))
 	return ed.Ruleset()
 }
 
@@ -45,11 +121,16 @@ func Build(cfg Config, f nft.Family, ports []model.ServicePortState) *nft.Rulese
 func Sets(f nft.Family) []*nft.Set {
 	addr := f.AddrType()
 	vipKey := []nft.DataType{addr, nft.TypeInetProto, nft.TypeInetService}
+	portKey := []nft.DataType{nft.TypeInetProto, nft.TypeInetService}
+	verdict := []nft.DataType{nft.TypeVerdict}
 	return []*nft.Set{
 		{Name: setClusterIPs, Key: []nft.DataType{addr}, Comment: "Active ClusterIPs"},
-		{Name: mapServiceIPs, Key: vipKey, Data: []nft.DataType{nft.TypeVerdict}, Comment: "ClusterIP traffic"},
-		{Name: mapNoEndpointServices, Key: vipKey, Data: []nft.DataType{nft.TypeVerdict},
-			Comment: "services with no endpoints: reject"},
+		{Name: mapServiceIPs, Key: vipKey, Data: verdict, Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
+		{Name: mapServiceNodePorts, Key: portKey, Data: verdict, Comment: "NodePort traffic"},
+		{Name: mapNoEndpointServices, Key: vipKey, Data: verdict,
+			Comment: "services with no endpoints: reject, or drop when only a Local policy has none"},
+		{Name: mapNoEndpointNodePorts, Key: portKey, Data: verdict, Comment: "NodePorts with no endpoints: reject"},
+		{Name: mapFirewallIPs, Key: vipKey, Data: verdict, Comment: "LoadBalancer IPs with loadBalancerSourceRanges"},
 		{Name: setHairpinConnections, Key: []nft.DataType{addr, addr, nft.TypeInetProto, nft.TypeInetService},
 			Comment: "endpoint connections to itself through its service"},
 	}
@@ -71,18 +152,29 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 	base(chainNATPrerouting, nft.ChainNAT, nft.HookPrerouting, nft.PriorityDstNAT, rule(nft.Jump(chainServices)))
 	base(chainNATOutput, nft.ChainNAT, nft.HookOutput, nft.PriorityDstNAT, rule(nft.Jump(chainServices)))
 	base(chainNATPostrouting, nft.ChainNAT, nft.HookPostrouting, nft.PrioritySrcNAT, rule(nft.Jump(chainMasquerading)))
+	base(chainFilterPreroutingPreNAT, nft.ChainFilter, nft.HookPrerouting, nft.PriorityPreDstNATFilter,
+		ctNewJump(chainFirewallCheck))
+	base(chainFilterOutputPreNAT, nft.ChainFilter, nft.HookOutput, nft.PriorityPreDstNATFilter,
+		ctNewJump(chainFirewallCheck))
 	base(chainFilterForward, nft.ChainFilter, nft.HookForward, nft.PriorityFilter,
 		ctNewJump(chainServiceEndpointCheck), ctNewJump(chainClusterIPsCheck))
 	base(chainFilterOutput, nft.ChainFilter, nft.HookOutput, nft.PriorityFilter,
 		ctNewJump(chainServiceEndpointCheck), ctNewJump(chainClusterIPsCheck))
 	base(chainFilterInput, nft.ChainFilter, nft.HookInput, nft.PriorityFilter,
-		ctNewJump(chainServiceEndpointCheck))
+		ctNewJump(chainNodePortEndpointCheck), ctNewJump(chainServiceEndpointCheck))
 
-	chain(chainServices, servicesRules(cfg)...)
+	guards := cfg.NodePorts.guards(f)
+	chain(chainServices, servicesRules(cfg, guards)...)
 	chain(chainMasquerading,
 		rule(nft.MatchMarkBits{Mask: cfg.MasqueradeMark}, nft.ToggleMarkBits{Bits: cfg.MasqueradeMark}, nft.Masquerade{}),
 		rule(nft.MatchCtStatusDNAT{}, nft.MatchSet{Fields: hairpinKey, Set: setHairpinConnections}, nft.Masquerade{}))
 	chain(chainServiceEndpointCheck, rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapNoEndpointServices}))
+	var nodePortCheck []nft.Rule
+	for _, g := range guards {
+		nodePortCheck = append(nodePortCheck, rule(append(g, nft.VmapLookup{Fields: protoPort, Map: mapNoEndpointNodePorts})...))
+	}
+	chain(chainNodePortEndpointCheck, nodePortCheck...)
+	chain(chainFirewallCheck, rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapFirewallIPs}))
 	toClusterIP := nft.MatchSet{Fields: []nft.Field{nft.FieldDstAddr}, Set: setClusterIPs}
 	check := []nft.Rule{
 		{Phrases: []nft.Phrase{toClusterIP, nft.RejectTCPReset{}}, Comment: "reject traffic to invalid ports of ClusterIPs"},
@@ -100,55 +192,203 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 	return fr
 }
 
-// servicesRules mark ClusterIP traffic for masquerading, then dispatch.
-func servicesRules(cfg Config) []nft.Rule {
+// servicesRules mark ClusterIP traffic for masquerading, then dispatch on
+// the destination: a Service IP, else a NodePort on a NodePort address.
+func servicesRules(cfg Config, nodePortGuards [][]nft.Phrase) []nft.Rule {
 	var rules []nft.Rule
 	toClusterIP := nft.MatchSet{Fields: []nft.Field{nft.FieldDstAddr}, Set: setClusterIPs}
 	mark := nft.SetMarkBits{Bits: cfg.MasqueradeMark}
-	switch {
+	switch notLocal := cfg.LocalTraffic.notLocal(); {
 	case cfg.MasqueradeAll:
 		rules = append(rules, nft.Rule{Phrases: []nft.Phrase{toClusterIP, mark},
 			Comment: "masquerade all clusterIP traffic"})
+	case cfg.LocalTraffic.Interface != "":
+		rules = append(rules, nft.Rule{Phrases: append(append([]nft.Phrase{toClusterIP}, notLocal...), mark),
+			Comment: "masquerade clusterIP traffic from outside the cluster"})
 	default:
-		for _, c := range cfg.ClusterCIDRs {
-			rules = append(rules, nft.Rule{
-				Phrases: []nft.Phrase{toClusterIP, nft.MatchPrefix{Field: nft.FieldSrcAddr, Prefix: c, Negate: true}, mark},
-				Comment: "masquerade clusterIP traffic from outside the cluster",
-			})
+		// One rule per CIDR (one per family in practice): a source outside
+		// it is not a pod's.
+		for _, p := range notLocal {
+			rules = append(rules, nft.Rule{Phrases: []nft.Phrase{toClusterIP, p, mark},
+				Comment: "masquerade clusterIP traffic from outside the cluster"})
 		}
 	}
-	return append(rules, rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapServiceIPs}))
+	rules = append(rules, rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapServiceIPs}))
+	for _, g := range nodePortGuards {
+		rules = append(rules, rule(append(g, nft.VmapLookup{Fields: protoPort, Map: mapServiceNodePorts})...))
+	}
+	return rules
 }
 
 // ServiceFragment is what the ports of one Service (in one family) need:
-// the ClusterIP, and per port either a chain that DNATs to the endpoints
-// (dispatched from service-ips) or a reject (no-endpoint-services).
-func ServiceFragment(ports []model.ServicePortState) *nft.Fragment {
+// the ClusterIP; per port, the chains that DNAT to its endpoints, with the
+// map elements that dispatch ClusterIP, external IP and NodePort traffic to
+// them; or, when there is no endpoint to go to, the elements that reject
+// or drop that traffic.
+func ServiceFragment(cfg Config, ports []model.ServicePortState) *nft.Fragment {
 	fr := &nft.Fragment{}
-	add := func(set string, e nft.Element) {
-		fr.Elements = append(fr.Elements, nft.SetElement{Set: set, Element: e})
-	}
 	for i := range ports {
-		sp := &ports[i]
-		add(setClusterIPs, nft.Element{Key: []nft.Datum{nft.Addr(sp.ClusterIP)}})
-		key := []nft.Datum{nft.Addr(sp.ClusterIP), nft.Int(uint32(sp.Name.Protocol)), nft.Int(uint32(sp.Port))}
-		comment := sp.Name.String()
-		if len(sp.Endpoints) == 0 {
-			add(mapNoEndpointServices, nft.Element{Key: key, Comment: comment,
-				Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: chainReject}})
-			continue
-		}
-		chain := ServiceChainName(sp.Name)
-		fr.Chains = append(fr.Chains, &nft.Chain{Name: chain, Rules: dnatCascade(sp.Name.Protocol, sp.Endpoints)})
-		add(mapServiceIPs, nft.Element{Key: key, Comment: comment,
-			Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: chain}})
-		for _, ep := range sp.Endpoints {
-			add(setHairpinConnections, nft.Element{Key: []nft.Datum{
-				nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nft.Int(uint32(sp.Name.Protocol)), nft.Int(uint32(ep.Port())),
-			}})
-		}
+		portFragment(fr, cfg, &ports[i])
 	}
 	return fr
+}
+
+// portBuilder adds the objects of one service port to a fragment.
+type portBuilder struct {
+	fr  *nft.Fragment
+	cfg Config
+	sp  *model.ServicePortState
+}
+
+func (b portBuilder) element(set string, e nft.Element) {
+	b.fr.Elements = append(b.fr.Elements, nft.SetElement{Set: set, Element: e})
+}
+
+func (b portBuilder) chain(kind string, rules ...nft.Rule) string {
+	name := ChainName(kind, b.sp.Name)
+	b.fr.Chains = append(b.fr.Chains, &nft.Chain{Name: name, Rules: rules})
+	return name
+}
+
+// key is addr . proto . port of the service port.
+func (b portBuilder) key(a netip.Addr, port uint16) []nft.Datum {
+	return []nft.Datum{nft.Addr(a), nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(port))}
+}
+
+func (b portBuilder) nodePortKey() []nft.Datum {
+	return []nft.Datum{nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(b.sp.NodePort))}
+}
+
+var (
+	gotoReject = &nft.Verdict{Kind: nft.VerdictGoto, Chain: chainReject}
+	drop       = &nft.Verdict{Kind: nft.VerdictDrop}
+)
+
+func gotoChain(name string) *nft.Verdict { return &nft.Verdict{Kind: nft.VerdictGoto, Chain: name} }
+
+func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState) {
+	b := portBuilder{fr: fr, cfg: cfg, sp: sp}
+	comment := sp.Name.String()
+	b.element(setClusterIPs, nft.Element{Key: []nft.Datum{nft.Addr(sp.ClusterIP)}})
+	hairpins(b, sp.Endpoints)
+
+	// No endpoint at all: every frontend rejects (in the filter chains,
+	// after the packet was not DNATed).
+	if len(sp.Endpoints) == 0 {
+		b.element(mapNoEndpointServices, nft.Element{Key: b.key(sp.ClusterIP, sp.Port), Comment: comment, Verdict: gotoReject})
+		for _, a := range externalAddrs(sp) {
+			b.element(mapNoEndpointServices, nft.Element{Key: b.key(a, sp.Port), Comment: comment, Verdict: gotoReject})
+		}
+		if sp.NodePort != 0 {
+			b.element(mapNoEndpointNodePorts, nft.Element{Key: b.nodePortKey(), Comment: comment, Verdict: gotoReject})
+		}
+		firewall(b)
+		return
+	}
+
+	var clusterChain, localChain string
+	cluster := func() string {
+		if clusterChain == "" {
+			clusterChain = b.chain(kindService, dnatCascade(sp.Name.Protocol, sp.Endpoints)...)
+		}
+		return clusterChain
+	}
+	local := func() string {
+		if localChain == "" && len(sp.LocalEndpoints) > 0 {
+			localChain = b.chain(kindLocal, dnatCascade(sp.Name.Protocol, sp.LocalEndpoints)...)
+		}
+		return localChain
+	}
+
+	// ClusterIP.
+	switch {
+	case !sp.InternalLocal:
+		b.element(mapServiceIPs, nft.Element{Key: b.key(sp.ClusterIP, sp.Port), Comment: comment, Verdict: gotoChain(cluster())})
+	case local() != "":
+		b.element(mapServiceIPs, nft.Element{Key: b.key(sp.ClusterIP, sp.Port), Comment: comment, Verdict: gotoChain(local())})
+	default:
+		// internalTrafficPolicy: Local with no endpoint here: drop, as
+		// upstream (the Service has endpoints, just not on this node).
+		b.element(mapNoEndpointServices, nft.Element{Key: b.key(sp.ClusterIP, sp.Port), Comment: comment, Verdict: drop})
+	}
+
+	// External frontends share one chain.
+	if !sp.HasExternal() {
+		return
+	}
+	ext := b.chain(kindExternal, externalRules(b, cluster, local)...)
+	for _, a := range externalAddrs(sp) {
+		b.element(mapServiceIPs, nft.Element{Key: b.key(a, sp.Port), Comment: comment, Verdict: gotoChain(ext)})
+	}
+	if sp.NodePort != 0 {
+		b.element(mapServiceNodePorts, nft.Element{Key: b.nodePortKey(), Comment: comment, Verdict: gotoChain(ext)})
+	}
+	firewall(b)
+}
+
+func externalAddrs(sp *model.ServicePortState) []netip.Addr {
+	return append(append([]netip.Addr(nil), sp.ExternalIPs...), sp.LoadBalancerIPs...)
+}
+
+// externalRules decide how external traffic (NodePort, external IPs, load
+// balancer IPs) goes on. With externalTrafficPolicy Cluster it is
+// masqueraded and sent to any endpoint. With Local, the client's address is
+// kept and only this node's endpoints serve, except for traffic from this
+// node's pods or the node itself, which goes to any endpoint (the node
+// masqueraded): those clients would not have reached the Service through a
+// load balancer. Upstream drops pod traffic to an external IP of a Service
+// with no local endpoint (kubernetes #131765); here it is served.
+func externalRules(b portBuilder, cluster, local func() string) []nft.Rule {
+	mark := nft.SetMarkBits{Bits: b.cfg.MasqueradeMark}
+	if !b.sp.ExternalLocal {
+		return []nft.Rule{
+			{Phrases: []nft.Phrase{mark}, Comment: "masquerade"},
+			rule(nft.Goto(cluster())),
+		}
+	}
+	var rules []nft.Rule
+	for _, l := range b.cfg.LocalTraffic.local() {
+		rules = append(rules, nft.Rule{Phrases: append(l, nft.Goto(cluster())), Comment: "short-circuit pod traffic"})
+	}
+	fromNode := nft.MatchFibLocal{Field: nft.FieldSrcAddr}
+	rules = append(rules,
+		nft.Rule{Phrases: []nft.Phrase{fromNode, mark}, Comment: "masquerade local traffic"},
+		nft.Rule{Phrases: []nft.Phrase{fromNode, nft.Goto(cluster())}, Comment: "short-circuit local traffic"})
+	if l := local(); l != "" {
+		return append(rules, rule(nft.Goto(l)))
+	}
+	return append(rules, nft.Rule{Phrases: []nft.Phrase{nft.Drop()}, Comment: "no local endpoint"})
+}
+
+// firewall adds, for a port with loadBalancerSourceRanges, the chain that
+// drops traffic to its load balancer IPs from other sources (before DNAT).
+// NodePorts and external IPs are not filtered, as upstream.
+func firewall(b portBuilder) {
+	sp := b.sp
+	if len(sp.SourceRanges) == 0 || len(sp.LoadBalancerIPs) == 0 {
+		return
+	}
+	rules := make([]nft.Rule, 0, len(sp.SourceRanges)+1)
+	for _, r := range sp.SourceRanges {
+		rules = append(rules, rule(nft.MatchPrefix{Field: nft.FieldSrcAddr, Prefix: r.Masked()},
+			nft.VerdictPhrase{Verdict: nft.Verdict{Kind: nft.VerdictReturn}}))
+	}
+	rules = append(rules, nft.Rule{Phrases: []nft.Phrase{nft.Drop()}, Comment: "source outside loadBalancerSourceRanges"})
+	fw := b.chain(kindFirewall, rules...)
+	for _, a := range sp.LoadBalancerIPs {
+		b.element(mapFirewallIPs, nft.Element{Key: b.key(a, sp.Port), Comment: sp.Name.String(), Verdict: gotoChain(fw)})
+	}
+}
+
+// hairpins lets an endpoint reach itself through its Service: such
+// connections are masqueraded, or the endpoint would see its own address
+// as the source and answer itself directly.
+func hairpins(b portBuilder, endpoints []netip.AddrPort) {
+	for _, ep := range endpoints {
+		b.element(setHairpinConnections, nft.Element{Key: []nft.Datum{
+			nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(ep.Port())),
+		}})
+	}
 }
 
 // dnatCascade picks one of n endpoints uniformly at random per connection:

@@ -12,7 +12,7 @@ import (
 )
 
 var testConfig = Config{
-	ClusterCIDRs:   []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+	LocalTraffic:   LocalDetector{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
 	ServiceCIDRs:   []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")},
 	MasqueradeMark: 0x4000,
 }

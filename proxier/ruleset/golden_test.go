@@ -11,23 +11,33 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files")
 
-// TestGolden pins the ruleset of testState, in the form `nft list table`
+// TestGolden pins the rulesets of testState and featureState, in the form `nft list table`
 // prints it (nft.Dump, which the kernel tests compare with real listings).
 // Review a change to it like a change to the data path; regenerate with
 // go test ./proxier/ruleset -run Golden -update.
 func TestGolden(t *testing.T) {
-	got := Build(testConfig, nft.IPv4, testState()).Dump()
-	path := filepath.Join("testdata", "basic.nft")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if nft.Canonical(string(want)) != got {
-		t.Errorf("ruleset differs from %s (run with -update to accept):\n%s", path, got)
+	for _, tc := range []struct {
+		file string
+		rs   *nft.Ruleset
+	}{
+		{"basic.nft", Build(testConfig, nft.IPv4, testState())},
+		{"features.nft", Build(featureConfig(), nft.IPv4, featureState())},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			got := tc.rs.Dump()
+			path := filepath.Join("testdata", tc.file)
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if nft.Canonical(string(want)) != got {
+				t.Errorf("ruleset differs from %s (run with -update to accept):\n%s", path, got)
+			}
+		})
 	}
 }

@@ -17,34 +17,55 @@ import (
 // read ours.
 const (
 	// Base chains, one per hook and priority nftproxy needs.
-	chainNATPrerouting  = "nat-prerouting"  // DNAT of arriving traffic
-	chainNATOutput      = "nat-output"      // DNAT of traffic from the node
-	chainNATPostrouting = "nat-postrouting" // masquerade
-	chainFilterForward  = "filter-forward"  // reject/drop after DNAT, forwarded
-	chainFilterOutput   = "filter-output"   // reject/drop after DNAT, from the node
-	chainFilterInput    = "filter-input"    // reject for no-endpoint services, to the node
+	chainNATPrerouting          = "nat-prerouting"             // DNAT of arriving traffic
+	chainNATOutput              = "nat-output"                 // DNAT of traffic from the node
+	chainNATPostrouting         = "nat-postrouting"            // masquerade
+	chainFilterPreroutingPreNAT = "filter-prerouting-pre-dnat" // source ranges, before DNAT
+	chainFilterOutputPreNAT     = "filter-output-pre-dnat"     // source ranges, from the node
+	chainFilterForward          = "filter-forward"             // reject/drop after DNAT, forwarded
+	chainFilterOutput           = "filter-output"              // reject/drop after DNAT, from the node
+	chainFilterInput            = "filter-input"               // reject for no-endpoint services, to the node
 
 	// Regular chains.
-	chainServices             = "services"                // dispatch on VIP . proto . port
-	chainMasquerading         = "masquerading"            // masquerade marked and hairpin traffic
-	chainServiceEndpointCheck = "service-endpoints-check" // no-endpoint services
-	chainClusterIPsCheck      = "cluster-ips-check"       // wrong port, unallocated IP
-	chainReject               = "reject-chain"            // target of no-endpoint vmap elements
+	chainServices              = "services"                 // dispatch on VIP . proto . port, then NodePorts
+	chainMasquerading          = "masquerading"             // masquerade marked and hairpin traffic
+	chainServiceEndpointCheck  = "service-endpoints-check"  // no-endpoint services
+	chainNodePortEndpointCheck = "nodeport-endpoints-check" // no-endpoint NodePorts
+	chainFirewallCheck         = "firewall-check"           // loadBalancerSourceRanges
+	chainClusterIPsCheck       = "cluster-ips-check"        // wrong port, unallocated IP
+	chainReject                = "reject-chain"             // target of no-endpoint vmap elements
 
 	// Sets and maps.
-	setClusterIPs         = "cluster-ips"          // every active ClusterIP
-	mapServiceIPs         = "service-ips"          // VIP . proto . port : goto service chain
-	mapNoEndpointServices = "no-endpoint-services" // VIP . proto . port : goto reject-chain
-	setHairpinConnections = "hairpin-connections"  // endpoint . endpoint . proto . port
+	setClusterIPs          = "cluster-ips"           // every active ClusterIP
+	mapServiceIPs          = "service-ips"           // VIP . proto . port : goto service/external chain
+	mapServiceNodePorts    = "service-nodeports"     // proto . port : goto external chain
+	mapNoEndpointServices  = "no-endpoint-services"  // VIP . proto . port : reject or drop
+	mapNoEndpointNodePorts = "no-endpoint-nodeports" // proto . port : reject or drop
+	mapFirewallIPs         = "firewall-ips"          // LB IP . proto . port : goto firewall chain
+	setHairpinConnections  = "hairpin-connections"   // endpoint . endpoint . proto . port
 )
 
-// ServiceChainName is the chain of one service port:
-// "service-<hash>-<ns>/<name>/<proto>/<port>", where the hash keeps names
+// Prefixes of the per-service-port chains.
+const (
+	kindService  = "service"  // DNAT to any endpoint
+	kindLocal    = "local"    // DNAT to an endpoint on this node
+	kindExternal = "external" // external traffic: masquerade or keep the source, then service/local
+	kindFirewall = "firewall" // drop sources outside loadBalancerSourceRanges
+	kindAffinity = "affinity" // dynamic set of clients stuck to one endpoint
+	kindEndpoint = "endpoint" // DNAT to one endpoint, recording the client for affinity
+)
+
+// ChainName is the chain of one kind for one service port:
+// "<kind>-<hash>-<ns>/<name>/<proto>/<port>", where the hash keeps names
 // unique even though the readable part may be ambiguous (port names can be
 // empty). Same shape as upstream's.
-func ServiceChainName(n model.ServicePortName) string {
-	return "service-" + hashPrefix(n) + "-" + readable(n)
+func ChainName(kind string, n model.ServicePortName) string {
+	return kind + "-" + hashPrefix(n) + "-" + readable(n)
 }
+
+// ServiceChainName is the chain that DNATs a service port's traffic to any
+// of its endpoints.
+func ServiceChainName(n model.ServicePortName) string { return ChainName(kindService, n) }
 
 func readable(n model.ServicePortName) string {
 	return fmt.Sprintf("%s/%s/%s/%s", n.Namespace, n.Name, nft.ProtoName(n.Protocol), n.Port)

@@ -7,6 +7,7 @@ package watch
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -98,12 +99,76 @@ func ConvertService(s *v1.Service) (*model.Service, []Problem) {
 			continue
 		}
 		seen[key] = true
-		out.Ports = append(out.Ports, model.ServicePort{Name: p.Name, Protocol: proto, Port: uint16(p.Port)})
+		sp := model.ServicePort{Name: p.Name, Protocol: proto, Port: uint16(p.Port)}
+		switch {
+		case p.NodePort < 0 || p.NodePort > 65535:
+			problems = append(problems, problem("invalid-node-port", "port %q: NodePort %d out of range", p.Name, p.NodePort))
+		case s.Spec.Type == v1.ServiceTypeNodePort || s.Spec.Type == v1.ServiceTypeLoadBalancer:
+			sp.NodePort = uint16(p.NodePort)
+		}
+		out.Ports = append(out.Ports, sp)
 	}
 	if len(out.ClusterIPs) == 0 {
 		return nil, problems
 	}
+	problems = append(problems, convertExternal(s, out, problem)...)
 	return out, problems
+}
+
+// convertExternal converts what makes a Service reachable from outside:
+// external IPs, load balancer IPs and source ranges, and the traffic
+// policies and session affinity. Unusable values are skipped.
+func convertExternal(s *v1.Service, out *model.Service, problem func(reason, format string, args ...any) Problem) []Problem {
+	var problems []Problem
+	addr := func(raw, what string) (netip.Addr, bool) {
+		ip, err := netip.ParseAddr(raw)
+		if err != nil || ip.Zone() != "" || ip.IsUnspecified() || ip.IsLoopback() || ip.IsMulticast() {
+			problems = append(problems, problem("invalid-"+what, "%s %q is not a usable IP address", what, raw))
+			return netip.Addr{}, false
+		}
+		return ip.Unmap(), true
+	}
+	for _, raw := range s.Spec.ExternalIPs {
+		if ip, ok := addr(raw, "external-ip"); ok {
+			out.ExternalIPs = append(out.ExternalIPs, ip)
+		}
+	}
+	if s.Spec.Type == v1.ServiceTypeLoadBalancer {
+		for _, ing := range s.Status.LoadBalancer.Ingress {
+			// ipMode Proxy: the load balancer itself proxies to the nodes;
+			// the node must not capture traffic to its IP.
+			if ing.IP == "" || ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy {
+				continue
+			}
+			if ip, ok := addr(ing.IP, "load-balancer-ip"); ok {
+				out.LoadBalancerIPs = append(out.LoadBalancerIPs, ip)
+			}
+		}
+		ranges := s.Spec.LoadBalancerSourceRanges
+		if len(ranges) == 0 && s.Annotations[v1.AnnotationLoadBalancerSourceRangesKey] != "" {
+			ranges = strings.Split(s.Annotations[v1.AnnotationLoadBalancerSourceRangesKey], ",")
+		}
+		for _, raw := range ranges {
+			p, err := netip.ParsePrefix(strings.TrimSpace(raw))
+			if err != nil {
+				problems = append(problems, problem("invalid-source-range", "loadBalancerSourceRanges %q is not a CIDR", raw))
+				continue
+			}
+			out.SourceRanges = append(out.SourceRanges, p.Masked())
+		}
+		if s.Spec.HealthCheckNodePort > 0 && s.Spec.HealthCheckNodePort <= 65535 {
+			out.HealthCheckNodePort = uint16(s.Spec.HealthCheckNodePort)
+		}
+	}
+	out.ExternalLocal = s.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+	out.InternalLocal = s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
+	if s.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
+		out.AffinityTimeout = time.Duration(v1.DefaultClientIPServiceAffinitySeconds) * time.Second
+		if c := s.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
+			out.AffinityTimeout = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
+		}
+	}
+	return problems
 }
 
 // ConvertEndpointSlice converts an EndpointSlice. It returns nil for a slice
@@ -172,9 +237,33 @@ func ConvertEndpointSlice(es *discovery.EndpointSlice) (*model.EndpointSlice, []
 			Serving:     serving,
 			Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
 			NodeName:    deref(e.NodeName),
+			ZoneHints:   zoneHints(e.Hints),
+			NodeHints:   nodeHints(e.Hints),
 		})
 	}
 	return out, problems
+}
+
+func zoneHints(h *discovery.EndpointHints) []string {
+	if h == nil {
+		return nil
+	}
+	var out []string
+	for _, z := range h.ForZones {
+		out = append(out, z.Name)
+	}
+	return out
+}
+
+func nodeHints(h *discovery.EndpointHints) []string {
+	if h == nil {
+		return nil
+	}
+	var out []string
+	for _, n := range h.ForNodes {
+		out = append(out, n.Name)
+	}
+	return out
 }
 
 func describePort(p discovery.EndpointPort) string {
@@ -193,4 +282,35 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// ConvertNode converts this node's object: name, zone, primary IPs (per
+// family the first InternalIP, else the first ExternalIP, as upstream's
+// node IP detection) and pod CIDRs. Unparsable values are skipped.
+func ConvertNode(n *v1.Node) model.Node {
+	out := model.Node{Name: n.Name, Zone: n.Labels[v1.LabelTopologyZone]}
+	for _, fam := range []nft.Family{nft.IPv4, nft.IPv6} {
+		var found netip.Addr
+		for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+			for _, a := range n.Status.Addresses {
+				ip, err := netip.ParseAddr(a.Address)
+				if a.Type == t && err == nil && fam.Contains(ip.Unmap()) && !found.IsValid() {
+					found = ip.Unmap()
+				}
+			}
+		}
+		if found.IsValid() {
+			out.Addresses = append(out.Addresses, found)
+		}
+	}
+	cidrs := n.Spec.PodCIDRs
+	if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+		cidrs = []string{n.Spec.PodCIDR}
+	}
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out.PodCIDRs = append(out.PodCIDRs, p.Masked())
+		}
+	}
+	return out
 }

@@ -90,3 +90,60 @@ func TestConvertEndpointSlice(t *testing.T) {
 		t.Errorf("FQDN slice converted")
 	}
 }
+
+func TestConvertServiceExternal(t *testing.T) {
+	proxy, vip := v1.LoadBalancerIPModeProxy, v1.LoadBalancerIPModeVIP
+	local := v1.ServiceInternalTrafficPolicyLocal
+	timeout := int32(600)
+	s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s"},
+		Spec: v1.ServiceSpec{Type: v1.ServiceTypeLoadBalancer, ClusterIPs: []string{"10.96.0.1"},
+			Ports:                    []v1.ServicePort{{Name: "a", Port: 80, NodePort: 30080}, {Name: "b", Port: 81, NodePort: 70000}},
+			ExternalIPs:              []string{"192.0.2.1", "not-an-ip"},
+			LoadBalancerSourceRanges: []string{"198.51.100.7/24", "bad"},
+			ExternalTrafficPolicy:    v1.ServiceExternalTrafficPolicyLocal, InternalTrafficPolicy: &local,
+			HealthCheckNodePort: 32000, SessionAffinity: v1.ServiceAffinityClientIP,
+			SessionAffinityConfig: &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: &timeout}}},
+		Status: v1.ServiceStatus{LoadBalancer: v1.LoadBalancerStatus{Ingress: []v1.LoadBalancerIngress{
+			{IP: "192.0.2.2", IPMode: &vip}, {IP: "192.0.2.3", IPMode: &proxy}, {Hostname: "lb.example"}, {IP: "192.0.2.4"}}}}}
+	got, problems := ConvertService(s)
+	if got == nil {
+		t.Fatal("not converted")
+	}
+	if len(got.Ports) != 2 || got.Ports[0].NodePort != 30080 || got.Ports[1].NodePort != 0 {
+		t.Errorf("ports %+v", got.Ports)
+	}
+	if len(got.ExternalIPs) != 1 || got.ExternalIPs[0].String() != "192.0.2.1" {
+		t.Errorf("external IPs %v", got.ExternalIPs)
+	}
+	if len(got.LoadBalancerIPs) != 2 || got.LoadBalancerIPs[0].String() != "192.0.2.2" || got.LoadBalancerIPs[1].String() != "192.0.2.4" {
+		t.Errorf("load balancer IPs %v (ipMode Proxy must be skipped)", got.LoadBalancerIPs)
+	}
+	if len(got.SourceRanges) != 1 || got.SourceRanges[0].String() != "198.51.100.0/24" {
+		t.Errorf("source ranges %v", got.SourceRanges)
+	}
+	if !got.ExternalLocal || !got.InternalLocal || got.HealthCheckNodePort != 32000 || got.AffinityTimeout.Seconds() != 600 {
+		t.Errorf("policies %+v", got)
+	}
+	if len(problems) != 3 {
+		t.Errorf("want 3 problems (node port, external IP, source range), got %v", problems)
+	}
+	s.Spec.Type = v1.ServiceTypeClusterIP
+	if got, _ := ConvertService(s); got.Ports[0].NodePort != 0 || len(got.LoadBalancerIPs) != 0 {
+		t.Errorf("ClusterIP type keeps NodePort/LB IPs: %+v", got)
+	}
+}
+
+func TestConvertNode(t *testing.T) {
+	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{v1.LabelTopologyZone: "z"}},
+		Spec: v1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24", "fd00:244:1::/64"}},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{
+			{Type: v1.NodeExternalIP, Address: "192.0.2.9"}, {Type: v1.NodeInternalIP, Address: "10.10.0.11"},
+			{Type: v1.NodeInternalIP, Address: "10.10.0.12"}, {Type: v1.NodeExternalIP, Address: "2001:db8::9"}}}}
+	got := ConvertNode(n)
+	if got.Name != "n1" || got.Zone != "z" || len(got.PodCIDRs) != 2 {
+		t.Errorf("%+v", got)
+	}
+	if len(got.Addresses) != 2 || got.Addresses[0].String() != "10.10.0.11" || got.Addresses[1].String() != "2001:db8::9" {
+		t.Errorf("primary addresses %v: want the first InternalIP, else ExternalIP, per family", got.Addresses)
+	}
+}

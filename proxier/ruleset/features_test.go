@@ -1,0 +1,175 @@
+package ruleset
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/model"
+)
+
+// Node 10.10.0.11 has pod 10.244.1.11; 10.244.2.12 is on another node.
+var (
+	nodeIP   = ip("10.10.0.11")
+	localEP  = ap("10.244.1.11:8080")
+	remoteEP = ap("10.244.2.12:8080")
+	both     = []netip.AddrPort{localEP, remoteEP}
+)
+
+func featureConfig() Config {
+	cfg := testConfig
+	cfg.NodePorts = NodePortAddresses{Addresses: []netip.Addr{nodeIP}}
+	return cfg
+}
+
+// featureState has one Service per external feature.
+func featureState() []model.ServicePortState {
+	tcp := func(name string, vip string) model.ServicePortState {
+		return model.ServicePortState{Name: spName("default", name, "http", nft.ProtoTCP), ClusterIP: ip(vip), Port: 80,
+			Endpoints: both, LocalEndpoints: []netip.AddrPort{localEP}, LocalReady: 1}
+	}
+	np := tcp("nodeport", "10.96.1.1")
+	np.NodePort = 30080
+	ext := tcp("extip", "10.96.1.2")
+	ext.ExternalIPs = []netip.Addr{ip("10.10.0.201")}
+	lb := tcp("lb-local", "10.96.1.3")
+	lb.LoadBalancerIPs, lb.SourceRanges, lb.NodePort, lb.ExternalLocal =
+		[]netip.Addr{ip("10.10.0.202")}, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, 30081, true
+	noLocal := tcp("lb-nolocal", "10.96.1.4")
+	noLocal.LoadBalancerIPs, noLocal.NodePort, noLocal.ExternalLocal = []netip.Addr{ip("10.10.0.203")}, 30082, true
+	noLocal.Endpoints, noLocal.LocalEndpoints, noLocal.LocalReady = []netip.AddrPort{remoteEP}, nil, 0
+	itp := tcp("itp-local", "10.96.1.5")
+	itp.InternalLocal = true
+	itpNone := tcp("itp-none", "10.96.1.6")
+	itpNone.InternalLocal, itpNone.Endpoints, itpNone.LocalEndpoints = true, []netip.AddrPort{remoteEP}, nil
+	empty := tcp("nodeport-empty", "10.96.1.7")
+	empty.NodePort, empty.ExternalIPs, empty.Endpoints, empty.LocalEndpoints = 30083, []netip.Addr{ip("10.10.0.204")}, nil, nil
+	return []model.ServicePortState{np, ext, lb, noLocal, itp, itpNone, empty}
+}
+
+func TestFeatureFlows(t *testing.T) {
+	fk := nft.NewFake()
+	apply(t, fk, nil, Build(featureConfig(), nft.IPv4, featureState()))
+	tr := nft.NewTracer(fk, nodeIP)
+	pod, outside, allowed := ip("10.244.1.5"), ip("10.10.0.99"), ip("192.0.2.5")
+	pkt := func(src netip.Addr, dst string, port uint16) nft.Packet {
+		return nft.Packet{Src: src, Dst: ip(dst), Proto: nft.ProtoTCP, DPort: port}
+	}
+	fromNode := func(dst string, port uint16) nft.Packet {
+		p := pkt(nodeIP, dst, port)
+		p.FromNode = true
+		return p
+	}
+	local := []netip.AddrPort{localEP}
+	remote := []netip.AddrPort{remoteEP}
+	tests := []struct {
+		name       string
+		pkt        nft.Packet
+		verdict    nft.VerdictKind
+		dnat       []netip.AddrPort
+		masquerade bool
+	}{
+		{"NodePort from outside, masqueraded", pkt(outside, "10.10.0.11", 30080), nft.VerdictAccept, both, true},
+		{"NodePort from the node itself", fromNode("10.10.0.11", 30080), nft.VerdictAccept, both, true},
+		{"NodePort from a pod", pkt(pod, "10.10.0.11", 30080), nft.VerdictAccept, both, true},
+		{"NodePort on a non-NodePort address is not served", pkt(outside, "10.10.0.12", 30080), nft.VerdictAccept, nil, false},
+		{"NodePort on loopback is not served", nft.Packet{Src: ip("127.0.0.1"), Dst: ip("127.0.0.1"), Proto: nft.ProtoTCP, DPort: 30080, FromNode: true},
+			nft.VerdictAccept, nil, false},
+		{"NodePort without endpoints is rejected", pkt(outside, "10.10.0.11", 30083), nft.VerdictReject, nil, false},
+		{"external IP without endpoints is rejected", pkt(outside, "10.10.0.204", 80), nft.VerdictReject, nil, false},
+		{"external IP, masqueraded", pkt(outside, "10.10.0.201", 80), nft.VerdictAccept, both, true},
+		{"external IP, wrong port untouched", pkt(outside, "10.10.0.201", 81), nft.VerdictAccept, nil, false},
+		{"LB IP from an allowed source: local endpoint, source kept", pkt(allowed, "10.10.0.202", 80), nft.VerdictAccept, local, false},
+		{"LB IP from outside the source ranges is dropped", pkt(outside, "10.10.0.202", 80), nft.VerdictDrop, nil, false},
+		{"NodePort of a source-ranged LB is not filtered", pkt(outside, "10.10.0.11", 30081), nft.VerdictAccept, local, false},
+		{"eTP Local without local endpoint: external traffic dropped", pkt(outside, "10.10.0.203", 80), nft.VerdictDrop, nil, false},
+		{"eTP Local without local endpoint: NodePort dropped", pkt(outside, "10.10.0.11", 30082), nft.VerdictDrop, nil, false},
+		{"eTP Local without local endpoint: pod traffic served (#131765)", pkt(pod, "10.10.0.203", 80), nft.VerdictAccept, remote, false},
+		{"eTP Local without local endpoint: node traffic served, masqueraded", fromNode("10.10.0.203", 80), nft.VerdictAccept, remote, true},
+		{"eTP Local ClusterIP uses all endpoints", pkt(pod, "10.96.1.4", 80), nft.VerdictAccept, remote, false},
+		{"iTP Local: local endpoint only", pkt(pod, "10.96.1.5", 80), nft.VerdictAccept, local, false},
+		{"iTP Local without local endpoint: dropped", pkt(pod, "10.96.1.6", 80), nft.VerdictDrop, nil, false},
+		{"iTP Local without local endpoint, from the node: dropped", fromNode("10.96.1.6", 80), nft.VerdictDrop, nil, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res := tr.Trace(tc.pkt)
+			if res.Verdict != tc.verdict || !slices.Equal(res.DNAT, tc.dnat) || res.Masquerade != tc.masquerade {
+				t.Errorf("got verdict %s dnat %v masquerade %v; want %s %v %v\ntrace:\n%v",
+					res.Verdict, res.DNAT, res.Masquerade, tc.verdict, tc.dnat, tc.masquerade, res.Log)
+			}
+		})
+	}
+}
+
+// TestNodePortAddresses: CIDRs open NodePorts on local addresses inside
+// them (never loopback); primary opens them on the node's IPs only.
+func TestNodePortAddresses(t *testing.T) {
+	st := featureState()[:1]
+	for _, tc := range []struct {
+		name     string
+		np       NodePortAddresses
+		local    []netip.Addr
+		dst      string
+		fromNode bool
+		served   bool
+	}{
+		{"primary: node IP", NodePortAddresses{Addresses: []netip.Addr{nodeIP}}, []netip.Addr{nodeIP, ip("10.20.0.1")}, "10.10.0.11", false, true},
+		{"primary: other local address", NodePortAddresses{Addresses: []netip.Addr{nodeIP}}, []netip.Addr{nodeIP, ip("10.20.0.1")}, "10.20.0.1", false, false},
+		{"CIDR: local address inside", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")}}, []netip.Addr{nodeIP, ip("10.20.0.1")}, "10.20.0.1", false, true},
+		{"CIDR: local address outside", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")}}, []netip.Addr{nodeIP, ip("10.20.0.1")}, "10.10.0.11", false, false},
+		{"CIDR: non-local address inside", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")}}, []netip.Addr{nodeIP}, "10.20.0.9", false, false},
+		{"all: any local address", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}, []netip.Addr{nodeIP, ip("10.20.0.1")}, "10.20.0.1", false, true},
+		{"all: never loopback", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}, []netip.Addr{nodeIP, ip("127.0.0.1")}, "127.0.0.1", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := featureConfig()
+			cfg.NodePorts = tc.np
+			fk := nft.NewFake()
+			apply(t, fk, nil, Build(cfg, nft.IPv4, st))
+			tr := nft.NewTracer(fk, tc.local...)
+			src := ip("10.10.0.99")
+			if tc.fromNode {
+				src = ip("127.0.0.1")
+			}
+			res := tr.Trace(nft.Packet{Src: src, Dst: ip(tc.dst), Proto: nft.ProtoTCP, DPort: 30080, FromNode: tc.fromNode})
+			if got := len(res.DNAT) > 0; got != tc.served {
+				t.Errorf("served %v, want %v\n%v", got, tc.served, res.Log)
+			}
+		})
+	}
+}
+
+// TestLocalDetectors: pod traffic is recognised by CIDR or interface; the
+// rest of ClusterIP traffic is masqueraded.
+func TestLocalDetectors(t *testing.T) {
+	st := featureState()[:1]
+	for _, tc := range []struct {
+		name string
+		det  LocalDetector
+		pkt  nft.Packet
+		masq bool
+	}{
+		{"CIDR: pod", LocalDetector{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}, nft.Packet{Src: ip("10.244.1.5"), Iif: "eth0"}, false},
+		{"CIDR: other", LocalDetector{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}, nft.Packet{Src: ip("10.244.2.5"), Iif: "eth0"}, true},
+		{"bridge: pod", LocalDetector{Interface: "cbr0"}, nft.Packet{Src: ip("10.99.0.5"), Iif: "cbr0"}, false},
+		{"bridge: other", LocalDetector{Interface: "cbr0"}, nft.Packet{Src: ip("10.244.1.5"), Iif: "eth0"}, true},
+		{"prefix: pod", LocalDetector{Interface: "veth", InterfacePrefix: true}, nft.Packet{Src: ip("10.99.0.5"), Iif: "veth1234"}, false},
+		{"prefix: other", LocalDetector{Interface: "veth", InterfacePrefix: true}, nft.Packet{Src: ip("10.244.1.5"), Iif: "eth0"}, true},
+		{"none: nothing masqueraded", LocalDetector{}, nft.Packet{Src: ip("10.10.0.99"), Iif: "eth0"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := featureConfig()
+			cfg.LocalTraffic = tc.det
+			fk := nft.NewFake()
+			apply(t, fk, nil, Build(cfg, nft.IPv4, st))
+			p := tc.pkt
+			p.Dst, p.Proto, p.DPort = ip("10.96.1.1"), nft.ProtoTCP, 80
+			res := nft.NewTracer(fk, nodeIP).Trace(p)
+			if len(res.DNAT) == 0 || res.Masquerade != tc.masq {
+				t.Errorf("dnat %v masquerade %v, want masquerade %v\n%v", res.DNAT, res.Masquerade, tc.masq, res.Log)
+			}
+		})
+	}
+}
