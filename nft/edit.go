@@ -2,12 +2,14 @@ package nft
 
 import "sort"
 
-// Fragment is the part of a ruleset that one owner contributes: chains it
-// owns outright, and elements it needs in shared sets and maps. nftproxy has
-// one fragment per Service and family, so a change to one Service touches
-// only that Service's objects.
+// Fragment is the part of a ruleset that one owner contributes: chains and
+// sets it owns outright, and elements it needs in shared sets and maps.
+// nftproxy has one fragment per Service and family, so a change to one
+// Service touches only that Service's objects. Owned sets carry no
+// elements (session affinity sets are filled by the kernel).
 type Fragment struct {
 	Chains   []*Chain
+	Sets     []*Set
 	Elements []SetElement
 }
 
@@ -34,8 +36,8 @@ type Editor struct {
 	// Before-images of what changed since the last Commit: the chain or
 	// element as it was (nil: absent), recorded on first touch.
 	chainsBefore map[string]*Chain
+	setsBefore   map[string]*Set
 	elemsBefore  map[setKey]*Element
-	setsAdded    []string
 }
 
 type setKey struct{ set, key string }
@@ -44,7 +46,7 @@ type setKey struct{ set, key string }
 // resets the table in the kernel.
 func NewEditor(f Family) *Editor {
 	return &Editor{rs: NewRuleset(f), refs: map[setKey]int{}, reset: true,
-		chainsBefore: map[string]*Chain{}, elemsBefore: map[setKey]*Element{}}
+		chainsBefore: map[string]*Chain{}, setsBefore: map[string]*Set{}, elemsBefore: map[setKey]*Element{}}
 }
 
 // Ruleset is the desired ruleset. Callers must not modify it.
@@ -56,9 +58,20 @@ func (e *Editor) AddSet(s *Set) {
 	if _, ok := e.rs.Sets[s.Name]; ok {
 		return
 	}
+	e.putSet(s)
+}
+
+// putSet adds an empty copy of s's definition.
+func (e *Editor) putSet(s *Set) {
+	e.touchSet(s.Name)
 	e.rs.AddSet(&Set{Name: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Dynamic: s.Dynamic,
 		Size: s.Size, Comment: s.Comment, Elements: map[string]Element{}})
-	e.setsAdded = append(e.setsAdded, s.Name)
+}
+
+func (e *Editor) touchSet(name string) {
+	if _, seen := e.setsBefore[name]; !seen {
+		e.setsBefore[name] = e.rs.Sets[name]
+	}
 }
 
 // Replace removes fragment old and adds fragment new (either may be nil).
@@ -72,8 +85,15 @@ func (e *Editor) Replace(old, new *Fragment) {
 		for _, se := range old.Elements {
 			e.release(se)
 		}
+		for _, s := range old.Sets {
+			e.touchSet(s.Name)
+			delete(e.rs.Sets, s.Name)
+		}
 	}
 	if new != nil {
+		for _, s := range new.Sets {
+			e.putSet(s)
+		}
 		for _, c := range new.Chains {
 			e.touchChain(c.Name)
 			e.rs.Chains[c.Name] = c
@@ -135,8 +155,23 @@ func (e *Editor) Transaction() *Transaction {
 		return fullRewrite(e.rs)
 	}
 	c := newChanges(e.rs.Family)
-	for _, name := range e.setsAdded {
-		c.newSets = append(c.newSets, e.rs.Sets[name])
+	setNames := make([]string, 0, len(e.setsBefore))
+	for n := range e.setsBefore {
+		setNames = append(setNames, n)
+	}
+	sort.Strings(setNames)
+	for _, n := range setNames {
+		before, now := e.setsBefore[n], e.rs.Sets[n]
+		switch {
+		case before == nil && now != nil:
+			c.newSets = append(c.newSets, now)
+		case before != nil && now == nil:
+			c.goneSets = append(c.goneSets, before)
+		case before != nil && now != nil && !sameSetDefinition(before, now):
+			// Owned sets are named after their definition (see
+			// ruleset.affinitySetName), so this is a programming error.
+			panic("nft: Editor set " + n + " redefined in place")
+		}
 	}
 	names := make([]string, 0, len(e.chainsBefore))
 	for n := range e.chainsBefore {
@@ -166,7 +201,7 @@ func (e *Editor) Transaction() *Transaction {
 // Commit records that the last Transaction was applied.
 func (e *Editor) Commit() {
 	e.reset = false
-	e.setsAdded = nil
+	clear(e.setsBefore)
 	clear(e.chainsBefore)
 	clear(e.elemsBefore)
 }

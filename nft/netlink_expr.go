@@ -190,3 +190,13 @@ func (e *encoder) fib(flags, result, dreg uint32) {
 	e.u32(unix.NFTA_FIB_DREG, dreg)
 	e.endExpr(el, d)
 }
+
+// dynsetUpdate: [ dynset update reg_key <sreg> set <set> ]
+func (e *encoder) dynsetUpdate(sreg uint32, set string, setID uint32) {
+	el, d := e.beginExpr("dynset")
+	e.u32(unix.NFTA_DYNSET_SREG_KEY, sreg)
+	e.u32(unix.NFTA_DYNSET_OP, unix.NFT_DYNSET_OP_UPDATE)
+	e.str(unix.NFTA_DYNSET_SET_NAME, set)
+	e.u32(unix.NFTA_DYNSET_SET_ID, setID)
+	e.endExpr(el, d)
+}

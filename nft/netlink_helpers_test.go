@@ -208,6 +208,7 @@ func everyPhraseRuleset(f Family) *Ruleset {
 		MatchPrefix{Field: FieldDstAddr, Prefix: prefix(f, "127.0.0.0/8", "::1/128"), Negate: true},
 		VmapLookup{Fields: []Field{FieldL4Proto, FieldDstPort}, Map: "service-nodeports"}}})
 	rs.Append("prefixes", Rule{Phrases: []Phrase{MatchFibLocal{Field: FieldSrcAddr}, Goto("svc-a")}})
+	rs.Append("prefixes", Rule{Phrases: []Phrase{UpdateSet{Field: FieldSrcAddr, Set: "affinity-ABC"}, MatchL4Proto{Proto: ProtoTCP}, DNAT{To: backends(f, 4, 1, 8080)[0]}}})
 	rs.Append("prefixes", Rule{Phrases: []Phrase{MatchIifname{Name: "cbr0"}, Goto("svc-a")}})
 	rs.Append("prefixes", Rule{Phrases: []Phrase{MatchIifname{Name: "veth", Prefix: true}, Goto("svc-a")}})
 	rs.Append("prefixes", Rule{Phrases: []Phrase{MatchIifname{Name: "veth", Prefix: true, Negate: true}, SetMarkBits{Bits: 0x4000}}})

@@ -125,6 +125,12 @@ func (b *batch) lowerPhrase(p Phrase) error {
 		e.cmp(unix.NFT_CMP_EQ, reg1, hostU32(unix.RTN_LOCAL))
 	case MatchIifname:
 		return lowerIifname(e, p)
+	case UpdateSet:
+		// [ payload load 4b @ network header + 12 => reg 1 ] [ dynset update reg_key 1 set s ]
+		if _, err := loadField(e, f, p.Field, 0); err != nil {
+			return err
+		}
+		e.dynsetUpdate(reg1, p.Set, b.setIDs[p.Set])
 	default:
 		return fmt.Errorf("phrase %T cannot be lowered", p)
 	}

@@ -268,7 +268,21 @@ func (m MatchIifname) Text(Family) string {
 	return fmt.Sprintf("iifname %s%q", op, name)
 }
 
+// UpdateSet adds the field's value to a dynamic set, or refreshes its
+// timeout if it is there (session affinity remembers clients this way):
+//
+//	update @affinity-… { ip saddr }
+type UpdateSet struct {
+	Field Field
+	Set   string
+}
+
+func (u UpdateSet) Text(f Family) string {
+	return fmt.Sprintf("update @%s { %s }", u.Set, u.Field.Text(f))
+}
+
 func (MatchPrefix) phrase()       {}
+func (UpdateSet) phrase()         {}
 func (MatchFibLocal) phrase()     {}
 func (MatchIifname) phrase()      {}
 func (MatchSet) phrase()          {}

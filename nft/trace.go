@@ -203,6 +203,9 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 			if !t.isLocal(a) {
 				return "", false
 			}
+		case UpdateSet:
+			// The Fake's sets are what the proxy wrote: the tracer does not
+			// learn clients (see Tracer.Affinity).
 		case SetMarkBits:
 			st.pkt.Mark |= p.Bits
 		case ToggleMarkBits:

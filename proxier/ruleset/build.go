@@ -289,13 +289,13 @@ func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState) {
 	var clusterChain, localChain string
 	cluster := func() string {
 		if clusterChain == "" {
-			clusterChain = b.chain(kindService, dnatCascade(sp.Name.Protocol, sp.Endpoints)...)
+			clusterChain = b.chain(kindService, b.pick(sp.Endpoints)...)
 		}
 		return clusterChain
 	}
 	local := func() string {
 		if localChain == "" && len(sp.LocalEndpoints) > 0 {
-			localChain = b.chain(kindLocal, dnatCascade(sp.Name.Protocol, sp.LocalEndpoints)...)
+			localChain = b.chain(kindLocal, b.pick(sp.LocalEndpoints)...)
 		}
 		return localChain
 	}
@@ -389,6 +389,63 @@ func hairpins(b portBuilder, endpoints []netip.AddrPort) {
 			nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(ep.Port())),
 		}})
 	}
+}
+
+// pick returns the rules that send a connection to one of the endpoints:
+// a DNAT cascade, or with session affinity, a jump to the endpoint the
+// client used last, if it is still among them, else a cascade of jumps to
+// endpoint chains that DNAT and remember the client.
+func (b portBuilder) pick(endpoints []netip.AddrPort) []nft.Rule {
+	if b.sp.AffinityTimeout <= 0 {
+		return dnatCascade(b.sp.Name.Protocol, endpoints)
+	}
+	var sticky []nft.Rule
+	cascade := make([]nft.Rule, len(endpoints))
+	for i, ep := range endpoints {
+		set, chain := b.affinityEndpoint(ep)
+		sticky = append(sticky, rule(nft.MatchSet{Fields: []nft.Field{nft.FieldSrcAddr}, Set: set}, nft.Goto(chain)))
+		var p []nft.Phrase
+		if left := len(endpoints) - i; left > 1 {
+			p = append(p, nft.MatchRandom{Mod: uint32(left)})
+		}
+		cascade[i] = rule(append(p, nft.Goto(chain))...)
+	}
+	return append(sticky, cascade...)
+}
+
+// affinityEndpoint adds (once per endpoint: the cluster and local chains
+// share them) the set of clients stuck to ep and the chain that DNATs to
+// ep and refreshes the client's entry, the shape upstream uses:
+//
+//	set affinity-… { type ipv4_addr; size 65535; flags dynamic,timeout; timeout 3h }
+//	chain endpoint-… { update @affinity-… { ip saddr }; meta l4proto tcp dnat to 10.244.1.11:8080 }
+//
+// The timeout is part of the set's name, so changing it replaces the set.
+func (b portBuilder) affinityEndpoint(ep netip.AddrPort) (set, chain string) {
+	suffix := "__" + endpointText(ep)
+	set = kindAffinity + "-" + hashOf(b.sp.Name, ep.String(), b.sp.AffinityTimeout.String()) + "-" + readable(b.sp.Name) + suffix
+	chain = kindEndpoint + "-" + hashOf(b.sp.Name, ep.String()) + "-" + readable(b.sp.Name) + suffix
+	for _, s := range b.fr.Sets {
+		if s.Name == set {
+			return set, chain
+		}
+	}
+	b.fr.Sets = append(b.fr.Sets, &nft.Set{Name: set, Key: []nft.DataType{addrType(ep.Addr())},
+		Dynamic: true, Timeout: b.sp.AffinityTimeout, Size: affinitySetSize})
+	b.fr.Chains = append(b.fr.Chains, &nft.Chain{Name: chain, Rules: []nft.Rule{
+		rule(nft.UpdateSet{Field: nft.FieldSrcAddr, Set: set}, nft.MatchL4Proto{Proto: b.sp.Name.Protocol}, nft.DNAT{To: ep}),
+	}})
+	return set, chain
+}
+
+// affinitySetSize bounds the clients remembered per endpoint (upstream's).
+const affinitySetSize = 65535
+
+func addrType(a netip.Addr) nft.DataType {
+	if a.Is4() {
+		return nft.IPv4.AddrType()
+	}
+	return nft.IPv6.AddrType()
 }
 
 // dnatCascade picks one of n endpoints uniformly at random per connection:

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -45,7 +46,9 @@ func featureState() []model.ServicePortState {
 	itpNone.InternalLocal, itpNone.Endpoints, itpNone.LocalEndpoints = true, []netip.AddrPort{remoteEP}, nil
 	empty := tcp("nodeport-empty", "10.96.1.7")
 	empty.NodePort, empty.ExternalIPs, empty.Endpoints, empty.LocalEndpoints = 30083, []netip.Addr{ip("10.10.0.204")}, nil, nil
-	return []model.ServicePortState{np, ext, lb, noLocal, itp, itpNone, empty}
+	aff := tcp("affinity", "10.96.1.8")
+	aff.AffinityTimeout, aff.NodePort = 10*time.Minute, 30084
+	return []model.ServicePortState{np, ext, lb, noLocal, itp, itpNone, empty, aff}
 }
 
 func TestFeatureFlows(t *testing.T) {
@@ -91,6 +94,8 @@ func TestFeatureFlows(t *testing.T) {
 		{"iTP Local: local endpoint only", pkt(pod, "10.96.1.5", 80), nft.VerdictAccept, local, false},
 		{"iTP Local without local endpoint: dropped", pkt(pod, "10.96.1.6", 80), nft.VerdictDrop, nil, false},
 		{"iTP Local without local endpoint, from the node: dropped", fromNode("10.96.1.6", 80), nft.VerdictDrop, nil, false},
+		{"affinity: a new client takes the cascade to an endpoint chain", pkt(pod, "10.96.1.8", 80), nft.VerdictAccept, local, false},
+		{"affinity on a NodePort", pkt(outside, "10.10.0.11", 30084), nft.VerdictAccept, local, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

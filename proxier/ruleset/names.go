@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"net/netip"
+	"strconv"
 	"strings"
 
 	"github.com/nftproxy/nftproxy/nft"
@@ -69,6 +71,17 @@ func ServiceChainName(n model.ServicePortName) string { return ChainName(kindSer
 
 func readable(n model.ServicePortName) string {
 	return fmt.Sprintf("%s/%s/%s/%s", n.Namespace, n.Name, nft.ProtoName(n.Protocol), n.Port)
+}
+
+// hashOf is like hashPrefix, over the port's identity and more parts.
+func hashOf(n model.ServicePortName, parts ...string) string {
+	sum := sha256.Sum256([]byte(n.Namespace + "/" + n.Name + ":" + n.Port + "/" + nft.ProtoName(n.Protocol) + "/" + strings.Join(parts, "/")))
+	return strings.ToUpper(base32.StdEncoding.EncodeToString(sum[:])[:8])
+}
+
+// endpointText is an endpoint as upstream writes it in names: "10.244.1.11/8080".
+func endpointText(ep netip.AddrPort) string {
+	return ep.Addr().String() + "/" + strconv.Itoa(int(ep.Port()))
 }
 
 // hashPrefix is the first 8 characters of the base32 SHA-256 of the port's
