@@ -1,0 +1,5 @@
+//go:build !race
+
+package conntrack
+
+const raceEnabled = false
