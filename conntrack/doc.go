@@ -1,4 +1,5 @@
-// Package conntrack deletes the conntrack flows a sync made stale.
+// Package conntrack deletes the conntrack flows a sync made stale, and
+// applies the conntrack sysctls of the configuration.
 //
 // UDP and SCTP have no connection teardown a client would notice: a flow
 // that conntrack keeps DNAT'ing to a backend that is gone black-holes the
@@ -12,6 +13,6 @@
 //     protocol in use, filtered by the kernel, and deletes in batches;
 //   - Fake (fake.go) does the same in memory for the proxier's tests.
 //
-// TCP flows are never touched. The package imports neither proxier/ nor
-// nft/ nor k8s.io/api.
+// TCP flows are never touched. ApplySysctls (sysctl.go) runs once at
+// startup. The package imports neither proxier/ nor nft/ nor k8s.io/api.
 package conntrack

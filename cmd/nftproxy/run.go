@@ -54,6 +54,9 @@ func run(ctx context.Context, o *options) error {
 		klog.InfoS("Deleting nftproxy's nftables tables (--cleanup)")
 		return proxier.Cleanup(ctx, backends)
 	}
+	if err := setupConntrack(o.Conntrack); err != nil {
+		return err
+	}
 	client, err := newClient(o.Client)
 	if err != nil {
 		return err
