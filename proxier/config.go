@@ -18,6 +18,12 @@ type Config struct {
 	// to a ClusterIP from outside them is masqueraded. Empty: no
 	// masquerading of ClusterIP traffic (as upstream without a detector).
 	ClusterCIDRs []netip.Prefix
+	// LocalDetect says how traffic from this node's pods is recognised
+	// (--detect-local-mode); the zero value is ClusterCIDR mode.
+	LocalDetect LocalDetect
+	// NodePortCIDRs (--nodeport-addresses): NodePorts answer on this node's
+	// addresses inside them. Empty: on the node's primary IPs only.
+	NodePortCIDRs []netip.Prefix
 	// ServiceCIDRs are the fallback service CIDRs (--service-cidr), used when
 	// the ServiceCIDR API is not available: traffic to an unallocated
 	// address inside them is dropped.
@@ -39,4 +45,21 @@ type Config struct {
 	FullSyncPeriod time.Duration
 	// ResyncPeriod is the informers' resync period (--config-sync-period).
 	ResyncPeriod time.Duration
+}
+
+// Local traffic detection modes (--detect-local-mode).
+const (
+	DetectClusterCIDR         = "ClusterCIDR"
+	DetectNodeCIDR            = "NodeCIDR"
+	DetectBridgeInterface     = "BridgeInterface"
+	DetectInterfaceNamePrefix = "InterfaceNamePrefix"
+)
+
+// LocalDetect is how traffic from this node's pods is told from other
+// traffic: by source CIDR (the cluster's, ClusterCIDRs, or the node's pod
+// CIDRs from its Node object) or by input interface.
+type LocalDetect struct {
+	Mode                string // "" means DetectClusterCIDR
+	BridgeInterface     string // for DetectBridgeInterface
+	InterfaceNamePrefix string // for DetectInterfaceNamePrefix
 }

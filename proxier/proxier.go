@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"sync"
 	"time"
 
@@ -12,8 +13,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/healthcheck"
 	"github.com/nftproxy/nftproxy/proxier/healthz"
 	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
@@ -28,6 +31,18 @@ type Deps struct {
 	NFT map[nft.Family]nft.Interface
 	// Health, if set, is told about queued and applied updates.
 	Health *healthz.ProxyHealth
+	// HealthCheck, if set, serves the health check ports of
+	// externalTrafficPolicy: Local Services, one server per family.
+	HealthCheck map[nft.Family]HealthCheckServer
+	// Conntrack, if set, deletes stale UDP and SCTP flows after syncs.
+	Conntrack conntrack.Interface
+}
+
+// HealthCheckServer serves the health check node ports of Services
+// (proxier/healthcheck.Server).
+type HealthCheckServer interface {
+	SyncServices(map[healthcheck.ServiceName]uint16) error
+	SyncEndpoints(map[healthcheck.ServiceName]int) error
 }
 
 // Proxier keeps this node's nftables in line with the API.
@@ -39,6 +54,7 @@ type Proxier struct {
 
 	mu              sync.Mutex
 	apiServiceCIDRs []netip.Prefix // from ServiceCIDR objects; none: use Config.ServiceCIDRs
+	node            model.Node     // this node, from its Node object
 
 	// Owned by the sync loop: the objects as of the last checkout, and per
 	// family what was programmed.
@@ -52,9 +68,18 @@ type Proxier struct {
 type familyState struct {
 	editor   *nft.Editor // nil: state unknown, the next sync is full
 	base     *nft.Fragment
+	cfg      ruleset.Config // what base and the fragments were built with
+	node     model.Node     // likewise
 	services map[model.ServiceName]programmed
 	ports    int // service ports programmed
 	lastFull time.Time
+
+	// Health check ports and local ready endpoints of the Services with
+	// externalTrafficPolicy: Local.
+	healthPorts map[healthcheck.ServiceName]uint16
+	healthLocal map[healthcheck.ServiceName]int
+	// Services with a Local traffic policy and no endpoint on this node.
+	noLocalInternal, noLocalExternal map[model.ServiceName]bool
 }
 
 // New returns a Proxier; Run starts it.
@@ -88,6 +113,9 @@ func (p *Proxier) Run(ctx context.Context) error {
 		Node: func(n *v1.Node) {
 			if p.deps.Health != nil {
 				p.deps.Health.SyncNode(n)
+			}
+			if n != nil {
+				p.setNode(watch.ConvertNode(n))
 			}
 		},
 	}
@@ -126,8 +154,21 @@ func (p *Proxier) queued() {
 
 func (p *Proxier) setAPIServiceCIDRs(cidrs []netip.Prefix) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.apiServiceCIDRs = cidrs
+	p.mu.Unlock()
+	p.queued()
+}
+
+// setNode records this node's object; a change that matters to the rules
+// (addresses, pod CIDRs, zone) is picked up by the next sync.
+func (p *Proxier) setNode(n model.Node) {
+	p.mu.Lock()
+	changed := !reflect.DeepEqual(p.node, n)
+	p.node = n
+	p.mu.Unlock()
+	if changed {
+		p.queued()
+	}
 }
 
 // sync brings every family in line with the pending changes. They are
@@ -205,35 +246,48 @@ func observeProgrammingLatency(slices watch.SliceChanges) {
 	}
 }
 
-// programmed is one Service's fragment and how many ports it programs.
+// programmed is what one Service contributes to a family's table.
 type programmed struct {
 	frag  *nft.Fragment
-	ports int
+	ports []model.ServicePortState
 }
 
 // syncFamily updates one family's table for the affected Services: their
 // fragments are rebuilt and the editor turns the difference into a
 // transaction sized by the change. A full sync (at start, after a failure,
 // and every FullSyncPeriod) rebuilds every Service and rewrites the table.
+// A change of the node or of the configuration derived from the API (which
+// every fragment depends on) rebuilds every Service without a rewrite.
 func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Interface, affected map[model.ServiceName]bool) error {
 	start := time.Now()
 	fam := f.IPFamily()
 	fs := p.families[f]
+	cfg, node := p.rulesetConfig(f)
 	full := fs.editor == nil || (p.cfg.FullSyncPeriod > 0 && start.Sub(fs.lastFull) >= p.cfg.FullSyncPeriod)
 	if full {
 		fs.editor, fs.base, fs.services, fs.ports = nft.NewEditor(f), nil, map[model.ServiceName]programmed{}, 0
+		fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
+		fs.noLocalInternal, fs.noLocalExternal = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
 		for _, set := range ruleset.Sets(f) {
 			fs.editor.AddSet(set)
 		}
-		affected = make(map[model.ServiceName]bool, len(p.services))
+	}
+	if full || !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node) {
+		affected = make(map[model.ServiceName]bool, len(p.services)+len(fs.services))
 		for name := range p.services {
 			affected[name] = true
 		}
+		for name := range fs.services {
+			affected[name] = true
+		}
 	}
-	base := ruleset.Base(p.rulesetConfig(f), f)
+	fs.cfg, fs.node = cfg, node
+	base := ruleset.Base(cfg, f)
 	fs.editor.Replace(fs.base, base)
 	fs.base = base
+	before := make(map[model.ServiceName][]model.ServicePortState, len(affected))
 	for name := range affected {
+		before[name] = fs.services[name].ports
 		p.syncService(f, fs, name)
 	}
 	tx := fs.editor.Transaction()
@@ -250,9 +304,11 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	if full {
 		fs.lastFull = start
 	}
-	p.recordSync(f, full, time.Since(start), tx)
+	p.recordSync(f, fs, full, time.Since(start), tx)
 	klog.V(2).InfoS("Synced", "ipFamily", fam, "full", full, "servicePorts", fs.ports,
 		"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", time.Since(start))
+	p.cleanConntrack(ctx, f, fs, before)
+	p.syncHealthChecks(f, fs)
 	return nil
 }
 
@@ -260,15 +316,29 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceName) {
 	var frag *nft.Fragment
 	var ports []model.ServicePortState
-	if svc := p.services[name]; svc != nil {
+	svc := p.services[name]
+	if svc != nil {
 		var slices []*model.EndpointSlice
 		for _, es := range p.slicesBySvc[name] {
 			if es.Family == f {
 				slices = append(slices, es)
 			}
 		}
-		if ports = model.ServicePorts(f, svc, slices); len(ports) > 0 {
-			frag = ruleset.ServiceFragment(ports)
+		if ports = model.ServicePorts(f, fs.node, svc, slices); len(ports) > 0 {
+			frag = ruleset.ServiceFragment(fs.cfg, ports)
+		}
+	}
+	p.syncHealthCheck(fs, name, svc, ports)
+	delete(fs.noLocalInternal, name)
+	delete(fs.noLocalExternal, name)
+	for _, sp := range ports {
+		if len(sp.LocalEndpoints) == 0 && len(sp.Endpoints) > 0 {
+			if sp.InternalLocal {
+				fs.noLocalInternal[name] = true
+			}
+			if sp.ExternalLocal {
+				fs.noLocalExternal[name] = true
+			}
 		}
 	}
 	old := fs.services[name]
@@ -279,13 +349,41 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 	if frag == nil {
 		delete(fs.services, name)
 	} else {
-		fs.services[name] = programmed{frag: frag, ports: len(ports)}
+		fs.services[name] = programmed{frag: frag, ports: ports}
 	}
-	fs.ports += len(ports) - old.ports
+	fs.ports += len(ports) - len(old.ports)
+}
+
+// syncHealthCheck records the health check port and local endpoint count
+// of a Service with externalTrafficPolicy: Local.
+func (p *Proxier) syncHealthCheck(fs *familyState, name model.ServiceName, svc *model.Service, ports []model.ServicePortState) {
+	hc := healthcheck.ServiceName(name)
+	if svc == nil || svc.HealthCheckNodePort == 0 || !svc.ExternalLocal || len(ports) == 0 {
+		delete(fs.healthPorts, hc)
+		delete(fs.healthLocal, hc)
+		return
+	}
+	local := 0
+	for _, sp := range ports {
+		local = max(local, sp.LocalReady)
+	}
+	fs.healthPorts[hc], fs.healthLocal[hc] = svc.HealthCheckNodePort, local
+}
+
+// syncHealthChecks hands the health check ports to the family's server.
+// Ports that cannot be bound are logged by the server and retried on the
+// next sync; they do not fail the sync.
+func (p *Proxier) syncHealthChecks(f nft.Family, fs *familyState) {
+	hc := p.deps.HealthCheck[f]
+	if hc == nil {
+		return
+	}
+	_ = hc.SyncServices(fs.healthPorts)
+	_ = hc.SyncEndpoints(fs.healthLocal)
 }
 
 // recordSync updates the metrics and health after a successful sync.
-func (p *Proxier) recordSync(f nft.Family, full bool, elapsed time.Duration, tx *nft.Transaction) {
+func (p *Proxier) recordSync(f nft.Family, fs *familyState, full bool, elapsed time.Duration, tx *nft.Transaction) {
 	fam := f.IPFamily()
 	metrics.SyncProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
 	if full {
@@ -296,28 +394,51 @@ func (p *Proxier) recordSync(f nft.Family, full bool, elapsed time.Duration, tx 
 	metrics.SyncProxyRulesLastTimestamp.WithLabelValues(fam).Set(float64(time.Now().Unix()))
 	metrics.SyncKernelOperations.WithLabelValues(fam).Observe(float64(len(tx.Ops)))
 	metrics.SyncsTotal.WithLabelValues(fam, metrics.ResultSuccess).Inc()
-	// No traffic policy is Local yet, so no Service lacks local endpoints;
-	// set the gauges so dashboards show 0 rather than no data.
-	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyInternal, fam).Set(0)
-	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyExternal, fam).Set(0)
+	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyInternal, fam).Set(float64(len(fs.noLocalInternal)))
+	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyExternal, fam).Set(float64(len(fs.noLocalExternal)))
 	if p.deps.Health != nil {
 		p.deps.Health.Updated(f)
 	}
 }
 
-func (p *Proxier) rulesetConfig(f nft.Family) ruleset.Config {
+// rulesetConfig is the builder's configuration for family f, and the node
+// as last seen.
+func (p *Proxier) rulesetConfig(f nft.Family) (ruleset.Config, model.Node) {
 	p.mu.Lock()
 	serviceCIDRs := p.cfg.ServiceCIDRs
 	if len(p.apiServiceCIDRs) > 0 {
 		serviceCIDRs = p.apiServiceCIDRs
 	}
+	node := p.node
 	p.mu.Unlock()
-	return ruleset.Config{
-		ClusterCIDRs:   ofFamily(f, p.cfg.ClusterCIDRs),
+	if node.Name == "" {
+		node.Name = p.cfg.NodeName // endpoints are local by name before the Node is seen
+	}
+	cfg := ruleset.Config{
 		ServiceCIDRs:   ofFamily(f, serviceCIDRs),
 		MasqueradeMark: 1 << p.cfg.MasqueradeBit,
 		MasqueradeAll:  p.cfg.MasqueradeAll,
 	}
+	switch d := p.cfg.LocalDetect; d.Mode {
+	case DetectNodeCIDR:
+		cfg.LocalTraffic.CIDRs = ofFamily(f, node.PodCIDRs)
+	case DetectBridgeInterface:
+		cfg.LocalTraffic.Interface = d.BridgeInterface
+	case DetectInterfaceNamePrefix:
+		cfg.LocalTraffic.Interface, cfg.LocalTraffic.InterfacePrefix = d.InterfaceNamePrefix, true
+	default:
+		cfg.LocalTraffic.CIDRs = ofFamily(f, p.cfg.ClusterCIDRs)
+	}
+	if len(p.cfg.NodePortCIDRs) > 0 {
+		cfg.NodePorts.CIDRs = ofFamily(f, p.cfg.NodePortCIDRs)
+	} else {
+		for _, a := range node.Addresses {
+			if f.Contains(a) {
+				cfg.NodePorts.Addresses = append(cfg.NodePorts.Addresses, a)
+			}
+		}
+	}
+	return cfg, node
 }
 
 func ofFamily(f nft.Family, ps []netip.Prefix) []netip.Prefix {

@@ -40,6 +40,7 @@ func slice(ns, svc, name string, port int32, proto v1.Protocol, addrs ...string)
 }
 
 type harness struct {
+	local  []netip.Addr // the node's addresses, for the tracer
 	t      *testing.T
 	client *fake.Clientset
 	fk     *nft.Fake
@@ -47,13 +48,19 @@ type harness struct {
 }
 
 func start(t *testing.T, objs ...runtime.Object) *harness {
+	return startWith(t, func(*Deps) {}, objs...)
+}
+
+// startWith starts a proxier whose Deps the caller may add to.
+func startWith(t *testing.T, deps func(*Deps), objs ...runtime.Object) *harness {
 	t.Helper()
 	h := &harness{t: t, client: fake.NewClientset(objs...), fk: nft.NewFake()}
+	d := Deps{Client: h.client, NFT: map[nft.Family]nft.Interface{nft.IPv4: h.fk}}
+	deps(&d)
 	var err error
 	h.p, err = New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
-		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}},
-		Deps{Client: h.client, NFT: map[nft.Family]nft.Interface{nft.IPv4: h.fk}})
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}, d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +80,7 @@ func (h *harness) eventually(pkt nft.Packet, want nft.VerdictKind, dnat ...strin
 	}
 	var res nft.TraceResult
 	for i := 0; i < 200; i++ {
-		res = nft.NewTracer(h.fk).Trace(pkt)
+		res = nft.NewTracer(h.fk, h.local...).Trace(pkt)
 		if res.Verdict == want && slices.Equal(res.DNAT, wantAP) {
 			return
 		}

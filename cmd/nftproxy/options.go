@@ -180,6 +180,16 @@ func (fv *flagValues) proxierConfig(env environment) (proxier.Config, error) {
 	errs = append(errs, err)
 	pc.IPv4, pc.IPv6, err = parseIPFamilies(fv.ipFamilies)
 	errs = append(errs, err)
+	pc.LocalDetect = proxier.LocalDetect{Mode: string(c.DetectLocalMode),
+		BridgeInterface: c.DetectLocal.BridgeInterface, InterfaceNamePrefix: c.DetectLocal.InterfaceNamePrefix}
+	if len(c.NodePortAddresses) != 1 || c.NodePortAddresses[0] != "primary" {
+		// checkNodePortAddresses reports the unparsable ones.
+		for _, a := range c.NodePortAddresses {
+			if p, err := netip.ParsePrefix(a); err == nil {
+				pc.NodePortCIDRs = append(pc.NodePortCIDRs, p.Masked())
+			}
+		}
+	}
 	return pc, errors.Join(errs...)
 }
 
@@ -193,15 +203,23 @@ func checkMode(c *kpconfig.KubeProxyConfiguration) error {
 	return fmt.Errorf("--proxy-mode / mode %q: nftproxy only implements the nftables mode (set it to \"nftables\" or leave it empty)", c.Mode)
 }
 
-// checkDetectLocalMode accepts ClusterCIDR, upstream's default.
+// checkDetectLocalMode accepts upstream's modes, each with what it needs.
 func checkDetectLocalMode(c *kpconfig.KubeProxyConfiguration) error {
 	switch c.DetectLocalMode {
-	case "", "ClusterCIDR":
+	case "", "ClusterCIDR", "NodeCIDR":
 		return nil
-	case "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix":
-		return fmt.Errorf("--detect-local-mode / detectLocalMode %q: not supported yet (only ClusterCIDR)", c.DetectLocalMode)
+	case "BridgeInterface":
+		if c.DetectLocal.BridgeInterface == "" {
+			return errors.New("--detect-local-mode / detectLocalMode BridgeInterface needs --pod-bridge-interface / detectLocal.bridgeInterface")
+		}
+		return nil
+	case "InterfaceNamePrefix":
+		if c.DetectLocal.InterfaceNamePrefix == "" {
+			return errors.New("--detect-local-mode / detectLocalMode InterfaceNamePrefix needs --pod-interface-name-prefix / detectLocal.interfaceNamePrefix")
+		}
+		return nil
 	}
-	return fmt.Errorf("--detect-local-mode / detectLocalMode %q: unknown mode (nftproxy supports ClusterCIDR)", c.DetectLocalMode)
+	return fmt.Errorf("--detect-local-mode / detectLocalMode %q: unknown mode (ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix)", c.DetectLocalMode)
 }
 
 // checkPeriods applies upstream's validation of the sync periods.

@@ -18,9 +18,11 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
 
+	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier"
+	"github.com/nftproxy/nftproxy/proxier/healthcheck"
 	"github.com/nftproxy/nftproxy/proxier/healthz"
 )
 
@@ -64,7 +66,16 @@ func run(ctx context.Context, o *options) error {
 	// Upstream's health timeout: an update may wait up to syncPeriod for
 	// the next periodic sync; twice that means syncs are stuck.
 	health := healthz.NewProxyHealth(2*o.Proxier.SyncPeriod, nil)
-	p, err := proxier.New(o.Proxier, proxier.Deps{Client: client, NFT: backends, Health: health})
+	ct, err := conntrack.NewNetlink(conntrack.NetlinkOptions{})
+	if err != nil {
+		return fmt.Errorf("conntrack: %w", err)
+	}
+	deps := proxier.Deps{Client: client, NFT: backends, Health: health, Conntrack: ct,
+		HealthCheck: healthCheckServers(o.Proxier, health)}
+	for _, s := range deps.HealthCheck {
+		defer s.(*healthcheck.Server).Close()
+	}
+	p, err := proxier.New(o.Proxier, deps)
 	if err != nil {
 		return fmt.Errorf("create proxier: %w", err)
 	}
@@ -173,6 +184,24 @@ func openBackends(cfg proxier.Config) (map[nft.Family]nft.Interface, func(), err
 		backends[f] = n
 	}
 	return backends, closeAll, nil
+}
+
+// healthCheckServers returns one server per family for the health check
+// node ports of externalTrafficPolicy: Local Services, each counting that
+// family's endpoints, as upstream. They listen on the --nodeport-addresses
+// CIDRs, or with "primary" on every address (the node's primary IPs are
+// only known once its Node object is seen).
+func healthCheckServers(cfg proxier.Config, health *healthz.ProxyHealth) map[nft.Family]proxier.HealthCheckServer {
+	out := map[nft.Family]proxier.HealthCheckServer{}
+	for _, f := range enabledFamilies(cfg) {
+		network := "tcp4"
+		if f == nft.IPv6 {
+			network = "tcp6"
+		}
+		out[f] = healthcheck.New(healthcheck.Config{Network: network, NodePortAddresses: cfg.NodePortCIDRs,
+			ProxyHealthy: func() bool { return health.Status().Healthy }})
+	}
+	return out
 }
 
 func enabledFamilies(cfg proxier.Config) []nft.Family {

@@ -1,0 +1,156 @@
+package proxier
+
+import (
+	"context"
+	"net/netip"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nftproxy/nftproxy/conntrack"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/healthcheck"
+)
+
+func udpFlow(client, vip, backend string) conntrack.Flow {
+	c, v, b := netip.MustParseAddrPort(client), netip.MustParseAddrPort(vip), netip.MustParseAddrPort(backend)
+	return conntrack.Flow{Proto: conntrack.ProtoUDP, Orig: conntrack.Tuple{Src: c, Dst: v}, Reply: conntrack.Tuple{Src: b, Dst: c}}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// TestConntrackCleanedAfterUDPChange: moving a UDP Service to a new backend
+// deletes the flow still DNATed to the old one; a TCP change does not even
+// dump the table; deleting the Service deletes its flows.
+func TestConntrackCleanedAfterUDPChange(t *testing.T) {
+	stale := udpFlow("10.244.1.5:40000", "10.96.0.53:53", "10.244.1.20:5353")
+	other := udpFlow("10.244.1.5:40001", "10.96.0.99:53", "10.244.1.30:5353")
+	ct := conntrack.NewFake(stale, other)
+	h := startWith(t, func(d *Deps) { d.Conntrack = ct },
+		service("kube-system", "dns", "10.96.0.53", 53, v1.ProtocolUDP),
+		slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, "10.244.1.20"),
+		service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
+	udp := tcp("10.96.0.53", 53)
+	udp.Proto = nft.ProtoUDP
+	h.eventually(udp, nft.VerdictAccept, "10.244.1.20:5353")
+	if got := ct.Flows(conntrack.IPv4); len(got) != 2 {
+		t.Fatalf("the first sync deleted flows that were not stale: %v", got)
+	}
+	calls := len(ct.Reconciles())
+
+	ctx := context.Background()
+	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
+	if n := len(ct.Reconciles()); n != calls {
+		t.Errorf("a TCP-only change reconciled conntrack (%d calls, was %d)", n, calls)
+	}
+
+	es = slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, "10.244.1.21")
+	if _, err := h.client.DiscoveryV1().EndpointSlices("kube-system").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the stale flow to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 1 })
+	if got := ct.Flows(conntrack.IPv4)[0]; got != other {
+		t.Errorf("deleted the wrong flow; left %+v", got)
+	}
+
+	ct.Add(udpFlow("10.244.1.5:40002", "10.96.0.53:53", "10.244.1.21:5353"))
+	if err := h.client.CoreV1().Services("kube-system").Delete(ctx, "dns", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the deleted Service's flow to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 1 })
+}
+
+// TestNodePortFollowsNodeObject: with --nodeport-addresses=primary the
+// NodePort answers on the Node object's InternalIP, and moves with it.
+func TestNodePortFollowsNodeObject(t *testing.T) {
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.10.0.11"}}}}
+	svc := service("default", "np", "10.96.0.10", 80, v1.ProtocolTCP)
+	svc.Spec.Type, svc.Spec.Ports[0].NodePort = v1.ServiceTypeNodePort, 30080
+	h := start(t, node, svc, slice("default", "np", "np-1", 8080, v1.ProtocolTCP, "10.244.1.11"))
+	h.local = []netip.Addr{netip.MustParseAddr("10.10.0.11"), netip.MustParseAddr("10.10.0.12")}
+	outside := func(dst string) nft.Packet {
+		return nft.Packet{Src: netip.MustParseAddr("10.10.0.99"), Dst: netip.MustParseAddr(dst), Proto: nft.ProtoTCP, DPort: 30080}
+	}
+	h.eventually(outside("10.10.0.11"), nft.VerdictAccept, "10.244.1.11:8080")
+	h.eventually(outside("10.10.0.12"), nft.VerdictAccept)
+
+	node.Status.Addresses[0].Address = "10.10.0.12"
+	if _, err := h.client.CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(outside("10.10.0.12"), nft.VerdictAccept, "10.244.1.11:8080")
+	h.eventually(outside("10.10.0.11"), nft.VerdictAccept)
+}
+
+type recordingHealthCheck struct {
+	mu        sync.Mutex
+	services  map[healthcheck.ServiceName]uint16
+	endpoints map[healthcheck.ServiceName]int
+}
+
+func (r *recordingHealthCheck) SyncServices(m map[healthcheck.ServiceName]uint16) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.services = maps(m)
+	return nil
+}
+
+func (r *recordingHealthCheck) SyncEndpoints(m map[healthcheck.ServiceName]int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.endpoints = maps(m)
+	return nil
+}
+
+func (r *recordingHealthCheck) get() (map[healthcheck.ServiceName]uint16, map[healthcheck.ServiceName]int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.services, r.endpoints
+}
+
+func maps[K comparable, V any](m map[K]V) map[K]V {
+	out := make(map[K]V, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// TestHealthCheckNodePorts: an eTP=Local LoadBalancer Service gets its
+// health check port served with this node's ready endpoint count.
+func TestHealthCheckNodePorts(t *testing.T) {
+	hc := &recordingHealthCheck{}
+	svc := service("default", "lb", "10.96.0.10", 80, v1.ProtocolTCP)
+	svc.Spec.Type, svc.Spec.Ports[0].NodePort = v1.ServiceTypeLoadBalancer, 30080
+	svc.Spec.ExternalTrafficPolicy, svc.Spec.HealthCheckNodePort = v1.ServiceExternalTrafficPolicyLocal, 32000
+	es := slice("default", "lb", "lb-1", 8080, v1.ProtocolTCP, "10.244.1.11", "10.244.2.12")
+	here := "n1"
+	es.Endpoints[0].NodeName = &here
+	h := startWith(t, func(d *Deps) { d.HealthCheck = map[nft.Family]HealthCheckServer{nft.IPv4: hc} }, svc, es)
+	name := healthcheck.ServiceName{Namespace: "default", Name: "lb"}
+	waitFor(t, "health check port", func() bool {
+		s, e := hc.get()
+		return reflect.DeepEqual(s, map[healthcheck.ServiceName]uint16{name: 32000}) && reflect.DeepEqual(e, map[healthcheck.ServiceName]int{name: 1})
+	})
+	if err := h.client.CoreV1().Services("default").Delete(context.Background(), "lb", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "health check port closed", func() bool { s, _ := hc.get(); return len(s) == 0 })
+}
