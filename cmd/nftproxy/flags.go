@@ -94,14 +94,15 @@ func (fv *flagValues) addServerFlags(fs *pflag.FlagSet) {
 
 func (fv *flagValues) addConntrackFlags(fs *pflag.FlagSet) {
 	ct := &fv.cfg.Conntrack
-	const stored = " Accepted and stored; no effect yet."
-	fs.Int32Var(ct.MaxPerCore, "conntrack-max-per-core", *ct.MaxPerCore, "Maximum number of NAT connections to track per CPU core (0 to leave the limit as-is and ignore conntrack-min)."+stored)
-	fs.Int32Var(ct.Min, "conntrack-min", *ct.Min, "Minimum number of conntrack entries to allocate, regardless of conntrack-max-per-core."+stored)
-	fs.DurationVar(&ct.TCPEstablishedTimeout.Duration, "conntrack-tcp-timeout-established", ct.TCPEstablishedTimeout.Duration, "Idle timeout for established TCP connections (0 to leave as-is)."+stored)
-	fs.DurationVar(&ct.TCPCloseWaitTimeout.Duration, "conntrack-tcp-timeout-close-wait", ct.TCPCloseWaitTimeout.Duration, "NAT timeout for TCP connections in the CLOSE_WAIT state."+stored)
-	fs.BoolVar(&ct.TCPBeLiberal, "conntrack-tcp-be-liberal", ct.TCPBeLiberal, "Enable liberal mode for tracking TCP packets."+stored)
-	fs.DurationVar(&ct.UDPTimeout.Duration, "conntrack-udp-timeout", ct.UDPTimeout.Duration, "Idle timeout for UNREPLIED UDP connections (0 to leave as-is)."+stored)
-	fs.DurationVar(&ct.UDPStreamTimeout.Duration, "conntrack-udp-timeout-stream", ct.UDPStreamTimeout.Duration, "Idle timeout for ASSURED UDP connections (0 to leave as-is)."+stored)
+	// Applied once at startup (conntrack.ApplySysctls); inside a network
+	// namespace the read-only ones are logged and skipped.
+	fs.Int32Var(ct.MaxPerCore, "conntrack-max-per-core", *ct.MaxPerCore, "Maximum number of NAT connections to track per CPU core (0 to leave the limit as-is and ignore conntrack-min).")
+	fs.Int32Var(ct.Min, "conntrack-min", *ct.Min, "Minimum number of conntrack entries to allocate, regardless of conntrack-max-per-core.")
+	fs.DurationVar(&ct.TCPEstablishedTimeout.Duration, "conntrack-tcp-timeout-established", ct.TCPEstablishedTimeout.Duration, "Idle timeout for established TCP connections (0 to leave as-is).")
+	fs.DurationVar(&ct.TCPCloseWaitTimeout.Duration, "conntrack-tcp-timeout-close-wait", ct.TCPCloseWaitTimeout.Duration, "NAT timeout for TCP connections in the CLOSE_WAIT state.")
+	fs.BoolVar(&ct.TCPBeLiberal, "conntrack-tcp-be-liberal", ct.TCPBeLiberal, "Enable liberal mode for tracking TCP packets.")
+	fs.DurationVar(&ct.UDPTimeout.Duration, "conntrack-udp-timeout", ct.UDPTimeout.Duration, "Idle timeout for UNREPLIED UDP connections (0 to leave as-is).")
+	fs.DurationVar(&ct.UDPStreamTimeout.Duration, "conntrack-udp-timeout-stream", ct.UDPStreamTimeout.Duration, "Idle timeout for ASSURED UDP connections (0 to leave as-is).")
 }
 
 // addIgnoredFlags declares ignoredFlags with upstream's types, so that

@@ -39,7 +39,8 @@ type options struct {
 	// kernel cannot program is then an error instead of being skipped.
 	IPFamiliesExplicit bool
 
-	// Accepted for compatibility, not used yet.
+	// NodePortAddresses as given (also in Proxier.NodePortCIDRs); Conntrack
+	// is applied once at startup.
 	NodePortAddresses []string
 	Conntrack         kpconfig.KubeProxyConntrackConfiguration
 	FeatureGates      map[string]bool

@@ -278,8 +278,10 @@ func logStartup(o *options) {
 	if len(o.FeatureGates) > 0 {
 		klog.InfoS("Ignoring feature gates: nftproxy has none", "featureGates", o.FeatureGates)
 	}
-	if len(o.NodePortAddresses) > 0 {
-		klog.InfoS("nodePortAddresses is not used yet: NodePorts are accepted on every local address", "nodePortAddresses", o.NodePortAddresses)
+	if len(c.NodePortCIDRs) == 0 {
+		klog.InfoS("NodePorts answer on the node's primary IPs (from its Node object)")
+	} else {
+		klog.InfoS("NodePorts answer on local addresses in", "nodePortAddresses", c.NodePortCIDRs)
 	}
 	if len(c.ClusterCIDRs) == 0 && !c.MasqueradeAll {
 		klog.InfoS("No --cluster-cidr: traffic to ClusterIPs from outside the pod network is not masqueraded")
