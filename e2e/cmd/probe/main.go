@@ -37,6 +37,8 @@ func main() {
 		err = serveMain(os.Args[2:])
 	case "dial":
 		err = dialMain(os.Args[2:])
+	case "stream": // see stream.go
+		err = streamMain(os.Args[2:])
 	default:
 		usage()
 	}
@@ -49,5 +51,6 @@ func main() {
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: probe serve --name NAME --port P [--tcp] [--udp] [--sctp-raw]")
 	fmt.Fprintln(os.Stderr, "       probe dial --proto tcp|udp|sctp --addr HOST:PORT [--timeout 1s] [--count N] [--interval D] [--source-port N]")
+	fmt.Fprintln(os.Stderr, "       probe stream --proto udp|sctp --addr HOST:PORT [--interval 10ms] [--duration D] [--sport N] [--gap 50ms]")
 	os.Exit(2)
 }
