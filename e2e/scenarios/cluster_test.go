@@ -33,7 +33,14 @@ type cluster struct {
 
 const backendPort = 8080
 
-func newCluster(t *testing.T) *cluster {
+// clusterCIDRs hold every pod CIDR of the bed (10.244.N.0/24, fd00:244:N::/64).
+const clusterCIDRs = "10.244.0.0/16,fd00:244::/32"
+
+func newCluster(t *testing.T) *cluster { return newClusterWith(t, nil) }
+
+// newClusterWith is newCluster with prepare run on each node before its
+// nftproxy starts.
+func newClusterWith(t *testing.T, prepare func(*testbed.Node)) *cluster {
 	testbed.RequirePrivileges(t)
 	bin := testbed.GoBuild(t, "github.com/nftproxy/nftproxy/cmd/nftproxy")
 	c := &cluster{t: t, bed: testbed.Start(t, testbed.Options{}), probe: testbed.ProbePath(t),
@@ -45,9 +52,12 @@ func newCluster(t *testing.T) *cluster {
 	}
 	for _, name := range []string{"n1", "n2"} {
 		n := c.bed.AddNode(name)
+		if prepare != nil {
+			prepare(n)
+		}
 		c.nodes = append(c.nodes, n)
 		p := n.Start(bin, "--kubeconfig", c.bed.ProxyKubeconfig, "--hostname-override", name,
-			"--cluster-cidr", "10.244.0.0/16,fd00:244::/48",
+			"--cluster-cidr", clusterCIDRs,
 			"--iptables-min-sync-period", "0s", "--metrics-bind-address", "127.0.0.1:10249", "--v", "2")
 		c.proxy[name] = p
 	}

@@ -21,43 +21,15 @@ import (
 
 // Helpers of TestExternal: Services reached from outside the cluster.
 
-// newExtCluster is newCluster with an IPv6 cluster CIDR that contains the
-// bed's IPv6 pod CIDRs (fd00:244:N::/64): newCluster passes fd00:244::/48,
-// which holds none of them, so nftproxy would not take IPv6 pods for
-// cluster-local sources. It also lifts the nodes' ICMP rate limits, so
+// newExtCluster is newCluster with the nodes' ICMP rate limits lifted, so
 // that every rejected UDP datagram gets its port unreachable.
 func newExtCluster(t *testing.T) *cluster {
-	testbed.RequirePrivileges(t)
-	bin := testbed.GoBuild(t, "github.com/nftproxy/nftproxy/cmd/nftproxy")
-	c := &cluster{t: t, bed: testbed.Start(t, testbed.Options{}), probe: testbed.ProbePath(t),
-		proxy: map[string]*testbed.Process{}, ns: "e2e"}
-	c.client = c.bed.Client()
-	if _, err := c.client.CoreV1().Namespaces().Create(context.Background(),
-		&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"n1", "n2"} {
-		n := c.bed.AddNode(name)
+	return newClusterWith(t, func(n *testbed.Node) {
 		if _, err := n.Exec(context.Background(), "sysctl", "-q", "-w", "net.ipv4.icmp_ratelimit=0", "net.ipv6.icmp.ratelimit=0"); err != nil {
 			t.Fatal(err)
 		}
-		c.nodes = append(c.nodes, n)
-		c.proxy[name] = n.Start(bin, "--kubeconfig", c.bed.ProxyKubeconfig, "--hostname-override", name,
-			"--cluster-cidr", extClusterCIDRs,
-			"--iptables-min-sync-period", "0s", "--metrics-bind-address", "127.0.0.1:10249", "--v", "2")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	for name, p := range c.proxy {
-		if err := p.WaitForLog(ctx, "Synced"); err != nil {
-			t.Fatalf("nftproxy on %s: %v", name, err)
-		}
-	}
-	return c
+	})
 }
-
-// extClusterCIDRs hold every pod CIDR of the bed (10.244.N.0/24, fd00:244:N::/64).
-const extClusterCIDRs = "10.244.0.0/16,fd00:244::/32"
 
 // extCreate creates a selector-less Service with one TCP port "tcp" (80),
 // of type typ, after mutate had its say, and returns what the API server

@@ -28,7 +28,7 @@ func (c *cluster) semAddNode(name string, extra ...string) *testbed.Node {
 	bin := testbed.GoBuild(c.t, "github.com/nftproxy/nftproxy/cmd/nftproxy") // memoized
 	n := c.bed.AddNode(name)
 	args := append([]string{bin, "--kubeconfig", c.bed.ProxyKubeconfig, "--hostname-override", name,
-		"--cluster-cidr", "10.244.0.0/16,fd00:244::/48",
+		"--cluster-cidr", clusterCIDRs,
 		"--iptables-min-sync-period", "0s", "--metrics-bind-address", "127.0.0.1:10249", "--v", "2"}, extra...)
 	p := n.Start(args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
