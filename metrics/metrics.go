@@ -31,6 +31,8 @@ const (
 const (
 	ResultSuccess = "success"
 	ResultFailure = "failure"
+	// ResultUnchanged: the sync found nothing to change in the kernel.
+	ResultUnchanged = "unchanged"
 )
 
 // kubeProxySubsystem makes the kubeproxy_ prefix of the upstream metrics.

@@ -62,6 +62,8 @@ func TestUpstreamNames(t *testing.T) {
 			func() { SyncsTotal.WithLabelValues(IPv4, ResultSuccess).Inc() }},
 		{"nftproxy_invalid_objects_total", dto.MetricType_COUNTER, []string{"kind", "reason"},
 			func() { InvalidObjectsTotal.WithLabelValues("Service", "bad-cluster-ip").Inc() }},
+		{"nftproxy_service_rule_changes_total", dto.MetricType_COUNTER, []string{"ip_family"},
+			func() { ServiceRuleChangesTotal.WithLabelValues(IPv4).Add(2) }},
 		{"nftproxy_api_events_total", dto.MetricType_COUNTER, []string{"kind"},
 			func() { APIEventsTotal.WithLabelValues("EndpointSlice").Inc() }},
 		{"rest_client_requests_total", dto.MetricType_COUNTER, []string{"code", "host", "method"},

@@ -19,7 +19,8 @@ var (
 	}, []string{"ip_family"})
 
 	// SyncsTotal counts syncs of one family by outcome. Labels: ip_family,
-	// result (ResultSuccess or ResultFailure).
+	// result (ResultSuccess, ResultUnchanged: nothing to send to the
+	// kernel, or ResultFailure).
 	SyncsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: nftproxyNamespace,
 		Name:      "syncs_total",
@@ -37,6 +38,17 @@ var (
 		Help:      "Number of API objects skipped as invalid, by kind and reason",
 	}, []string{"kind", "reason"})
 
+	// ServiceRuleChangesTotal counts, per family, the Services whose rules
+	// a successful sync changed: the node-local changes. Compared with
+	// APIEventsTotal it shows how many API events needed no kernel work
+	// (another node's endpoint, an annotation, a status update…).
+	// Label: ip_family.
+	ServiceRuleChangesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "service_rule_changes_total",
+		Help:      "Number of Services whose rules changed, by IP family",
+	}, []string{"ip_family"})
+
 	// APIEventsTotal counts informer events received (add, update, delete).
 	// Label: kind ("Service", "EndpointSlice", "Node", "ServiceCIDR").
 	APIEventsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -53,5 +65,6 @@ func nftproxyCollectors() []prometheus.Collector {
 		SyncsTotal,
 		InvalidObjectsTotal,
 		APIEventsTotal,
+		ServiceRuleChangesTotal,
 	}
 }

@@ -154,3 +154,36 @@ func TestHealthCheckNodePorts(t *testing.T) {
 	}
 	waitFor(t, "health check port closed", func() bool { s, _ := hc.get(); return len(s) == 0 })
 }
+
+// TestEventsWithoutRuleChangesDoNoKernelWork: an annotation, a status
+// update and a no-op slice rewrite reach the proxy as API events but
+// change none of its rules, so no operation reaches the kernel.
+func TestEventsWithoutRuleChangesDoNoKernelWork(t *testing.T) {
+	svc := service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP)
+	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")
+	h := start(t, svc, es)
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
+	ops, txs := h.fk.Ops, h.fk.Transactions
+	ctx := context.Background()
+	svc.Annotations = map[string]string{"example.com/owner": "team-a"}
+	if _, err := h.client.CoreV1().Services("default").Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: time.Now().Format(time.RFC3339Nano)}
+	es.Labels["example.com/extra"] = "x"
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A real change afterwards proves the events above were processed.
+	other := service("default", "other", "10.96.0.20", 80, v1.ProtocolTCP)
+	if _, err := h.client.CoreV1().Services("default").Create(ctx, other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(tcp("10.96.0.20", 80), nft.VerdictReject)
+	if n := h.fk.Transactions - txs; n != 1 {
+		t.Errorf("%d transactions after three events, want 1 (the new Service)", n)
+	}
+	if ops := h.fk.Ops - ops; ops > 3 {
+		t.Errorf("%d operations: more than the new Service needs", ops)
+	}
+}

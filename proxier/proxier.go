@@ -304,6 +304,13 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	if full {
 		fs.lastFull = start
 	}
+	changed := 0
+	for name, old := range before {
+		if !reflect.DeepEqual(old, fs.services[name].ports) {
+			changed++
+		}
+	}
+	metrics.ServiceRuleChangesTotal.WithLabelValues(fam).Add(float64(changed))
 	p.recordSync(f, fs, full, time.Since(start), tx)
 	klog.V(2).InfoS("Synced", "ipFamily", fam, "full", full, "servicePorts", fs.ports,
 		"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", time.Since(start))
@@ -393,7 +400,11 @@ func (p *Proxier) recordSync(f nft.Family, fs *familyState, full bool, elapsed t
 	}
 	metrics.SyncProxyRulesLastTimestamp.WithLabelValues(fam).Set(float64(time.Now().Unix()))
 	metrics.SyncKernelOperations.WithLabelValues(fam).Observe(float64(len(tx.Ops)))
-	metrics.SyncsTotal.WithLabelValues(fam, metrics.ResultSuccess).Inc()
+	result := metrics.ResultSuccess
+	if tx.Empty() {
+		result = metrics.ResultUnchanged
+	}
+	metrics.SyncsTotal.WithLabelValues(fam, result).Inc()
 	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyInternal, fam).Set(float64(len(fs.noLocalInternal)))
 	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyExternal, fam).Set(float64(len(fs.noLocalExternal)))
 	if p.deps.Health != nil {
