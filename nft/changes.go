@@ -6,13 +6,15 @@ import "sort"
 // table, object by object. Diff and Editor both fill one; transaction turns
 // it into operations in an order the kernel accepts at every step:
 //  1. new sets and chains (so rules and elements can refer to them),
-//  2. rewritten chains (flush, then their rules),
+//  2. rewritten chains (flush, then their rules; the first rule carries
+//     the digest of them all, see digest.go),
 //  3. element deletions, then additions, set by set,
 //  4. removed chains are flushed (dropping their references to sets and
 //     chains), then removed sets deleted (dropping element references to
 //     chains), then removed chains deleted.
 type changes struct {
 	f         Family
+	digestBuf []byte // reused by digest
 	newSets   []*Set
 	newChains []*Chain
 	rewrite   []rewrite
@@ -24,6 +26,16 @@ type changes struct {
 type rewrite struct {
 	chain    *Chain // as desired
 	hadRules bool
+}
+
+// digest is the digest the first rule of a chain written whole carries.
+func (c *changes) digest(ch *Chain) *RulesDigest {
+	if len(ch.Rules) == 0 {
+		return nil
+	}
+	d, buf := digestRules(c.digestBuf, c.f, ch.Rules)
+	c.digestBuf = buf
+	return &d
 }
 
 type elementChanges struct {
@@ -42,8 +54,8 @@ func (c *changes) chain(before, now *Chain) {
 		c.rewrite = append(c.rewrite, rewrite{chain: now})
 	case before != nil && now == nil:
 		c.gone = append(c.gone, before)
-	case before != nil && now != nil && !rulesEqual(c.f, before.Rules, now.Rules):
-		c.rewrite = append(c.rewrite, rewrite{chain: now, hadRules: len(before.Rules) > 0})
+	case before != nil && now != nil && !sameRules(c.f, before, now):
+		c.rewrite = append(c.rewrite, rewrite{chain: now, hadRules: before.hasRules()})
 	}
 }
 
@@ -77,8 +89,12 @@ func (c *changes) transaction() *Transaction {
 		if rw.hadRules {
 			tx.add(Op{Kind: OpFlushChain, Chain: rw.chain})
 		}
-		for _, r := range rw.chain.Rules {
-			tx.add(Op{Kind: OpAddRule, ChainName: rw.chain.Name, Rule: r})
+		for i, r := range rw.chain.Rules {
+			op := Op{Kind: OpAddRule, ChainName: rw.chain.Name, Rule: r}
+			if i == 0 {
+				op.Digest = c.digest(rw.chain)
+			}
+			tx.add(op)
 		}
 	}
 	names := make([]string, 0, len(c.elements))
@@ -96,7 +112,7 @@ func (c *changes) transaction() *Transaction {
 		}
 	}
 	for _, ch := range c.gone {
-		if len(ch.Rules) > 0 {
+		if ch.hasRules() {
 			tx.add(Op{Kind: OpFlushChain, Chain: ch})
 		}
 	}

@@ -10,6 +10,10 @@ import (
 // the transaction then starts by resetting the table and writes everything.
 // Unchanged state gives an empty transaction.
 //
+// The committed ruleset may be one read back from the kernel (Loader): its
+// chains carry a digest instead of rules and are rewritten unless the
+// digest and the rule count match the desired rules.
+//
 // The operations come in the order described at changes, valid for the
 // kernel at every step of the batch.
 //
@@ -85,7 +89,8 @@ func definitionsChanged(committed, desired *Ruleset) bool {
 		}
 	}
 	for name, want := range desired.Chains {
-		if have, ok := committed.Chains[name]; ok && !reflect.DeepEqual(have.Base, want.Base) {
+		have, ok := committed.Chains[name]
+		if ok && (!reflect.DeepEqual(have.Base, want.Base) || have.Loaded != nil && have.Loaded.Foreign) {
 			return true
 		}
 	}

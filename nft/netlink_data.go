@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+
+	"golang.org/x/sys/unix"
 )
 
 // This file encodes values: element keys and data, and the userdata TLVs
@@ -110,6 +112,12 @@ func addrBytes(f Family, a netip.Addr) ([]byte, error) {
 // byte type and a one byte length.
 const (
 	udataRuleComment = 0 // NFTNL_UDATA_RULE_COMMENT
+	// udataRuleDigest is nftproxy's own: the digest of a chain's rules,
+	// on its first rule (digest.go). libnftnl 1.2.4 defines rule userdata
+	// types 0 and 1 only, and nft 1.0.6 skips types it does not know
+	// (rule_parse_udata_cb), so `nft list` prints the rule as without it
+	// (TestTemplatesListBack).
+	udataRuleDigest  = 0xc8
 	udataElemComment = 0 // NFTNL_UDATA_SET_ELEM_COMMENT
 
 	udataSetKeyByteorder  = 0 // NFTNL_UDATA_SET_KEYBYTEORDER
@@ -138,13 +146,66 @@ func udataU32(b []byte, typ byte, v uint32) []byte {
 	return udataTLV(b, typ, binary.NativeEndian.AppendUint32(nil, v))
 }
 
-// udataString is a NUL-terminated string TLV; its length must fit the one
-// byte length field.
+// maxComment is the longest comment: its TLV (type, length, the string
+// and a NUL) must fit the kernel's NFT_USERDATA_MAXLEN (256) bytes of
+// userdata, which a 254-byte comment the one-byte length allows would not.
+const maxComment = unix.NFT_USERDATA_MAXLEN - 3
+
+// udataString is a NUL-terminated string TLV of at most maxComment bytes.
 func udataString(typ byte, s string) ([]byte, error) {
-	if len(s)+1 > 0xff {
-		return nil, fmt.Errorf("comment %q: longer than 254 bytes", s)
+	if len(s) > maxComment {
+		return nil, fmt.Errorf("comment %q: longer than %d bytes", s, maxComment)
 	}
 	return udataTLV(nil, typ, append([]byte(s), 0)), nil
+}
+
+// ruleUserdata writes a rule's userdata attribute, if it has any: its
+// comment, then the digest of its chain's rules (nil: none). The kernel
+// caps userdata at NFT_USERDATA_MAXLEN bytes; a digest that does not fit
+// next to a long comment is left out, and the chain is then rewritten after
+// a restart instead of kept.
+func (e *encoder) ruleUserdata(comment string, digest *RulesDigest) error {
+	n := 0
+	if comment != "" {
+		if len(comment) > maxComment {
+			return fmt.Errorf("comment %q: longer than %d bytes", comment, maxComment)
+		}
+		n = 2 + len(comment) + 1
+	}
+	if digest != nil && n+2+len(digest) > unix.NFT_USERDATA_MAXLEN {
+		digest = nil
+	}
+	if digest != nil {
+		n += 2 + len(digest)
+	}
+	if n == 0 || !e.attrHeader(unix.NFTA_RULE_USERDATA, n) {
+		return nil
+	}
+	if comment != "" {
+		e.b = append(append(append(e.b, udataRuleComment, byte(len(comment)+1)), comment...), 0)
+	}
+	if digest != nil {
+		e.b = append(append(e.b, udataRuleDigest, byte(len(digest))), digest[:]...)
+	}
+	e.pad()
+	return nil
+}
+
+// ruleDigest returns the digest a rule's userdata carries, if any.
+func ruleDigest(ud []byte) (RulesDigest, bool) {
+	var d RulesDigest
+	for len(ud) >= 2 {
+		typ, n := ud[0], int(ud[1])
+		if 2+n > len(ud) {
+			break
+		}
+		if typ == udataRuleDigest && n == len(d) {
+			copy(d[:], ud[2:2+n])
+			return d, true
+		}
+		ud = ud[2+n:]
+	}
+	return d, false
 }
 
 // byteorder is the byte order nft records for a key or data type: none for

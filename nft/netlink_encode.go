@@ -172,6 +172,9 @@ func sizeHint(tx *Transaction) int {
 		switch op.Kind {
 		case OpAddRule:
 			n += 64 + len(op.ChainName) + len(op.Rule.Comment) + 112*len(op.Rule.Phrases)
+			if op.Digest != nil {
+				n += 24
+			}
 		case OpAddElements, OpDeleteElements:
 			per := 48 + tupleLen(op.Set.Key) + tupleLen(op.Set.Data)
 			for _, e := range op.Elements {
@@ -255,7 +258,7 @@ func (b *batch) addOp(op Op) error {
 	case OpDeleteChain:
 		b.chainMsg(unix.NFT_MSG_DELCHAIN, op.Chain.Name)
 	case OpAddRule:
-		return b.newRule(op.ChainName, op.Rule)
+		return b.newRule(op.ChainName, op.Rule, op.Digest)
 	case OpAddSet:
 		return b.newSet(op.Set)
 	case OpDeleteSet:
@@ -325,8 +328,9 @@ func (b *batch) chainMsg(msgType uint16, chain string) {
 }
 
 // newRule writes NEWRULE (append). The comment travels as rule userdata
-// (libnftnl NFTNL_UDATA_RULE_COMMENT = 0).
-func (b *batch) newRule(chain string, r Rule) error {
+// (libnftnl NFTNL_UDATA_RULE_COMMENT = 0), and so does the digest of the
+// chain's rules on a chain's first rule (see ruleUserdata).
+func (b *batch) newRule(chain string, r Rule, digest *RulesDigest) error {
 	m := b.begin(unix.NFT_MSG_NEWRULE, flagCreate|flagAppend)
 	b.enc.str(unix.NFTA_RULE_TABLE, TableName)
 	b.enc.str(unix.NFTA_RULE_CHAIN, chain)
@@ -335,12 +339,8 @@ func (b *batch) newRule(chain string, r Rule) error {
 		return err
 	}
 	b.enc.endNest(list)
-	if r.Comment != "" {
-		ud, err := udataString(udataRuleComment, r.Comment)
-		if err != nil {
-			return err
-		}
-		b.enc.attr(unix.NFTA_RULE_USERDATA, ud)
+	if err := b.enc.ruleUserdata(r.Comment, digest); err != nil {
+		return err
 	}
 	b.end(m)
 	return nil

@@ -20,8 +20,10 @@ import (
 // ruleset carries the same messages, attribute for attribute and in the
 // same order. Differences that do not reach the kernel are normalised away:
 // how elements are split across messages, and set IDs (replaced by the set
-// they name). This is the guard against bytecode `nft list` cannot
-// decompile (kubernetes #135705).
+// they name), and the digest of a chain's rules that our first rule of each
+// chain carries in its userdata (digest.go; nft writes none) — which must
+// be there, exactly once per chain with rules. This is the guard against
+// bytecode `nft list` cannot decompile (kubernetes #135705).
 func TestNetlinkBytesMatchNft(t *testing.T) {
 	for _, f := range []Family{IPv4, IPv6} {
 		t.Run(f.String(), func(t *testing.T) {
@@ -39,7 +41,19 @@ func TestNetlinkBytesMatchNft(t *testing.T) {
 				t.Fatal(err)
 			}
 			ours := splitMessages(b.enc.b)
-			th, ou := canonicalBatch(t, theirs), canonicalBatch(t, ours)
+			th, theirDigests := canonicalBatch(t, theirs)
+			ou, ourDigests := canonicalBatch(t, ours)
+			if len(theirDigests) != 0 {
+				t.Errorf("nft wrote rule digests: %v", theirDigests)
+			}
+			for name, c := range rs.Chains {
+				if want := DigestRules(f, c.Rules); len(c.Rules) > 0 && ourDigests[name] != string(want[:]) {
+					t.Errorf("chain %s: first rule carries digest %x, want %x", name, ourDigests[name], want)
+				}
+			}
+			if len(ourDigests) != len(rs.Chains)-countEmpty(rs) {
+				t.Errorf("%d rule digests for %d chains with rules", len(ourDigests), len(rs.Chains)-countEmpty(rs))
+			}
 			if len(th) < 40 {
 				t.Fatalf("only %d messages parsed from nft's debug output", len(th))
 			}
@@ -227,9 +241,43 @@ type decodedMsg struct {
 	attrs      *nla
 }
 
+func countEmpty(rs *Ruleset) int {
+	n := 0
+	for _, c := range rs.Chains {
+		if len(c.Rules) == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// stripRuleDigest removes the rules digest TLV from a NEWRULE's userdata
+// attribute (and the attribute if nothing else is left), and returns it.
+func stripRuleDigest(m decodedMsg) (string, bool) {
+	ud := m.attrs.child(unix.NFTA_RULE_USERDATA)
+	if ud == nil {
+		return "", false
+	}
+	var kept []byte
+	digest, found := "", false
+	for b := ud.data; len(b) >= 2 && 2+int(b[1]) <= len(b); b = b[2+int(b[1]):] {
+		if b[0] == udataRuleDigest {
+			digest, found = string(b[2:2+int(b[1])]), true
+			continue
+		}
+		kept = append(kept, b[:2+int(b[1])]...)
+	}
+	ud.data = kept
+	if len(kept) == 0 {
+		m.attrs.kids = slices.DeleteFunc(m.attrs.kids, func(a *nla) bool { return a == ud })
+	}
+	return digest, found
+}
+
 // canonicalBatch turns a batch into one line per message (one per element
-// for element messages), with set IDs replaced by set names.
-func canonicalBatch(t *testing.T, raw [][]byte) []string {
+// for element messages), with set IDs replaced by set names and rule
+// digests taken out; it returns the digests by chain.
+func canonicalBatch(t *testing.T, raw [][]byte) ([]string, map[string]string) {
 	t.Helper()
 	var msgs []decodedMsg
 	for _, m := range raw {
@@ -270,6 +318,7 @@ func canonicalBatch(t *testing.T, raw [][]byte) []string {
 	}
 
 	var out []string
+	digests := map[string]string{}
 	tables := 0
 	for _, m := range msgs {
 		head := fmt.Sprintf("type=%d flags=%#x nfgen=%x", m.typ, m.flags, m.nfgen)
@@ -283,6 +332,13 @@ func canonicalBatch(t *testing.T, raw [][]byte) []string {
 		case newSet:
 			relabel(m.attrs.child(unix.NFTA_SET_ID))
 		case newRule:
+			if d, ok := stripRuleDigest(m); ok {
+				chain := strings.TrimRight(string(m.attrs.child(unix.NFTA_RULE_CHAIN).data), "\x00")
+				if _, dup := digests[chain]; dup {
+					t.Errorf("chain %s: more than one rule carries a digest", chain)
+				}
+				digests[chain] = d
+			}
 			for _, e := range m.attrs.child(unix.NFTA_RULE_EXPRESSIONS).kids {
 				if string(e.child(unix.NFTA_EXPR_NAME).data) == "lookup\x00" {
 					relabel(e.child(unix.NFTA_EXPR_DATA).child(unix.NFTA_LOOKUP_SET_ID))
@@ -300,5 +356,5 @@ func canonicalBatch(t *testing.T, raw [][]byte) []string {
 		}
 		out = append(out, head+" "+m.attrs.String())
 	}
-	return out
+	return out, digests
 }

@@ -46,6 +46,10 @@ type Op struct {
 	Rule      Rule   // OpAddRule
 	Set       *Set   // OpAddSet, OpDeleteSet, OpAddElements, OpDeleteElements
 	Elements  []Element
+	// Digest, on the OpAddRule that writes the first rule of a chain
+	// written whole, is the digest of all the chain's rules; the rule
+	// stores it for Load (see digest.go).
+	Digest *RulesDigest
 }
 
 // Transaction is an ordered list of operations on the table of one family,

@@ -134,6 +134,9 @@ type Chain struct {
 	Name  string
 	Base  *BaseChain // nil for a regular chain
 	Rules []Rule
+	// Loaded is set, instead of Rules, on a chain read back from the
+	// kernel (see Loader and digest.go); nil on chains nftproxy builds.
+	Loaded *LoadedRules
 }
 
 // Rule is a sequence of phrases evaluated left to right, as in nft syntax,
