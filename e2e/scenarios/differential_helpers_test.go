@@ -109,7 +109,7 @@ func (d *diffBed) startProxies() {
 	kp := filepath.Join(testbed.EnsureBinaries(t), "kube-proxy")
 	common := func(n *testbed.Node) []string {
 		return []string{"--kubeconfig", d.bed.ProxyKubeconfig, "--hostname-override", n.Name,
-			"--cluster-cidr", "10.244.0.0/16,fd00:244::/48",
+			"--cluster-cidr", clusterCIDRs,
 			"--iptables-min-sync-period", "0s", "--metrics-bind-address", "127.0.0.1:10249"}
 	}
 	n1.proc = n1.node.Start(append(append([]string{nft}, common(n1.node)...), "--v", "2")...)

@@ -166,7 +166,7 @@ func TestExternal(t *testing.T) {
 		c.extAwait(ext.Netns, "tcp", at(lbIP, 80), 2, "timeout (no local endpoint on n2)", all("timeout"))
 		c.extAwait(ext.Netns, "tcp", at(lbIP6, 80), 2, "timeout (no local endpoint on n2)", all("timeout"))
 		// A pod on n2 reaches the LB IP through n2, which serves it with the
-		// endpoint on n1 (better than upstream #131765, which drops it); it is
+		// endpoint on n1 (as upstream since kubernetes#132456 fixed #131765); it is
 		// pod traffic, so not masqueraded. Same for n2's NodePort.
 		c.extAwait(client2.Netns, "tcp", at(lbIP, 80), 10, "a, seeing client2", extPeersAre(client2.IPv4, "a"))
 		c.extAwait(client2.Netns, "tcp", at(lbIP6, 80), 10, "a, seeing client2", extPeersAre(client2.IPv6, "a"))

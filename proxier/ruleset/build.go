@@ -336,8 +336,8 @@ func externalAddrs(sp *model.ServicePortState) []netip.Addr {
 // kept and only this node's endpoints serve, except for traffic from this
 // node's pods or the node itself, which goes to any endpoint (the node
 // masqueraded): those clients would not have reached the Service through a
-// load balancer. Upstream drops pod traffic to an external IP of a Service
-// with no local endpoint (kubernetes #131765); here it is served.
+// load balancer. (Upstream dropped pod traffic to an external IP of such a
+// Service with no local endpoint, kubernetes#131765, until #132456.)
 func externalRules(b portBuilder, cluster, local func() string) []nft.Rule {
 	mark := nft.SetMarkBits{Bits: b.cfg.MasqueradeMark}
 	if !b.sp.ExternalLocal {

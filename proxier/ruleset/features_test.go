@@ -88,7 +88,7 @@ func TestFeatureFlows(t *testing.T) {
 		{"NodePort of a source-ranged LB is not filtered", pkt(outside, "10.10.0.11", 30081), nft.VerdictAccept, local, false},
 		{"eTP Local without local endpoint: external traffic dropped", pkt(outside, "10.10.0.203", 80), nft.VerdictDrop, nil, false},
 		{"eTP Local without local endpoint: NodePort dropped", pkt(outside, "10.10.0.11", 30082), nft.VerdictDrop, nil, false},
-		{"eTP Local without local endpoint: pod traffic served (#131765)", pkt(pod, "10.10.0.203", 80), nft.VerdictAccept, remote, false},
+		{"eTP Local without local endpoint: pod traffic served (kubernetes#131765)", pkt(pod, "10.10.0.203", 80), nft.VerdictAccept, remote, false},
 		{"eTP Local without local endpoint: node traffic served, masqueraded", fromNode("10.10.0.203", 80), nft.VerdictAccept, remote, true},
 		{"eTP Local ClusterIP uses all endpoints", pkt(pod, "10.96.1.4", 80), nft.VerdictAccept, remote, false},
 		{"iTP Local: local endpoint only", pkt(pod, "10.96.1.5", 80), nft.VerdictAccept, local, false},
