@@ -194,6 +194,51 @@ func TestRuleUserdata(t *testing.T) {
 	}
 }
 
+// TestDecodeInvertsEncode: the set types and element values Load decodes
+// are the ones newSet and setElements encode, for every set shape.
+func TestDecodeInvertsEncode(t *testing.T) {
+	for _, f := range []Family{IPv4, IPv6} {
+		for _, rs := range []*Ruleset{everyPhraseRuleset(f), realisticRuleset(f, makeServices(f, 60, 2))} {
+			for _, s := range rs.Sets {
+				key, ok := decodeTypes(typeMagic(s.Key), uint32(tupleLen(s.Key)))
+				if !ok || !reflect.DeepEqual(key, s.Key) {
+					t.Errorf("%s: key types %v decoded as %v", s.Name, s.Key, key)
+				}
+				for _, e := range s.Elements {
+					b, err := encodeTuple(f, s.Key, e.Key)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got, err := decodeTuple(f, s.Key, b)
+					if err != nil || s.KeyString(got) != s.KeyString(e.Key) {
+						t.Errorf("%s: key %s decoded as %v (%v)", s.Name, s.KeyString(e.Key), got, err)
+					}
+				}
+			}
+		}
+	}
+	if _, ok := decodeTypes(typeMagic([]DataType{TypeIPv4Addr}), 16); ok {
+		t.Error("a length that does not fit the type was accepted")
+	}
+	if _, ok := decodeTypes(50, 4); ok {
+		t.Error("an unknown type was accepted")
+	}
+	mark := []DataType{TypeMark}
+	b, _ := encodeTuple(IPv4, mark, []Datum{Int(0x4000)})
+	if got, _ := decodeTuple(IPv4, mark, b); got[0].Int != 0x4000 {
+		t.Errorf("mark decoded as %v", got)
+	}
+	for _, k := range []VerdictKind{VerdictAccept, VerdictDrop, VerdictReturn, VerdictJump, VerdictGoto} {
+		var e encoder
+		e.verdict(Verdict{Kind: k, Chain: "c"})
+		var got Verdict
+		forEachAttr(e.b, func(t uint16, d []byte) { got = decodeVerdict(d) })
+		if got.Kind != k {
+			t.Errorf("verdict %s decoded as %s", k, got.Kind)
+		}
+	}
+}
+
 // opCounts summarises a transaction: operations by kind, and elements.
 func opCounts(tx *Transaction) string {
 	kinds := map[OpKind]int{}

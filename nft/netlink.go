@@ -343,6 +343,7 @@ func (r *replies) add(b *batch, msgs []reply) {
 // errno 0 for an ACK) or a NEWGEN.
 type reply struct {
 	typ    uint16
+	flags  uint16
 	seq    uint32
 	errno  unix.Errno
 	extMsg string
@@ -385,8 +386,8 @@ func parseReplies(b []byte) ([]reply, error) {
 		if l < nlmsgHeaderLen || l > len(b) {
 			return out, fmt.Errorf("malformed netlink message of %d bytes", l)
 		}
-		m := reply{typ: binary.NativeEndian.Uint16(b[4:]), seq: binary.NativeEndian.Uint32(b[8:])}
 		flags := binary.NativeEndian.Uint16(b[6:])
+		m := reply{typ: binary.NativeEndian.Uint16(b[4:]), flags: flags, seq: binary.NativeEndian.Uint32(b[8:])}
 		payload := b[nlmsgHeaderLen:l]
 		if m.typ == unix.NLMSG_ERROR {
 			if len(payload) < 4+nlmsgHeaderLen {

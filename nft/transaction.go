@@ -85,3 +85,14 @@ func (t *Transaction) add(op Op) { t.Ops = append(t.Ops, op) }
 type Interface interface {
 	Apply(ctx context.Context, tx *Transaction) error
 }
+
+// Loader reads back the table an Interface programs, so that a restarted
+// nftproxy can diff against it instead of rewriting it (NewEditorFrom).
+// Load returns the table of family f with its sets, their elements (but
+// those of dynamic sets, which the packet path fills) and its chains, each
+// chain with Loaded set in place of its rules. A nil Ruleset means there is
+// no table, or one nftproxy cannot build on (a dormant table): the first
+// transaction then writes it whole.
+type Loader interface {
+	Load(ctx context.Context, f Family) (*Ruleset, error)
+}

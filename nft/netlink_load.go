@@ -1,0 +1,615 @@
+package nft
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// This file reads table nftproxy back from the kernel (Netlink.Load) with
+// nf_tables dump requests on the Apply socket: the table, its chains, its
+// rules (only to count them and take the digest of the first, see
+// digest.go), its sets and their elements.
+
+var _ Loader = (*Netlink)(nil)
+
+// loadAttempts bounds the retries of a Load that raced with a change of
+// the ruleset (by anyone: the generation moved, or a dump was interrupted).
+const loadAttempts = 3
+
+// errLoadRaced: the ruleset changed while it was being read.
+var errLoadRaced = errors.New("the ruleset changed while it was read")
+
+// Attributes and flags golang.org/x/sys/unix does not name
+// (include/uapi/linux/netfilter/nf_tables.h).
+const (
+	nftaChainFlags     = 10 // NFTA_CHAIN_FLAGS
+	nftaHookDevs       = 4  // NFTA_HOOK_DEVS
+	nftaSetExpr        = 17 // NFTA_SET_EXPR
+	nftaSetExpressions = 18 // NFTA_SET_EXPRESSIONS
+	nftChainBase       = 1  // NFT_CHAIN_BASE, on every base chain
+)
+
+// setFlagsKnown are the set flags nftproxy writes (newSet); a set with
+// others was written by someone else.
+const setFlagsKnown = unix.NFT_SET_MAP | unix.NFT_SET_TIMEOUT | unix.NFT_SET_EVAL
+
+// Load implements Loader. It reads the kernel's state of table nftproxy in
+// family f: about 0.4 s for 10,000 Services with 5 endpoints each
+// (TestNetlinkRestart10k), most of it the kernel serialising rules only to
+// count them and read the first one's digest (see loadRules). The reads
+// are several dumps; they are repeated if the ruleset generation moved in
+// between, so the result is one consistent state.
+func (n *Netlink) Load(ctx context.Context, f Family) (*Ruleset, error) {
+	wrap := func(err error) error { return fmt.Errorf("load table %s %s: %w", f, TableName, err) }
+	if err := ctx.Err(); err != nil {
+		return nil, wrap(err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.conn == nil {
+		return nil, wrap(errors.New("netlink socket closed"))
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(replyTimeout)
+	}
+	if err := n.conn.SetDeadline(deadline); err != nil {
+		return nil, wrap(err)
+	}
+	stop := context.AfterFunc(ctx, func() { n.conn.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
+	for attempt := 1; ; attempt++ {
+		rs, err := n.loadOnce(f)
+		if err == nil {
+			return rs, nil
+		}
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w: %w", err, ctx.Err())
+		}
+		if !errors.Is(err, errLoadRaced) || attempt == loadAttempts {
+			return nil, wrap(err)
+		}
+	}
+}
+
+// loadOnce reads the table once, between two generation reads.
+func (n *Netlink) loadOnce(f Family) (*Ruleset, error) {
+	gen, err := n.generation()
+	if err != nil {
+		return nil, err
+	}
+	rs, err := n.loadDumps(f)
+	if err != nil {
+		return nil, err
+	}
+	if after, err := n.generation(); err != nil {
+		return nil, err
+	} else if after != gen {
+		return nil, errLoadRaced
+	}
+	return rs, nil
+}
+
+func (n *Netlink) loadDumps(f Family) (*Ruleset, error) {
+	found, usable := false, false
+	err := n.dump(unix.NFT_MSG_GETTABLE, f, nil, func(attrs []byte) error {
+		var name []byte
+		var flags uint32
+		forEachAttr(attrs, func(typ uint16, data []byte) {
+			switch typ {
+			case unix.NFTA_TABLE_NAME:
+				name = data
+			case unix.NFTA_TABLE_FLAGS:
+				flags = be32(data)
+			}
+		})
+		if cstr(name) == TableName {
+			// A dormant table (or one with flags we never set) is not
+			// what the incremental transactions expect: rewrite it.
+			found, usable = true, flags == 0
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dump tables: %w", err)
+	}
+	if !found || !usable {
+		return nil, nil
+	}
+	rs := NewRuleset(f)
+	if err := n.dump(unix.NFT_MSG_GETCHAIN, f, nil, func(attrs []byte) error {
+		if c := decodeChain(attrs); c != nil {
+			rs.Chains[c.Name] = c
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("dump chains: %w", err)
+	}
+	if err := n.loadRules(rs); err != nil {
+		return nil, fmt.Errorf("dump rules: %w", err)
+	}
+	tableAttr := func(typ uint16) func(*encoder) {
+		return func(e *encoder) { e.str(typ, TableName) }
+	}
+	if err := n.dump(unix.NFT_MSG_GETSET, f, tableAttr(unix.NFTA_SET_TABLE), func(attrs []byte) error {
+		if s := decodeSet(attrs); s != nil {
+			rs.Sets[s.Name] = s
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("dump sets: %w", err)
+	}
+	for _, name := range rs.SortedSetNames() {
+		s := rs.Sets[name]
+		if s.Dynamic || s.Key == nil {
+			continue // filled by the packet path, or not ours to read
+		}
+		req := func(e *encoder) {
+			e.str(unix.NFTA_SET_ELEM_LIST_TABLE, TableName)
+			e.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
+		}
+		if err := n.dump(unix.NFT_MSG_GETSETELEM, f, req, func(attrs []byte) error {
+			return decodeElements(f, s, attrs)
+		}); err != nil {
+			return nil, fmt.Errorf("dump elements of set %s: %w", s.Name, err)
+		}
+	}
+	return rs, nil
+}
+
+// loadRules counts the rules of every chain and takes the digest from the
+// first, with one dump per chain. A dump of the whole table costs the
+// kernel O(rules²): every resumed dump callback walks the table's rules
+// from the first to where it stopped (490 ms for 50,000 rules, 32 KiB per
+// callback); per chain it is linear (about 25 µs for a chain of 5 rules,
+// most of it the kernel serialising their expressions).
+func (n *Netlink) loadRules(rs *Ruleset) error {
+	names := make([]string, 0, len(rs.Chains))
+	for name := range rs.Chains {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		c := rs.Chains[name]
+		req := func(e *encoder) {
+			e.str(unix.NFTA_RULE_TABLE, TableName)
+			e.str(unix.NFTA_RULE_CHAIN, name)
+		}
+		if err := n.dump(unix.NFT_MSG_GETRULE, rs.Family, req, func(attrs []byte) error {
+			if c.Loaded.Count == 0 {
+				forEachAttr(attrs, func(typ uint16, data []byte) {
+					if typ == unix.NFTA_RULE_USERDATA {
+						c.Loaded.Digest, c.Loaded.HasDigest = ruleDigest(data)
+					}
+				})
+			}
+			c.Loaded.Count++
+			return nil
+		}); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("%w: chain %s is gone", errLoadRaced, name)
+			}
+			return fmt.Errorf("chain %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// decodeChain decodes a NEWCHAIN of a chain dump; nil if the chain is not
+// in our table.
+func decodeChain(attrs []byte) *Chain {
+	var table, name, typ []byte
+	var hook []byte
+	policy, flags := uint32(nfAccept), uint32(0)
+	forEachAttr(attrs, func(t uint16, data []byte) {
+		switch t {
+		case unix.NFTA_CHAIN_TABLE:
+			table = data
+		case unix.NFTA_CHAIN_NAME:
+			name = data
+		case unix.NFTA_CHAIN_TYPE:
+			typ = data
+		case unix.NFTA_CHAIN_HOOK:
+			hook = data
+		case unix.NFTA_CHAIN_POLICY:
+			policy = be32(data)
+		case nftaChainFlags:
+			flags = be32(data)
+		}
+	})
+	if cstr(table) != TableName {
+		return nil
+	}
+	c := &Chain{Name: cstr(name), Loaded: &LoadedRules{}}
+	if flags&^nftChainBase != 0 {
+		c.Loaded.Foreign = true
+	}
+	if hook == nil {
+		return c
+	}
+	c.Base = &BaseChain{Type: ChainType(cstr(typ))}
+	var num uint32
+	var dev bool
+	forEachAttr(hook, func(t uint16, data []byte) {
+		switch t {
+		case unix.NFTA_HOOK_HOOKNUM:
+			num = be32(data)
+		case unix.NFTA_HOOK_PRIORITY:
+			c.Base.Priority = int32(be32(data))
+		case unix.NFTA_HOOK_DEV, nftaHookDevs:
+			dev = true
+		}
+	})
+	c.Base.Hook = hookName(num)
+	if policy != nfAccept || dev || c.Base.Hook == "" {
+		c.Loaded.Foreign = true
+	}
+	return c
+}
+
+func hookName(num uint32) Hook {
+	for h, n := range hookNum {
+		if n == num {
+			return h
+		}
+	}
+	return ""
+}
+
+// decodeSet decodes a NEWSET of a set dump. A set nftproxy could not have
+// written (flags, types or attributes it never uses) comes back with a nil
+// Key: it equals no set nftproxy wants.
+func decodeSet(attrs []byte) *Set {
+	var table, name, ud []byte
+	var flags, keyType, keyLen, dataType, dataLen uint32
+	var desc []byte
+	foreign := false
+	s := &Set{Elements: map[string]Element{}}
+	forEachAttr(attrs, func(t uint16, data []byte) {
+		switch t {
+		case unix.NFTA_SET_TABLE:
+			table = data
+		case unix.NFTA_SET_NAME:
+			name = data
+		case unix.NFTA_SET_FLAGS:
+			flags = be32(data)
+		case unix.NFTA_SET_KEY_TYPE:
+			keyType = be32(data)
+		case unix.NFTA_SET_KEY_LEN:
+			keyLen = be32(data)
+		case unix.NFTA_SET_DATA_TYPE:
+			dataType = be32(data)
+		case unix.NFTA_SET_DATA_LEN:
+			dataLen = be32(data)
+		case unix.NFTA_SET_TIMEOUT:
+			if len(data) == 8 {
+				s.Timeout = time.Duration(binary.BigEndian.Uint64(data)) * time.Millisecond
+			}
+		case unix.NFTA_SET_DESC:
+			desc = data
+		case unix.NFTA_SET_USERDATA:
+			ud = data
+		case unix.NFTA_SET_OBJ_TYPE, nftaSetExpr, nftaSetExpressions:
+			foreign = true
+		}
+	})
+	if cstr(table) != TableName || flags&unix.NFT_SET_ANONYMOUS != 0 {
+		// An anonymous set belongs to the (foreign) rule that uses it and
+		// goes with it when its chain is rewritten.
+		return nil
+	}
+	s.Name = cstr(name)
+	s.Dynamic = flags&unix.NFT_SET_EVAL != 0
+	forEachAttr(desc, func(t uint16, data []byte) {
+		if t == unix.NFTA_SET_DESC_SIZE {
+			s.Size = be32(data)
+		}
+	})
+	s.Comment = setComment(ud)
+	if foreign || flags&^setFlagsKnown != 0 {
+		return s
+	}
+	key, ok := decodeTypes(keyType, keyLen)
+	if !ok {
+		return s
+	}
+	if flags&unix.NFT_SET_MAP != 0 {
+		switch data, ok := decodeTypes(dataType, dataLen); {
+		case dataType == unix.NFT_DATA_VERDICT:
+			s.Data = []DataType{TypeVerdict}
+		case ok:
+			s.Data = data
+		default:
+			return s
+		}
+	}
+	s.Key = key
+	return s
+}
+
+// setComment returns the comment of a set's userdata (see setUserdata).
+func setComment(ud []byte) string {
+	for len(ud) >= 2 && 2+int(ud[1]) <= len(ud) {
+		if n := int(ud[1]); ud[0] == udataSetComment && n > 0 {
+			return cstr(ud[2 : 2+n])
+		}
+		ud = ud[2+int(ud[1]):]
+	}
+	return ""
+}
+
+// knownTypes are the data types a set key or data field may have.
+var knownTypes = []DataType{TypeInteger, TypeIPv4Addr, TypeIPv6Addr, TypeInetProto, TypeInetService, TypeMark}
+
+// decodeTypes inverts typeMagic: one type, or a concatenation of types
+// concatTypeBits apiece; ok only if the length matches.
+func decodeTypes(magic, length uint32) ([]DataType, bool) {
+	var fields []uint32
+	for m := magic; m != 0; m >>= concatTypeBits {
+		fields = append([]uint32{m & (1<<concatTypeBits - 1)}, fields...)
+	}
+	if len(fields) == 0 {
+		return nil, false
+	}
+	ts := make([]DataType, len(fields))
+	for i, m := range fields {
+		found := false
+		for _, t := range knownTypes {
+			if t.Magic == m {
+				ts[i], found = t, true
+			}
+		}
+		if !found {
+			return nil, false
+		}
+	}
+	return ts, tupleLen(ts) == int(length)
+}
+
+// decodeElements adds the elements of a NEWSETELEM of an element dump to s.
+func decodeElements(f Family, s *Set, attrs []byte) error {
+	var err error
+	forEachAttr(attrs, func(t uint16, list []byte) {
+		if t != unix.NFTA_SET_ELEM_LIST_ELEMENTS || err != nil {
+			return
+		}
+		forEachAttr(list, func(_ uint16, elem []byte) {
+			if err != nil {
+				return
+			}
+			var e Element
+			if e, err = decodeElement(f, s, elem); err == nil {
+				s.Elements[s.KeyString(e.Key)] = e
+			}
+		})
+	})
+	return err
+}
+
+func decodeElement(f Family, s *Set, attrs []byte) (Element, error) {
+	var e Element
+	var key, data, ud []byte
+	forEachAttr(attrs, func(t uint16, d []byte) {
+		switch t {
+		case unix.NFTA_SET_ELEM_KEY:
+			key = d
+		case unix.NFTA_SET_ELEM_DATA:
+			data = d
+		case unix.NFTA_SET_ELEM_USERDATA:
+			ud = d
+		}
+	})
+	var err error
+	if e.Key, err = decodeTuple(f, s.Key, dataValue(key)); err != nil {
+		return e, fmt.Errorf("element key: %w", err)
+	}
+	switch {
+	case s.IsVerdictMap():
+		forEachAttr(data, func(t uint16, d []byte) {
+			if t == unix.NFTA_DATA_VERDICT {
+				v := decodeVerdict(d)
+				e.Verdict = &v
+			}
+		})
+		if e.Verdict == nil {
+			return e, fmt.Errorf("element %s: no verdict", s.KeyString(e.Key))
+		}
+	case s.IsMap():
+		if e.Data, err = decodeTuple(f, s.Data, dataValue(data)); err != nil {
+			return e, fmt.Errorf("element %s: data: %w", s.KeyString(e.Key), err)
+		}
+	}
+	for len(ud) >= 2 && 2+int(ud[1]) <= len(ud) {
+		if n := int(ud[1]); ud[0] == udataElemComment && n > 0 {
+			e.Comment = cstr(ud[2 : 2+n])
+		}
+		ud = ud[2+int(ud[1]):]
+	}
+	return e, nil
+}
+
+// dataValue returns NFTA_DATA_VALUE from a struct nft_data nest.
+func dataValue(nest []byte) []byte {
+	var v []byte
+	forEachAttr(nest, func(t uint16, d []byte) {
+		if t == unix.NFTA_DATA_VALUE {
+			v = d
+		}
+	})
+	return v
+}
+
+// decodeVerdict decodes NFTA_DATA_VERDICT. A code nftproxy never writes
+// comes back as a kind that equals no verdict of ours.
+func decodeVerdict(attrs []byte) Verdict {
+	var v Verdict
+	code := int32(-1000)
+	forEachAttr(attrs, func(t uint16, d []byte) {
+		switch t {
+		case unix.NFTA_VERDICT_CODE:
+			code = int32(be32(d))
+		case unix.NFTA_VERDICT_CHAIN:
+			v.Chain = cstr(d)
+		}
+	})
+	for _, k := range []VerdictKind{VerdictAccept, VerdictDrop, VerdictReturn, VerdictJump, VerdictGoto} {
+		if int32(verdictCode(k)) == code {
+			v.Kind = k
+			return v
+		}
+	}
+	v.Kind = VerdictKind(fmt.Sprintf("verdict(%d)", code))
+	return v
+}
+
+// decodeTuple inverts encodeTuple.
+func decodeTuple(f Family, ts []DataType, b []byte) ([]Datum, error) {
+	if len(b) != tupleLen(ts) {
+		return nil, fmt.Errorf("%d bytes for a %d-byte value", len(b), tupleLen(ts))
+	}
+	ds := make([]Datum, len(ts))
+	for i, t := range ts {
+		v := b[:t.Len]
+		switch t {
+		case TypeIPv4Addr:
+			ds[i].Addr = netip.AddrFrom4([4]byte(v))
+		case TypeIPv6Addr:
+			ds[i].Addr = netip.AddrFrom16([16]byte(v))
+		case TypeInetProto:
+			ds[i].Int = uint32(v[0])
+		case TypeInetService:
+			ds[i].Int = uint32(binary.BigEndian.Uint16(v))
+		case TypeMark, TypeInteger:
+			ds[i].Int = binary.NativeEndian.Uint32(v)
+		default:
+			return nil, fmt.Errorf("cannot decode type %s", t.Name)
+		}
+		if len(ts) > 1 {
+			b = b[pad4(t.Len):]
+		} else {
+			b = b[t.Len:]
+		}
+	}
+	return ds, nil
+}
+
+// dump sends an nf_tables dump request (attrs writes its attributes, may be
+// nil) and calls each with the attributes of every reply message, until
+// the kernel's NLMSG_DONE. each must not keep the bytes it is given.
+func (n *Netlink) dump(msgType uint16, f Family, attrs func(*encoder), each func(attrs []byte) error) error {
+	seq := n.nextSeqs(1)
+	e := encoder{b: make([]byte, 0, 128)}
+	m := e.beginMsg(unix.NFNL_SUBSYS_NFTABLES<<8|msgType, flagRequest|unix.NLM_F_DUMP, seq, uint8(f), 0)
+	if attrs != nil {
+		attrs(&e)
+	}
+	e.endMsg(m)
+	if err := n.send(e.b); err != nil {
+		return fmt.Errorf("send dump request: %w", err)
+	}
+	var first error
+	for {
+		msgs, err := n.receive(true)
+		if errors.Is(err, unix.ENOBUFS) {
+			continue // replies to an earlier batch were lost; a dump's are not
+		}
+		if err != nil {
+			return fmt.Errorf("read dump: %w", err)
+		}
+		for _, r := range msgs {
+			if r.seq != seq {
+				continue // a late reply to an earlier request
+			}
+			if r.flags&unix.NLM_F_DUMP_INTR != 0 && first == nil {
+				first = errLoadRaced
+			}
+			switch r.typ {
+			case unix.NLMSG_ERROR:
+				if r.errno != 0 {
+					return r.errno
+				}
+			case unix.NLMSG_DONE:
+				if len(r.data) >= 4 {
+					if code := int32(binary.NativeEndian.Uint32(r.data)); code < 0 {
+						return unix.Errno(-code)
+					}
+				}
+				return first
+			default:
+				if len(r.data) < 4 {
+					return errors.New("short nf_tables message")
+				}
+				if err := each(r.data[4:]); err != nil && first == nil {
+					first = err // keep reading up to NLMSG_DONE
+				}
+			}
+		}
+	}
+}
+
+// generation reads the ruleset's generation ID (NFT_MSG_GETGEN).
+func (n *Netlink) generation() (uint32, error) {
+	seq, err := n.sendSentinel()
+	if err != nil {
+		return 0, fmt.Errorf("request generation: %w", err)
+	}
+	for {
+		msgs, err := n.receive(true)
+		if errors.Is(err, unix.ENOBUFS) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read generation: %w", err)
+		}
+		for _, m := range msgs {
+			switch {
+			case m.seq != seq:
+			case m.typ == genReplyType:
+				return parseGenID(m.data), nil
+			case m.errno != 0:
+				return 0, fmt.Errorf("read generation: %w", m.errno)
+			}
+		}
+	}
+}
+
+// forEachAttr calls fn with the type (without the NESTED and BYTEORDER
+// flags) and data of every attribute in b.
+func forEachAttr(b []byte, fn func(typ uint16, data []byte)) {
+	for len(b) >= nlaHeaderLen {
+		l := int(binary.NativeEndian.Uint16(b))
+		if l < nlaHeaderLen || l > len(b) {
+			return
+		}
+		fn(binary.NativeEndian.Uint16(b[2:])&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER), b[nlaHeaderLen:l])
+		b = b[min(pad4(l), len(b)):]
+	}
+}
+
+func be32(b []byte) uint32 {
+	if len(b) < 4 {
+		return 0
+	}
+	return binary.BigEndian.Uint32(b)
+}
+
+// cstr returns a NUL-terminated string attribute as a string.
+func cstr(b []byte) string { return string(trimNUL(b)) }
+
+// trimNUL returns a string attribute without its NUL terminator; compare
+// it as string(trimNUL(b)) == s, which does not allocate.
+func trimNUL(b []byte) []byte {
+	for i, c := range b {
+		if c == 0 {
+			return b[:i]
+		}
+	}
+	return b
+}
