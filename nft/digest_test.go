@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -339,5 +340,78 @@ func TestDiffLoaded(t *testing.T) {
 	loaded.Sets["cluster-ips"].Key = nil
 	if tx := Diff(loaded, desired); tx.Ops[0].Kind != OpResetTable {
 		t.Errorf("set of another type: %s", opCounts(tx))
+	}
+}
+
+// TestFakeRestart: the Fake keeps digests like the kernel; an editor
+// started from its Load sends nothing for an unchanged ruleset, only the
+// change for a changed one, and rewrites a chain rewritten in place since
+// it was created when its first rules are wanted again.
+func TestFakeRestart(t *testing.T) {
+	ctx := context.Background()
+	f := IPv4
+	fk := NewFake()
+	if rs, err := fk.Load(ctx, f); rs != nil || err != nil {
+		t.Fatalf("empty Fake: loaded %v, %v", rs, err)
+	}
+	editor := func(frags map[int]*Fragment) *Editor {
+		loaded, err := fk.Load(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ed := NewEditorFrom(f, loaded)
+		for _, s := range editorSets() {
+			ed.AddSet(s)
+		}
+		for i := range len(frags) {
+			ed.Replace(nil, frags[i])
+		}
+		return ed
+	}
+	run := func(ed *Editor) *Transaction {
+		tx := ed.Transaction()
+		if err := fk.Apply(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		ed.Commit()
+		return tx
+	}
+	frags := map[int]*Fragment{}
+	for i := range 20 {
+		frags[i] = svcFragment(i, []int{i, i + 1})
+	}
+	first := run(editor(frags))
+	if first.Ops[0].Kind != OpResetTable {
+		t.Errorf("first start: %s", opCounts(first))
+	}
+	if tx := run(editor(frags)); !tx.Empty() {
+		t.Errorf("restart, unchanged: %s", opCounts(tx))
+	}
+	// B by an incremental change, then a restart wanting A again.
+	ed := editor(frags)
+	run(ed)
+	ed.Replace(frags[5], svcFragment(5, []int{7}))
+	if tx := run(ed); len(rewrittenChains(tx)) != 1 {
+		t.Fatalf("incremental change: %s", opCounts(tx))
+	}
+	tx := run(editor(frags))
+	if got := rewrittenChains(tx); len(got) != 1 || got[0] != "svc-5" {
+		t.Errorf("restart wanting the first rules again: %s on %v", opCounts(tx), got)
+	}
+	if got, want := fk.Dump(f), editor(frags).Ruleset().Dump(); got != want {
+		t.Errorf("after the restarts the Fake differs:\n%s\nwant:\n%s", got, want)
+	}
+	// A rule added without a digest (by hand): the chain is rewritten.
+	if err := fk.Apply(ctx, &Transaction{Family: f, Ops: []Op{{Kind: OpFlushChain, Chain: &Chain{Name: "svc-3"}},
+		{Kind: OpAddRule, ChainName: "svc-3", Rule: frags[3].Chains[0].Rules[0]},
+		{Kind: OpAddRule, ChainName: "svc-3", Rule: frags[3].Chains[0].Rules[1]}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := rewrittenChains(run(editor(frags))); len(got) != 1 || got[0] != "svc-3" {
+		t.Errorf("chain without digest: rewrote %v", got)
+	}
+	fk.FailNextLoad = fmt.Errorf("injected")
+	if _, err := fk.Load(ctx, f); err == nil {
+		t.Error("FailNextLoad was not returned")
 	}
 }

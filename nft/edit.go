@@ -27,11 +27,16 @@ type SetElement struct {
 // one goes.
 //
 // After a failed Apply, the kernel state is unknown: drop the Editor and
-// start a new one, whose first transaction rewrites the table whole.
+// start a new one, whose first transaction rewrites the table whole, or,
+// started with NewEditorFrom on the state read back from the kernel, only
+// what differs from it.
 type Editor struct {
 	rs    *Ruleset
 	refs  map[setKey]int
-	reset bool // the next transaction starts by resetting the table
+	reset bool // the next transaction is not incremental: see loaded
+	// loaded is the kernel's state the first transaction diffs against
+	// (NewEditorFrom); nil: the first transaction resets the table.
+	loaded *Ruleset
 
 	// Before-images of what changed since the last Commit: the chain or
 	// element as it was (nil: absent), recorded on first touch.
@@ -47,6 +52,17 @@ type setKey struct{ set, key string }
 func NewEditor(f Family) *Editor {
 	return &Editor{rs: NewRuleset(f), refs: map[setKey]int{}, reset: true,
 		chainsBefore: map[string]*Chain{}, setsBefore: map[string]*Set{}, elemsBefore: map[setKey]*Element{}}
+}
+
+// NewEditorFrom returns an editor whose first transaction takes the kernel
+// from loaded, the table as Loader.Load read it, to the desired ruleset:
+// chains, sets and elements that did not change are not touched (a
+// restart with unchanged state sends nothing). A nil loaded (no table)
+// makes it NewEditor.
+func NewEditorFrom(f Family, loaded *Ruleset) *Editor {
+	e := NewEditor(f)
+	e.loaded = loaded
+	return e
 }
 
 // Ruleset is the desired ruleset. Callers must not modify it.
@@ -152,7 +168,7 @@ func (e *Editor) mustSet(name string) *Set {
 // the objects touched since then are compared.
 func (e *Editor) Transaction() *Transaction {
 	if e.reset {
-		return fullRewrite(e.rs)
+		return Diff(e.loaded, e.rs) // nil loaded: a full rewrite
 	}
 	c := newChanges(e.rs.Family)
 	setNames := make([]string, 0, len(e.setsBefore))
@@ -200,7 +216,7 @@ func (e *Editor) Transaction() *Transaction {
 
 // Commit records that the last Transaction was applied.
 func (e *Editor) Commit() {
-	e.reset = false
+	e.reset, e.loaded = false, nil
 	clear(e.setsBefore)
 	clear(e.chainsBefore)
 	clear(e.elemsBefore)

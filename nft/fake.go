@@ -3,6 +3,7 @@ package nft
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -13,19 +14,35 @@ import (
 // objects exist before they are used, referenced chains and sets cannot be
 // deleted, element keys fit their set, no duplicate elements. A failed
 // transaction leaves the state untouched, like a rejected batch.
+//
+// It is also a Loader: like the kernel, it keeps the rules digest the
+// first rule of a chain carries (Op.Digest), and Load returns chains with
+// that digest instead of rules. A Fake outlives the proxier that uses it,
+// as the kernel's table outlives a restart.
 type Fake struct {
 	mu     sync.Mutex
 	tables map[Family]*Ruleset
+	// digests holds, per family and chain, the digest its first rule
+	// carries.
+	digests map[Family]map[string]RulesDigest
 	// Transactions counts successful Apply calls; Ops the operations they
-	// carried. Tests use them to check how much work a sync did.
+	// carried; Loads the Load calls. Tests use them to check how much work
+	// a sync did.
 	Transactions int
 	Ops          int
-	// FailNext, if set, is returned by the next Apply instead of applying.
-	FailNext error
+	Loads        int
+	// FailNext, if set, is returned by the next Apply instead of applying;
+	// FailNextLoad likewise by the next Load.
+	FailNext     error
+	FailNextLoad error
 }
 
+var _ Loader = (*Fake)(nil)
+
 // NewFake returns an empty Fake.
-func NewFake() *Fake { return &Fake{tables: map[Family]*Ruleset{}} }
+func NewFake() *Fake {
+	return &Fake{tables: map[Family]*Ruleset{}, digests: map[Family]map[string]RulesDigest{}}
+}
 
 // Apply implements Interface.
 func (fk *Fake) Apply(_ context.Context, tx *Transaction) error {
@@ -39,21 +56,75 @@ func (fk *Fake) Apply(_ context.Context, tx *Transaction) error {
 	if cur := fk.tables[tx.Family]; cur != nil {
 		rs = cur.Clone()
 	}
+	digests := maps.Clone(fk.digests[tx.Family])
 	for i, op := range tx.Ops {
 		var err error
 		rs, err = applyOp(rs, tx.Family, op)
 		if err != nil {
 			return fmt.Errorf("apply transaction (%d ops): op %d %s: %w", len(tx.Ops), i, op.Kind, err)
 		}
+		digests = keepDigest(digests, rs, op)
 	}
 	if rs == nil {
 		delete(fk.tables, tx.Family)
 	} else {
 		fk.tables[tx.Family] = rs
 	}
+	fk.digests[tx.Family] = digests
 	fk.Transactions++
 	fk.Ops += len(tx.Ops)
 	return nil
+}
+
+// keepDigest updates the rules digests after op, as the kernel keeps them
+// in the userdata of each chain's first rule.
+func keepDigest(digests map[string]RulesDigest, rs *Ruleset, op Op) map[string]RulesDigest {
+	switch op.Kind {
+	case OpResetTable, OpDeleteTable:
+		return map[string]RulesDigest{}
+	case OpFlushChain, OpDeleteChain:
+		delete(digests, op.Chain.Name)
+	case OpAddRule:
+		if len(rs.Chains[op.ChainName].Rules) != 1 {
+			break // not the first rule
+		}
+		if digests == nil {
+			digests = map[string]RulesDigest{}
+		}
+		if op.Digest != nil {
+			digests[op.ChainName] = *op.Digest
+		} else {
+			delete(digests, op.ChainName)
+		}
+	}
+	return digests
+}
+
+// Load implements Loader: the table as Netlink.Load would read it back.
+func (fk *Fake) Load(_ context.Context, f Family) (*Ruleset, error) {
+	fk.mu.Lock()
+	defer fk.mu.Unlock()
+	if err := fk.FailNextLoad; err != nil {
+		fk.FailNextLoad = nil
+		return nil, err
+	}
+	fk.Loads++
+	cur := fk.tables[f]
+	if cur == nil {
+		return nil, nil
+	}
+	rs := cur.Clone()
+	for name, c := range rs.Chains {
+		d, ok := fk.digests[f][name]
+		c.Loaded = &LoadedRules{Count: len(c.Rules), Digest: d, HasDigest: ok}
+		c.Rules = nil
+	}
+	for _, s := range rs.Sets {
+		if s.Dynamic {
+			s.Elements = map[string]Element{} // the packet path's, not read
+		}
+	}
+	return rs, nil
 }
 
 // Ruleset returns a copy of the table of a family, or nil if there is none.
