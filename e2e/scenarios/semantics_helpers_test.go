@@ -298,6 +298,35 @@ func (c *cluster) semStray(p *testbed.Pod, addr netip.Addr) {
 	}
 }
 
+// semBridge moves pod p from its routed veth onto a bridge in its node
+// (created on first use), as a bridge-based CNI would attach it: the node
+// then sees the pod's packets arrive on the bridge. The bridge lives in the
+// node's namespace and goes with it.
+func (c *cluster) semBridge(p *testbed.Pod, bridge string) {
+	c.t.Helper()
+	ctx := context.Background()
+	n := p.Node.Netns
+	if _, err := n.Exec(ctx, "ip", "link", "show", bridge); err != nil {
+		for _, args := range [][]string{
+			{"ip", "link", "add", bridge, "type", "bridge"},
+			{"ip", "link", "set", bridge, "up"},
+			{"sysctl", "-q", "-w", "net.ipv4.conf." + bridge + ".proxy_arp=1", "net.ipv4.neigh." + bridge + ".proxy_delay=0"},
+		} {
+			if _, err := n.Exec(ctx, args...); err != nil {
+				c.t.Fatal(err)
+			}
+		}
+	}
+	for _, args := range [][]string{
+		{"ip", "link", "set", p.HostVeth, "master", bridge},
+		{"ip", "route", "replace", p.IPv4.String() + "/32", "dev", bridge},
+	} {
+		if _, err := n.Exec(ctx, args...); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+}
+
 // semTable lists nftproxy's table of family ("ip" or "ip6") on node n.
 func (c *cluster) semTable(n *testbed.Node, family string) string {
 	c.t.Helper()

@@ -22,7 +22,8 @@ import (
 // Nodes: n1 and n2 run nftproxy with newCluster's flags (ClusterCIDR
 // detection), n3 adds --masquerade-all, n4 --detect-local-mode=NodeCIDR,
 // n5 --detect-local-mode=InterfaceNamePrefix with prefix "veth" (the node
-// side of every pod's veth is "veth<j>", see testbed.Pod.HostVeth).
+// side of every pod's veth is "veth<j>", see testbed.Pod.HostVeth), n6
+// --detect-local-mode=BridgeInterface with a bridge cbr0 made in the test.
 func TestSemantics(t *testing.T) {
 	top := newCluster(t)
 	c := top
@@ -30,6 +31,7 @@ func TestSemantics(t *testing.T) {
 	n3 := c.semAddNode("n3", "--masquerade-all")
 	n4 := c.semAddNode("n4", "--detect-local-mode", "NodeCIDR")
 	n5 := c.semAddNode("n5", "--detect-local-mode", "InterfaceNamePrefix", "--pod-interface-name-prefix", "veth")
+	n6 := c.semAddNode("n6", "--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "cbr0")
 
 	// Backends answer "NAME PEER" on 8080 (TCP, UDP, SCTP); some serve more ports.
 	a, b, cB := c.backend(0, "a"), c.backend(0, "b"), c.backend(1, "c")
@@ -264,13 +266,17 @@ func TestSemantics(t *testing.T) {
 			backend    *testbed.Pod
 			strayMasq  bool // whether the stray source is masqueraded
 			wantInRule string
+			bridge     string // the client pod is moved onto this bridge
 		}{
 			// ClusterCIDR: the stray source is in 10.244.0.0/16: local.
-			{"ClusterCIDR", n2, cB, false, "ip saddr != 10.244.0.0/16"},
+			{"ClusterCIDR", n2, cB, false, "ip saddr != 10.244.0.0/16", ""},
 			// NodeCIDR: n4's pod CIDR (10.244.4.0/24, from its Node object) is local, the stray source is not.
-			{"NodeCIDR", n4, nil, true, "ip saddr != 10.244.4.0/24"},
+			{"NodeCIDR", n4, nil, true, "ip saddr != 10.244.4.0/24", ""},
 			// InterfaceNamePrefix: whatever arrives on a veth* interface is local.
-			{"InterfaceNamePrefix", n5, nil, false, `iifname != "veth*"`},
+			{"InterfaceNamePrefix", n5, nil, false, `iifname != "veth*"`, ""},
+			// BridgeInterface: the client pod sits on bridge cbr0, the stray
+			// pod on a plain veth: only what arrives on cbr0 is local.
+			{"BridgeInterface", n6, nil, true, `iifname != "cbr0"`, "cbr0"},
 		}
 		for _, tc := range cases {
 			t.Run(tc.mode, func(t *testing.T) {
@@ -281,6 +287,9 @@ func TestSemantics(t *testing.T) {
 					backend.Start(c.probe, "serve", "--name", backend.Name, "--port", fmt.Sprint(backendPort), "--tcp")
 				}
 				client := tc.node.AddPod("p" + tc.node.Name)
+				if tc.bridge != "" {
+					c.semBridge(client, tc.bridge)
+				}
 				stray := tc.node.AddPod("s" + tc.node.Name)
 				strayIP := netip.MustParseAddr(fmt.Sprintf("10.244.200.%d", tc.node.Index))
 				c.semStray(stray, strayIP)
@@ -302,8 +311,5 @@ func TestSemantics(t *testing.T) {
 				}
 			})
 		}
-		t.Run("BridgeInterface", func(t *testing.T) {
-			t.Skip("the test bed routes pods over per-pod veths (Calico style); it has no pod bridge to name")
-		})
 	})
 }
