@@ -74,6 +74,11 @@ type familyState struct {
 	ports    int // service ports programmed
 	lastFull time.Time
 
+	// loaded: the editor's first transaction diffs against the table read
+	// back from the kernel. noLoad: the last such transaction failed, so
+	// the next full sync rewrites the table instead of reading it again.
+	loaded, noLoad bool
+
 	// Health check ports and local ready endpoints of the Services with
 	// externalTrafficPolicy: Local.
 	healthPorts map[healthcheck.ServiceName]uint16
@@ -255,9 +260,13 @@ type programmed struct {
 // syncFamily updates one family's table for the affected Services: their
 // fragments are rebuilt and the editor turns the difference into a
 // transaction sized by the change. A full sync (at start, after a failure,
-// and every FullSyncPeriod) rebuilds every Service and rewrites the table.
-// A change of the node or of the configuration derived from the API (which
-// every fragment depends on) rebuilds every Service without a rewrite.
+// and every FullSyncPeriod) rebuilds every Service. At start and after a
+// failure it diffs against the table read back from the kernel (loadTable),
+// so a restart with unchanged state writes nothing and never disturbs
+// traffic; every FullSyncPeriod, or when reading is not possible, it
+// rewrites the table. A change of the node or of the configuration derived
+// from the API (which every fragment depends on) rebuilds every Service
+// without a rewrite.
 func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Interface, affected map[model.ServiceName]bool) error {
 	start := time.Now()
 	fam := f.IPFamily()
@@ -265,7 +274,12 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	cfg, node := p.rulesetConfig(f)
 	full := fs.editor == nil || (p.cfg.FullSyncPeriod > 0 && start.Sub(fs.lastFull) >= p.cfg.FullSyncPeriod)
 	if full {
-		fs.editor, fs.base, fs.services, fs.ports = nft.NewEditor(f), nil, map[model.ServiceName]programmed{}, 0
+		var loaded *nft.Ruleset
+		if fs.editor == nil && !fs.noLoad {
+			loaded = p.loadTable(ctx, f, backend)
+		}
+		fs.loaded = loaded != nil
+		fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, map[model.ServiceName]programmed{}, 0
 		fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
 		fs.noLocalInternal, fs.noLocalExternal = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
 		for _, set := range ruleset.Sets(f) {
@@ -293,14 +307,19 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	tx := fs.editor.Transaction()
 	if !tx.Empty() {
 		if err := backend.Apply(ctx, tx); err != nil {
-			fs.editor = nil
+			// A transaction diffed against what was read back failed:
+			// do not build on a reading again, rewrite.
+			fs.editor, fs.noLoad = nil, fs.loaded
 			metrics.NFTablesSyncFailuresTotal.WithLabelValues(fam).Inc()
 			metrics.SyncsTotal.WithLabelValues(fam, metrics.ResultFailure).Inc()
-			klog.ErrorS(err, "Sync failed; the next sync rewrites the table", "ipFamily", fam, "ops", len(tx.Ops))
+			klog.ErrorS(err, "Sync failed; the next sync is full", "ipFamily", fam, "ops", len(tx.Ops),
+				"readsTableBack", !fs.noLoad)
 			return fmt.Errorf("sync %s: %w", fam, err)
 		}
 	}
 	fs.editor.Commit()
+	fromKernel := fs.loaded
+	fs.loaded, fs.noLoad = false, false
 	if full {
 		fs.lastFull = start
 	}
@@ -312,11 +331,34 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	}
 	metrics.ServiceRuleChangesTotal.WithLabelValues(fam).Add(float64(changed))
 	p.recordSync(f, fs, full, time.Since(start), tx)
-	klog.V(2).InfoS("Synced", "ipFamily", fam, "full", full, "servicePorts", fs.ports,
+	klog.V(2).InfoS("Synced", "ipFamily", fam, "full", full, "fromKernel", fromKernel, "servicePorts", fs.ports,
 		"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", time.Since(start))
 	p.cleanConntrack(ctx, f, fs, before)
 	p.syncHealthChecks(f, fs)
 	return nil
+}
+
+// loadTable reads the family's table back from the kernel, for a full sync
+// to diff against. nil means rewrite the table whole: there is none, the
+// backend cannot read it back, or reading failed.
+func (p *Proxier) loadTable(ctx context.Context, f nft.Family, backend nft.Interface) *nft.Ruleset {
+	l, ok := backend.(nft.Loader)
+	if !ok {
+		return nil
+	}
+	start := time.Now()
+	rs, err := l.Load(ctx, f)
+	if err != nil {
+		klog.ErrorS(err, "Cannot read the table back; rewriting it", "ipFamily", f.IPFamily())
+		return nil
+	}
+	if rs == nil {
+		klog.InfoS("No table to read back; writing it", "ipFamily", f.IPFamily(), "elapsed", time.Since(start))
+		return nil
+	}
+	klog.InfoS("Read the table back; the first sync writes only what differs", "ipFamily", f.IPFamily(),
+		"chains", len(rs.Chains), "sets", len(rs.Sets), "elapsed", time.Since(start))
+	return rs
 }
 
 // syncService replaces the fragment of one Service in one family.

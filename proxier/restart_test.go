@@ -1,0 +1,203 @@
+package proxier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/healthz"
+)
+
+// recorder is a backend that keeps the transactions it passes to a Fake,
+// which outlives the proxiers using it as the kernel's table outlives a
+// restart.
+type recorder struct {
+	*nft.Fake
+	mu  sync.Mutex
+	txs []*nft.Transaction
+}
+
+func (r *recorder) Apply(ctx context.Context, tx *nft.Transaction) error {
+	r.mu.Lock()
+	r.txs = append(r.txs, tx)
+	r.mu.Unlock()
+	return r.Fake.Apply(ctx, tx)
+}
+
+// since returns the transactions recorded after the first n.
+func (r *recorder) since(n int) []*nft.Transaction {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*nft.Transaction(nil), r.txs[n:]...)
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.txs)
+}
+
+// instance is one run of a proxier, stopped by stop.
+type instance struct {
+	p      *Proxier
+	health *healthz.ProxyHealth
+	stop   func()
+}
+
+// run starts a proxier on the backend with the API objects and waits for
+// its first sync.
+func run(t *testing.T, backend nft.Interface, objs ...runtime.Object) *instance {
+	t.Helper()
+	in := &instance{health: healthz.NewProxyHealth(time.Minute, nil)}
+	var err error
+	in.p, err = New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute,
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}},
+		Deps{Client: fake.NewClientset(objs...), NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}, Health: in.health})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = in.p.Run(ctx); close(done) }()
+	in.stop = func() { cancel(); <-done }
+	t.Cleanup(in.stop)
+	waitFor(t, "the first sync", func() bool {
+		return !in.health.Status().Families[nft.IPv4.IPFamily()].LastUpdated.IsZero()
+	})
+	return in
+}
+
+// apiState is n Services with one endpoint each; endpoint moves Service i
+// to another endpoint.
+func apiState(n int, moved ...int) []runtime.Object {
+	var objs []runtime.Object
+	for i := range n {
+		ep := fmt.Sprintf("10.244.%d.%d", i/250, i%250+1)
+		for _, m := range moved {
+			if m == i {
+				ep = fmt.Sprintf("10.244.99.%d", i%250+1)
+			}
+		}
+		name := fmt.Sprintf("svc-%d", i)
+		objs = append(objs, service("default", name, fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, v1.ProtocolTCP),
+			slice("default", name, name+"-1", 8080, v1.ProtocolTCP, ep))
+	}
+	return objs
+}
+
+func opKinds(txs []*nft.Transaction) map[nft.OpKind]int {
+	kinds := map[nft.OpKind]int{}
+	for _, tx := range txs {
+		for _, op := range tx.Ops {
+			kinds[op.Kind]++
+		}
+	}
+	return kinds
+}
+
+// TestRestartUnchanged: a new proxier over the table an earlier one wrote,
+// with the same API state, reads the table back and writes nothing; later
+// changes are incremental as usual.
+func TestRestartUnchanged(t *testing.T) {
+	rec := &recorder{Fake: nft.NewFake()}
+	objs := apiState(200)
+	first := run(t, rec, objs...)
+	first.stop()
+	if n := rec.count(); n != 1 || opKinds(rec.since(0))[nft.OpResetTable] != 1 {
+		t.Fatalf("first start: %d transactions %v, want one full rewrite", n, opKinds(rec.since(0)))
+	}
+	written, loads := rec.count(), rec.Loads
+
+	h := &harness{t: t, fk: rec.Fake}
+	second := run(t, rec, objs...)
+	if txs := rec.since(written); len(txs) != 0 {
+		t.Errorf("restart with unchanged state: %d transactions %v", len(txs), opKinds(txs))
+	}
+	if rec.Loads != loads+1 {
+		t.Errorf("restart read the table back %d times, want once", rec.Loads-loads)
+	}
+	h.eventually(tcp("10.96.0.8", 80), nft.VerdictAccept, "10.244.0.8:8080")
+
+	// The editor goes on incrementally.
+	es := slice("default", "svc-7", "svc-7-1", 8080, v1.ProtocolTCP, "10.244.99.8")
+	if _, err := second.p.deps.Client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(tcp("10.96.0.8", 80), nft.VerdictAccept, "10.244.99.8:8080")
+	if kinds := opKinds(rec.since(written)); kinds[nft.OpResetTable] != 0 || kinds[nft.OpAddRule] != 1 {
+		t.Errorf("one endpoint moved after the restart: %v", kinds)
+	}
+}
+
+// TestRestartChanged: a new proxier over an older table, with API state
+// that changed meanwhile, writes only the change, and the table ends as a
+// proxier starting on an empty one would write it.
+func TestRestartChanged(t *testing.T) {
+	rec := &recorder{Fake: nft.NewFake()}
+	run(t, rec, apiState(200)...).stop()
+	written := rec.count()
+
+	// Service 3 moved to another endpoint; service 199 is gone.
+	changed := apiState(200, 3)[:2*199]
+	run(t, rec, changed...)
+	txs := rec.since(written)
+	kinds := opKinds(txs)
+	if len(txs) != 1 || kinds[nft.OpResetTable] != 0 {
+		t.Fatalf("restart: %d transactions %v, want one without a reset", len(txs), kinds)
+	}
+	// svc-3: flush and one rule; its hairpin element out and in. svc-199:
+	// flush and delete its chain; its elements out.
+	if got := txs[0].Ops; len(got) > 8 || kinds[nft.OpAddRule] != 1 || kinds[nft.OpDeleteChain] != 1 {
+		t.Errorf("restart wrote %d ops %v", len(got), kinds)
+	}
+	fresh := nft.NewFake()
+	run(t, fresh, changed...)
+	if got, want := rec.Dump(nft.IPv4), fresh.Dump(nft.IPv4); got != want {
+		t.Errorf("after the restart the table differs from a fresh start:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestRestartFallsBackToRewrite: if the table cannot be read back, or the
+// transaction diffed against it fails, the table is rewritten whole.
+func TestRestartFallsBackToRewrite(t *testing.T) {
+	rec := &recorder{Fake: nft.NewFake()}
+	objs := apiState(20)
+	run(t, rec, objs...).stop()
+
+	written := rec.count()
+	rec.FailNextLoad = errors.New("injected: dump interrupted")
+	run(t, rec, objs...).stop()
+	if kinds := opKinds(rec.since(written)); kinds[nft.OpResetTable] != 1 {
+		t.Errorf("unreadable table: %v, want a rewrite", kinds)
+	}
+
+	// Read back, then the diffed transaction fails: the retry does not
+	// read again, it rewrites.
+	written, loads := rec.count(), rec.Loads
+	if err := rec.Fake.Apply(context.Background(), &nft.Transaction{Family: nft.IPv4, Ops: []nft.Op{
+		{Kind: nft.OpFlushChain, Chain: &nft.Chain{Name: "services"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	rec.FailNext = errors.New("injected ENOBUFS")
+	h := &harness{t: t, fk: rec.Fake}
+	run(t, rec, objs...)
+	h.eventually(tcp("10.96.0.8", 80), nft.VerdictAccept, "10.244.0.8:8080")
+	txs := rec.since(written)
+	if len(txs) != 2 || opKinds(txs[:1])[nft.OpResetTable] != 0 || opKinds(txs[1:])[nft.OpResetTable] != 1 {
+		t.Errorf("failed restart transaction, then: %d transactions, want the diff then a rewrite", len(txs))
+	}
+	if rec.Loads != loads+1 {
+		t.Errorf("read the table back %d times, want once", rec.Loads-loads)
+	}
+}
