@@ -8,6 +8,11 @@
 // Transaction atomically, either to the kernel over netlink (one nfnetlink
 // batch, see Netlink) or to the in-memory Fake used by tests.
 //
+// A restarted nftproxy does not start from nothing: a Loader (Netlink, or
+// the Fake) reads the table back, chains carrying a digest of their rules
+// instead of the rules (digest.go), and an Editor started from it
+// (NewEditorFrom) writes only what differs.
+//
 // Rules are built only from the closed set of phrases in rule.go. Each phrase
 // knows the nft text it stands for, the kernel expressions it lowers to, and
 // how the Fake evaluates it, so `nft list ruleset` always decompiles what we
