@@ -38,7 +38,8 @@ type Config struct {
 
 	// SyncPeriod is the longest time between two syncs (default 30 s);
 	// MinSyncPeriod the shortest (default 1 s; 0 syncs on every change);
-	// FullSyncPeriod how often the whole ruleset is rewritten from scratch
+	// FullSyncPeriod how often the whole ruleset is rebuilt and checked
+	// against the table read back from the kernel, repairing any drift,
 	// even without failures (default 1 h).
 	SyncPeriod     time.Duration
 	MinSyncPeriod  time.Duration

@@ -260,11 +260,12 @@ type programmed struct {
 // syncFamily updates one family's table for the affected Services: their
 // fragments are rebuilt and the editor turns the difference into a
 // transaction sized by the change. A full sync (at start, after a failure,
-// and every FullSyncPeriod) rebuilds every Service. At start and after a
-// failure it diffs against the table read back from the kernel (loadTable),
-// so a restart with unchanged state writes nothing and never disturbs
-// traffic; every FullSyncPeriod, or when reading is not possible, it
-// rewrites the table. A change of the node or of the configuration derived
+// and every FullSyncPeriod) rebuilds every Service and diffs it against the
+// table read back from the kernel (loadTable): a restart with unchanged
+// state writes nothing and never disturbs traffic, and the periodic full
+// sync repairs whatever changed the table behind our back without
+// resetting it (session affinity entries survive). When reading is not
+// possible, or a diffed transaction failed, it rewrites the table. A change of the node or of the configuration derived
 // from the API (which every fragment depends on) rebuilds every Service
 // without a rewrite.
 func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Interface, affected map[model.ServiceName]bool) error {
@@ -275,7 +276,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	full := fs.editor == nil || (p.cfg.FullSyncPeriod > 0 && start.Sub(fs.lastFull) >= p.cfg.FullSyncPeriod)
 	if full {
 		var loaded *nft.Ruleset
-		if fs.editor == nil && !fs.noLoad {
+		if !fs.noLoad {
 			loaded = p.loadTable(ctx, f, backend)
 		}
 		fs.loaded = loaded != nil

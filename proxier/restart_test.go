@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,5 +200,53 @@ func TestRestartFallsBackToRewrite(t *testing.T) {
 	}
 	if rec.Loads != loads+1 {
 		t.Errorf("read the table back %d times, want once", rec.Loads-loads)
+	}
+}
+
+// countingLoader counts the reads of the table.
+type countingLoader struct {
+	*recorder
+	loads atomic.Int32
+}
+
+func (c *countingLoader) Load(ctx context.Context, f nft.Family) (*nft.Ruleset, error) {
+	c.loads.Add(1)
+	return c.recorder.Load(ctx, f)
+}
+
+// TestPeriodicFullSyncVerifies: the periodic full sync reads the table back
+// instead of rewriting it: unchanged, it writes nothing; after someone else
+// deleted one of our elements, it puts back just that element.
+func TestPeriodicFullSyncVerifies(t *testing.T) {
+	backend := &countingLoader{recorder: &recorder{Fake: nft.NewFake()}}
+	p, err := New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: 30 * time.Millisecond, FullSyncPeriod: time.Millisecond,
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}},
+		Deps{Client: fake.NewClientset(apiState(3)...), NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "three full syncs", func() bool { return backend.loads.Load() >= 3 })
+	if n := backend.count(); n != 1 {
+		t.Fatalf("%d transactions; want only the first one", n)
+	}
+
+	set := backend.Fake.Ruleset(nft.IPv4).Sets["service-ips"]
+	var victim nft.Element
+	for _, e := range set.Elements {
+		victim = e
+		break
+	}
+	tamper := &nft.Transaction{Family: nft.IPv4, Ops: []nft.Op{{Kind: nft.OpDeleteElements, Set: set, Elements: []nft.Element{victim}}}}
+	if err := backend.Fake.Apply(ctx, tamper); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the repair", func() bool { return backend.count() == 2 })
+	repair := backend.since(1)[0]
+	if kinds := opKinds([]*nft.Transaction{repair}); kinds[nft.OpResetTable] != 0 || len(repair.Ops) != 1 || kinds[nft.OpAddElements] != 1 {
+		t.Errorf("repair transaction %v, want one element added back", kinds)
 	}
 }

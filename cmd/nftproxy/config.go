@@ -28,7 +28,7 @@ const (
 	defaultConntrackMin        = 128 * 1024
 	defaultTCPEstablished      = 24 * time.Hour
 	defaultTCPCloseWait        = time.Hour
-	// defaultFullSyncPeriod is how often the whole ruleset is rewritten
+	// defaultFullSyncPeriod is how often the whole ruleset is checked against the kernel
 	// even without failures (upstream: hourly); no flag sets it.
 	defaultFullSyncPeriod = time.Hour
 )
