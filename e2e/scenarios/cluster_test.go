@@ -27,6 +27,7 @@ type cluster struct {
 	client kubernetes.Interface
 	nodes  []*testbed.Node
 	proxy  map[string]*testbed.Process
+	args   map[string][]string // each node's nftproxy command line
 	probe  string
 	ns     string
 }
@@ -44,7 +45,7 @@ func newClusterWith(t *testing.T, prepare func(*testbed.Node)) *cluster {
 	testbed.RequirePrivileges(t)
 	bin := testbed.GoBuild(t, "github.com/nftproxy/nftproxy/cmd/nftproxy")
 	c := &cluster{t: t, bed: testbed.Start(t, testbed.Options{}), probe: testbed.ProbePath(t),
-		proxy: map[string]*testbed.Process{}, ns: "e2e"}
+		proxy: map[string]*testbed.Process{}, args: map[string][]string{}, ns: "e2e"}
 	c.client = c.bed.Client()
 	if _, err := c.client.CoreV1().Namespaces().Create(context.Background(),
 		&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns}}, metav1.CreateOptions{}); err != nil {
@@ -56,10 +57,10 @@ func newClusterWith(t *testing.T, prepare func(*testbed.Node)) *cluster {
 			prepare(n)
 		}
 		c.nodes = append(c.nodes, n)
-		p := n.Start(bin, "--kubeconfig", c.bed.ProxyKubeconfig, "--hostname-override", name,
+		c.args[name] = []string{bin, "--kubeconfig", c.bed.ProxyKubeconfig, "--hostname-override", name,
 			"--cluster-cidr", clusterCIDRs,
-			"--iptables-min-sync-period", "0s", "--metrics-bind-address", "127.0.0.1:10249", "--v", "2")
-		c.proxy[name] = p
+			"--iptables-min-sync-period", "0s", "--metrics-bind-address", "127.0.0.1:10249", "--v", "2"}
+		c.proxy[name] = n.Start(c.args[name]...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
