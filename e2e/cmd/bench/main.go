@@ -1,298 +1,469 @@
-// Command bench measures proxies on the e2e test bed with N Services of M
-// endpoints each (selector-less, EndpointSlices written directly): time from
-// process start to the first full sync, the full-sync duration, the duration
-// of syncs after single EndpointSlice changes, and peak RSS. With --upstream
-// it runs upstream kube-proxy (nftables mode) beside nftproxy, each in its
-// own node namespace on the same API state, and prints ratios.
+// Command bench measures nftproxy, and with --upstream upstream kube-proxy
+// v1.36.3 in nftables mode, on the e2e test bed: a real kube-apiserver with N
+// selector-less Services of M endpoints each (EndpointSlices written
+// directly), each proxy in its own node namespace, one proxy after the other
+// (the first is stopped before the second starts, so neither competes with
+// the other for the 2 CPUs), on the same API state.
 //
-//	bench --services 10000 --endpoints 5 --changes 10 [--upstream]
+// Per proxy it measures, and prints side by side with ratios:
+//
+//   - time from process start to the first full sync (the proxy's own
+//     metric) and to the first answer through a ClusterIP, and the first
+//     full sync's duration;
+//   - single-change latency in the data path: an EndpointSlice update moves
+//     one Service to another server pod while a client pod on the proxy's
+//     node connects to the ClusterIP until that pod answers; p50/p99 over
+//     --changes changes with the proxy idle, and again (--churn-changes)
+//     while a background writer updates other Services' EndpointSlices at
+//     --churn-rate per second;
+//   - the sync duration histogram, the syncs after the idle changes, CPU
+//     seconds and peak RSS including child processes (upstream runs `nft`),
+//     nftproxy's kernel operations per change and, for both, the nftables
+//     objects the kernel reports changed per change (netlink notifications);
+//   - nftproxy's API events received versus Service rule changes and syncs,
+//     and what API updates that change no rule cost each proxy;
+//   - connect+first-byte latency of new TCP connections through a ClusterIP
+//     at --baseline (1000) Services and at N.
+//
+// Usage (as root):
+//
+//	bench --services 10000 --endpoints 5 --changes 20 --upstream
+//	bench --smoke   # 50×2, 3 changes, with upstream; exits 1 if nftproxy's numbers are missing or absurd
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
-	"net/netip"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nftproxy/nftproxy/e2e/testbed"
 )
 
-var (
-	services  = flag.Int("services", 1000, "number of Services")
-	endpoints = flag.Int("endpoints", 5, "endpoints per Service")
-	changes   = flag.Int("changes", 10, "single EndpointSlice changes to time")
-	upstream  = flag.Bool("upstream", false, "also run upstream kube-proxy (nftables mode) side by side")
-	logDir    = flag.String("logs", "", "keep the logs of every process in this directory")
-)
+// config is what the flags set.
+type config struct {
+	Services, Endpoints int
+	Changes             int     // idle single changes
+	ChurnChanges        int     // single changes under churn
+	ChurnRate           float64 // EndpointSlice updates per second on other Services
+	MonitorChanges      int     // single changes with netlink notifications counted
+	NoopUpdates         int     // API updates that change no rule
+	Conns               int     // connections for first-packet latency
+	Baseline            int     // also measure first-packet latency at this many Services
+	Upstream            bool
+	MinSyncPeriod       string // --iptables-min-sync-period for both proxies ("" = their default, 1s)
+	LogDir              string
+	Smoke               bool
+}
 
-const ns = "bench"
+func defaultConfig() config {
+	return config{Services: 1000, Endpoints: 5, Changes: 20, ChurnChanges: -1, ChurnRate: 50,
+		MonitorChanges: 3, NoopUpdates: 100, Conns: 200, Baseline: 1000}
+}
+
+// smokeConfig is --smoke: small and quick, both proxies.
+func smokeConfig() config {
+	c := defaultConfig()
+	c.Services, c.Endpoints, c.Changes, c.ChurnChanges = 50, 2, 3, 3
+	c.MonitorChanges, c.NoopUpdates, c.Conns, c.Baseline = 1, 20, 20, 0
+	c.Upstream, c.Smoke = true, true
+	return c
+}
 
 func main() {
+	c := defaultConfig()
+	flag.IntVar(&c.Services, "services", c.Services, "number of Services (N)")
+	flag.IntVar(&c.Endpoints, "endpoints", c.Endpoints, "endpoints per Service (M)")
+	flag.IntVar(&c.Changes, "changes", c.Changes, "single changes timed with the proxy idle")
+	flag.IntVar(&c.ChurnChanges, "churn-changes", c.ChurnChanges, "single changes timed under churn (-1: as --changes)")
+	flag.Float64Var(&c.ChurnRate, "churn-rate", c.ChurnRate, "background EndpointSlice updates per second during the churn changes")
+	flag.IntVar(&c.MonitorChanges, "monitor-changes", c.MonitorChanges, "single changes whose kernel notifications are counted (0: skip)")
+	flag.IntVar(&c.NoopUpdates, "noop-updates", c.NoopUpdates, "API updates that change no rule (annotations)")
+	flag.IntVar(&c.Conns, "conns", c.Conns, "new connections timed for first-packet latency")
+	flag.IntVar(&c.Baseline, "baseline", c.Baseline, "also time first packets with this many Services (0: only at N)")
+	flag.BoolVar(&c.Upstream, "upstream", false, "also run upstream kube-proxy (nftables mode)")
+	flag.StringVar(&c.MinSyncPeriod, "min-sync-period", "", "--iptables-min-sync-period for both proxies (default: theirs, 1s)")
+	flag.StringVar(&c.LogDir, "logs", "", "keep the logs of every process in this directory")
+	smoke := flag.Bool("smoke", false, "small quick run (50×2, 3 changes, with upstream) that fails if nftproxy's numbers are missing or absurd")
 	flag.Parse()
-	os.Exit(testbed.Main(run))
+	if *smoke {
+		logs := c.LogDir
+		c = smokeConfig()
+		c.LogDir = logs
+	}
+	os.Exit(testbed.Main(func(tb testbed.TB) {
+		rep := run(tb, c)
+		if c.Smoke {
+			if problems := rep.validate(); len(problems) > 0 {
+				tb.Fatalf("smoke: nftproxy's numbers are missing or absurd:\n  %s", strings.Join(problems, "\n  "))
+			}
+			fmt.Println("smoke: nftproxy's numbers are complete and plausible")
+		}
+	}))
 }
 
-// proxy is one proxy under test, in its own node namespace.
-type proxy struct {
-	name    string
-	node    *testbed.Node
-	proc    *testbed.Process
-	started time.Time
-	ready   time.Duration // process start → first full sync done
-	full    float64       // first full sync, seconds (the proxy's own histogram)
-	partial []float64     // syncs after single changes, seconds
-	rssMB   float64
+// bench is one run.
+type bench struct {
+	tb     testbed.TB
+	c      config
+	bed    *testbed.Bed
+	client kubernetes.Interface
+
+	nftproxyBin, kubeProxyBin, probeBin string
+
+	servers               []*testbed.Pod // srv-0 … srv-3 on node "backends"
+	stableAddr, moverAddr string         // ClusterIP:80 of svc-0 and svc-1
+	moves                 int            // single changes so far
+	gen                   atomic.Int64   // churn generations
+	churnNext             int
 }
 
-func run(tb testbed.TB) {
-	bed := testbed.Start(tb, testbed.Options{LogDir: *logDir})
-	client := bed.Client()
-	ctx := context.Background()
-	_, err := client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+func run(tb testbed.TB, c config) *report {
+	if c.ChurnChanges < 0 {
+		c.ChurnChanges = c.Changes
+	}
+	if c.Services < firstOther+1 {
+		tb.Fatalf("--services must be at least %d", firstOther+1)
+	}
+	b := &bench{tb: tb, c: c}
+	rep := &report{c: c, loadStart: loadAvg()}
+	fmt.Printf("load average at start: %s\n", rep.loadStart)
+
+	// Everything built before anything is measured.
+	b.nftproxyBin = testbed.GoBuild(tb, "github.com/nftproxy/nftproxy/cmd/nftproxy")
+	b.probeBin = testbed.ProbePath(tb)
+	if c.Upstream {
+		b.kubeProxyBin = filepath.Join(testbed.EnsureBinaries(tb), "kube-proxy")
+	}
+
+	b.bed = testbed.Start(tb, testbed.Options{LogDir: c.LogDir})
+	rc := b.bed.RESTConfig()
+	rc.QPS, rc.Burst = 5000, 10000
+	var err error
+	b.client, err = kubernetes.NewForConfig(rc)
+	must(tb, err)
+	_, err = b.client.CoreV1().Namespaces().Create(context.Background(), &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 	must(tb, err)
 
-	t0 := time.Now()
-	populate(tb, client)
-	fmt.Printf("created %d Services and EndpointSlices (%d endpoints each) in %v\n", *services, *endpoints, time.Since(t0).Round(time.Second))
+	// Server pods on a node without a proxy.
+	backends := b.bed.AddNode("backends")
+	for j := 0; j < nServers; j++ {
+		name := fmt.Sprintf("srv-%d", j)
+		pod := backends.AddPod(name)
+		proc := pod.Start(b.probeBin, "serve", "--name", name, "--port", fmt.Sprint(serverPort), "--tcp")
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		must(tb, proc.WaitForLog(ctx, "ready"))
+		cancel()
+		b.servers = append(b.servers, pod)
+	}
 
-	proxies := []*proxy{{name: "nftproxy", node: bed.AddNode("nftproxy")}}
-	if *upstream {
-		proxies = append(proxies, &proxy{name: "kube-proxy", node: bed.AddNode("upstream")})
+	kinds := []string{"nftproxy"}
+	if c.Upstream {
+		kinds = append(kinds, "kube-proxy")
 	}
-	// One at a time, so that neither start-up competes with the other for
-	// the CPU.
-	for _, p := range proxies {
-		args := command(tb, bed, p) // may build: not part of the measurement
-		p.started = time.Now()
-		p.proc = p.node.Start(args...)
-		waitFirstSync(tb, p)
-		fmt.Printf("%s: rules programmed %v after start; first full sync %.3fs\n", p.name, p.ready.Round(time.Millisecond), p.full)
+	first := c.Services
+	if c.Baseline > 0 && c.Baseline < c.Services {
+		first = c.Baseline
 	}
-	for i := 0; i < *changes; i++ {
-		before := map[*proxy]histogram{}
-		for _, p := range proxies {
-			before[p] = partialSyncs(tb, p)
+	b.populate(0, first)
+	var baseline [][]time.Duration
+	if first < c.Services {
+		rep.baselineN = first
+		for _, k := range kinds {
+			fmt.Printf("\n== %s with %d Services: first-packet latency (load %s)\n", k, first, loadAvg())
+			baseline = append(baseline, b.baselineFirstPacket(k))
 		}
-		moveEndpoint(tb, client, i)
-		for _, p := range proxies {
-			p.partial = append(p.partial, waitPartialSync(tb, p, before[p]))
+		b.populate(first, c.Services)
+	}
+	for i, k := range kinds {
+		r := b.measure(k)
+		if baseline != nil {
+			r.fpBase = baseline[i]
 		}
-		time.Sleep(1100 * time.Millisecond) // upstream's default min sync period
+		rep.results = append(rep.results, r)
 	}
-	for _, p := range proxies {
-		p.rssMB = peakRSS(p.proc.Pid())
-	}
-	report(proxies)
+	rep.loadEnd = loadAvg()
+	rep.print(os.Stdout)
+	return rep
 }
 
-func command(tb testbed.TB, bed *testbed.Bed, p *proxy) []string {
-	common := []string{"--kubeconfig", bed.ProxyKubeconfig, "--hostname-override", p.node.Name,
-		"--cluster-cidr", "10.244.0.0/16", "--metrics-bind-address", "127.0.0.1:10249"}
-	if p.name == "nftproxy" {
-		return append([]string{testbed.GoBuild(tb, "github.com/nftproxy/nftproxy/cmd/nftproxy"), "--v", "2"}, common...)
+// command is the proxy's command line on node.
+func (b *bench) command(kind string, node *testbed.Node) []string {
+	common := []string{"--kubeconfig", b.bed.ProxyKubeconfig, "--hostname-override", node.Name,
+		"--cluster-cidr", "10.244.0.0/16,fd00:244::/32", "--metrics-bind-address", "127.0.0.1:10249"}
+	if b.c.MinSyncPeriod != "" {
+		common = append(common, "--iptables-min-sync-period", b.c.MinSyncPeriod)
 	}
-	return append([]string{filepath.Join(testbed.EnsureBinaries(tb), "kube-proxy"), "--proxy-mode", "nftables",
+	if kind == "nftproxy" {
+		return append([]string{b.nftproxyBin, "--v", "2"}, common...)
+	}
+	return append([]string{b.kubeProxyBin, "--proxy-mode", "nftables",
 		"--conntrack-max-per-core", "0", "--conntrack-tcp-timeout-established", "0",
 		"--conntrack-tcp-timeout-close-wait", "0"}, common...)
 }
 
-// populate creates the Services and EndpointSlices with 64 workers.
-func populate(tb testbed.TB, client kubernetes.Interface) {
-	work := make(chan int)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var firstErr error
-	for w := 0; w < 64; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				if err := createService(client, i); err != nil {
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-				}
-			}
-		}()
+func nodeName(kind string) string {
+	if kind == "nftproxy" {
+		return "nftproxy"
 	}
-	for i := 0; i < *services; i++ {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	must(tb, firstErr)
+	return "upstream"
 }
 
-func createService(client kubernetes.Interface, i int) error {
-	ctx := context.Background()
-	name := fmt.Sprintf("svc-%d", i)
-	svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: v1.ServiceSpec{Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}
-	if _, err := client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	_, err := client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(i, 0), metav1.CreateOptions{})
-	return err
+// started is a proxy process with a client pod on its node.
+type started struct {
+	kind   string
+	node   *testbed.Node
+	proc   *testbed.Process
+	client *nsThread
+	mon    *sampler
+	t0     time.Time
 }
 
-// slice is Service i's EndpointSlice in generation gen: endpoint addresses
-// come from 10.128.0.0/9 (never sent traffic), gen shifts the first one.
-func slice(i, gen int) *discovery.EndpointSlice {
-	name, port, proto := "http", int32(8080), v1.ProtocolTCP
-	es := &discovery.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: fmt.Sprintf("svc-%d-1", i), Namespace: ns, Labels: map[string]string{discovery.LabelServiceName: fmt.Sprintf("svc-%d", i)}},
-		AddressType: discovery.AddressTypeIPv4,
-		Ports:       []discovery.EndpointPort{{Name: &name, Port: &port, Protocol: &proto}},
-	}
-	base := uint32(10<<24|128<<16) + uint32(i**endpoints)
-	for j := 0; j < *endpoints; j++ {
-		n := base + uint32(j)
-		if j == 0 && gen > 0 {
-			n = uint32(10<<24|200<<16) + uint32(gen)
-		}
-		addr := netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}).String()
-		es.Endpoints = append(es.Endpoints, discovery.Endpoint{Addresses: []string{addr}})
-	}
-	return es
+func (b *bench) start(kind, nodeSuffix string) *started {
+	node := b.bed.AddNode(nodeName(kind) + nodeSuffix)
+	pod := node.AddPod("client")
+	cl, err := newNSThread(pod.NS)
+	must(b.tb, err)
+	args := b.command(kind, node)
+	s := &started{kind: kind, node: node, client: cl, t0: time.Now()}
+	s.proc = node.Start(args...)
+	s.mon = startSampler(s.proc.Pid())
+	return s
 }
 
-// moveEndpoint moves one endpoint of one Service to a new address.
-func moveEndpoint(tb testbed.TB, client kubernetes.Interface, k int) {
-	i := (k * 7919) % *services
-	_, err := client.DiscoveryV1().EndpointSlices(ns).Update(context.Background(), slice(i, k+1), metav1.UpdateOptions{})
-	must(tb, err)
-}
-
-type histogram struct{ count, sum float64 }
-
-func metric(tb testbed.TB, p *proxy, name string) (histogram, bool) {
-	body, err := p.node.HTTPGet(context.Background(), "http://127.0.0.1:10249/metrics")
-	if err != nil {
-		return histogram{}, false
-	}
-	var h histogram
-	found := false
-	for _, l := range strings.Split(body, "\n") {
-		var v float64
-		switch {
-		case !strings.Contains(l, `ip_family="IPv4"`):
-			continue // the Services are IPv4
-		case strings.HasPrefix(l, name+"_count"):
-			fmt.Sscan(l[strings.LastIndex(l, " ")+1:], &v)
-			h.count += v
-			found = true
-		case strings.HasPrefix(l, name+"_sum"):
-			fmt.Sscan(l[strings.LastIndex(l, " ")+1:], &v)
-			h.sum += v
-		}
-	}
-	return h, found
-}
-
-func waitFirstSync(tb testbed.TB, p *proxy) {
-	deadline := time.Now().Add(10 * time.Minute)
+// waitFirstSync waits for the first IPv4 full sync in the proxy's metrics
+// and returns the time since start and the sync's own duration.
+func (b *bench) waitFirstSync(s *started) (time.Duration, float64) {
+	deadline := s.t0.Add(15 * time.Minute)
 	for time.Now().Before(deadline) {
-		if h, ok := metric(tb, p, "kubeproxy_sync_full_proxy_rules_duration_seconds"); ok && h.count >= 1 {
-			p.ready = time.Since(p.started)
-			p.full = h.sum / h.count
-			return
+		if m, err := scrapeMetrics(s.node); err == nil {
+			if h, ok := m.histogram("kubeproxy_sync_full_proxy_rules_duration_seconds", ipv4); ok && h.count >= 1 {
+				return time.Since(s.t0), h.sum / h.count
+			}
 		}
 		select {
-		case <-p.proc.Done():
-			tb.Fatalf("%s exited: %v\n%s", p.name, p.proc.Err(), tail(p.proc.Log()))
-		case <-time.After(20 * time.Millisecond):
+		case <-s.proc.Done():
+			b.tb.Fatalf("%s exited: %v\n%s", s.kind, s.proc.Err(), tail(s.proc.Log()))
+		case <-time.After(min(max(time.Since(s.t0)/100, 10*time.Millisecond), 200*time.Millisecond)):
 		}
 	}
-	tb.Fatalf("%s: no full sync within 10 minutes\n%s", p.name, tail(p.proc.Log()))
+	b.tb.Fatalf("%s: no full sync within 15 minutes\n%s", s.kind, tail(s.proc.Log()))
+	return 0, 0
 }
 
-func partialSyncs(tb testbed.TB, p *proxy) histogram {
-	h, _ := metric(tb, p, "kubeproxy_sync_partial_proxy_rules_duration_seconds")
-	return h
-}
-
-func waitPartialSync(tb testbed.TB, p *proxy, before histogram) float64 {
-	deadline := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(deadline) {
-		if h := partialSyncs(tb, p); h.count > before.count {
-			return (h.sum - before.sum) / (h.count - before.count)
-		}
-		time.Sleep(5 * time.Millisecond)
+// baselineFirstPacket starts the proxy on a node of its own while only the
+// first Services exist, times first packets through svc-0, and stops it.
+func (b *bench) baselineFirstPacket(kind string) []time.Duration {
+	s := b.start(kind, "-base")
+	defer s.client.close()
+	ready, _ := b.waitFirstSync(s)
+	_, _, err := s.client.waitAnswer(b.stableAddr, "srv-0", time.Now(), 100*time.Millisecond, 2*time.Millisecond, time.Minute)
+	must(b.tb, err)
+	fp, failures := s.client.firstPacket(b.stableAddr, "srv-0", b.c.Conns)
+	s.mon.stop()
+	s.proc.Stop(10 * time.Second)
+	fmt.Printf("%s: ready after %v; first packet p50 %v p99 %v (%d failed)\n", kind, ready.Round(time.Millisecond),
+		pct(fp, 0.5), pct(fp, 0.99), failures)
+	if failures > 0 {
+		b.tb.Fatalf("%s: %d of %d connections to %s failed", kind, failures, b.c.Conns, b.stableAddr)
 	}
-	tb.Fatalf("%s: no partial sync after a change within 2 minutes", p.name)
-	return 0
+	return fp
 }
 
-func peakRSS(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+// measure runs one proxy through every phase and stops it.
+func (b *bench) measure(kind string) *result {
+	c := b.c
+	r := &result{name: kind, load: loadAvg()}
+	fmt.Printf("\n== %s with %d Services × %d endpoints (load %s)\n", kind, c.Services, c.Endpoints, r.load)
+	s := b.start(kind, "")
+	defer s.client.close()
+	stopped := false
+	defer func() {
+		if !stopped {
+			s.mon.stop()
+			s.proc.Stop(10 * time.Second)
+		}
+	}()
+
+	// 1. Start-up: metrics and data path.
+	type answer struct {
+		d   time.Duration
+		err error
+	}
+	dp := make(chan answer, 1)
+	go func() {
+		d, _, err := s.client.waitAnswer(b.stableAddr, "srv-0", s.t0, 25*time.Millisecond, 2*time.Millisecond, 15*time.Minute)
+		dp <- answer{d, err}
+	}()
+	r.ready, r.fullSync = b.waitFirstSync(s)
+	r.cpuReady = s.mon.cpu()
+	a := <-dp
+	must(b.tb, a.err)
+	r.readyDP = a.d
+	fmt.Printf("rules programmed %v after start (first answer through the ClusterIP after %v); first full sync %.3fs; CPU %.2fs\n",
+		r.ready.Round(time.Millisecond), r.readyDP.Round(time.Millisecond), r.fullSync, r.cpuReady)
+
+	// 5. First packets, through the ClusterIP and directly to the pod.
+	var f1, f2 int
+	r.fpN, f1 = s.client.firstPacket(b.stableAddr, "srv-0", c.Conns)
+	r.fpDirect, f2 = s.client.firstPacket(fmt.Sprintf("%s:%d", b.servers[0].IPv4, serverPort), "srv-0", c.Conns)
+	r.probeFailures += f1 + f2
+	fmt.Printf("first packet via ClusterIP p50 %v p99 %v; direct to pod p50 %v p99 %v\n",
+		pct(r.fpN, 0.5), pct(r.fpN, 0.99), pct(r.fpDirect, 0.5), pct(r.fpDirect, 0.99))
+
+	// 2. Idle single changes, once the proxy has not synced for longer than
+	// the default min sync period.
+	b.waitQuiet(s, 1100*time.Millisecond)
+	before := b.counters(s)
+	cpu0 := s.mon.cpu()
+	for i := 0; i < c.Changes; i++ {
+		lat, syncD := b.timedChange(s, r)
+		r.idle = append(r.idle, lat)
+		r.idleSync = append(r.idleSync, syncD)
+		time.Sleep(1100 * time.Millisecond) // beyond the default min sync period: each change finds the proxy idle
+	}
+	after := b.counters(s)
+	if c.Changes > 0 {
+		r.cpuPerChange = (s.mon.cpu() - cpu0) / float64(c.Changes)
+		r.idleSyncs = after.syncs - before.syncs
+		if after.nft {
+			r.kernelOpsPerChange = (after.kernelOps - before.kernelOps) / float64(c.Changes)
+		}
+		fmt.Printf("idle changes: data path p50 %v p99 %v; sync median %s; %.1f syncs\n",
+			pct(r.idle, 0.5), pct(r.idle, 0.99), fmtSec(median(r.idleSync)), r.idleSyncs)
+	}
+
+	// 4. API updates that change no rule.
+	if c.NoopUpdates > 0 {
+		b.waitQuiet(s, 2*time.Second)
+		n0 := b.counters(s)
+		b.noopUpdates(c.NoopUpdates)
+		b.waitQuiet(s, 3*time.Second)
+		n1 := b.counters(s)
+		r.noop = noopResult{updates: c.NoopUpdates, events: n1.events - n0.events, ruleChanges: n1.ruleChanges - n0.ruleChanges,
+			kernelOps: n1.kernelOps - n0.kernelOps, syncs: n1.syncs - n0.syncs, nft: n1.nft}
+		fmt.Printf("%d no-op updates: %.0f syncs, %.0f API events, %.0f rule changes, %.0f kernel operations\n",
+			c.NoopUpdates, r.noop.syncs, r.noop.events, r.noop.ruleChanges, r.noop.kernelOps)
+	}
+
+	// 3. Kernel notifications per single change.
+	if c.MonitorChanges > 0 {
+		nl, err := startNLCounter(s.node.NS)
+		must(b.tb, err)
+		for i := 0; i < c.MonitorChanges; i++ {
+			b.timedChange(s, r, func() string {
+				out, err := s.node.Exec(context.Background(), "nft", "list", "ruleset")
+				return fmt.Sprintf("nft list ruleset (%v):\n%s", err, out)
+			})
+			time.Sleep(1100 * time.Millisecond)
+		}
+		objs, gens, lost := nl.read()
+		nl.stop()
+		r.nlObjects = float64(objs) / float64(c.MonitorChanges)
+		r.nlGens = float64(gens) / float64(c.MonitorChanges)
+		r.nlLost = lost
+		fmt.Printf("kernel notifications per change: %.1f objects in %.1f transactions (%d overflows)\n", r.nlObjects, r.nlGens, lost)
+	}
+
+	// 2. Single changes under churn.
+	if c.ChurnChanges > 0 {
+		ch := b.startChurn(c.ChurnRate)
+		time.Sleep(2 * time.Second)
+		cpu1, t1 := s.mon.cpu(), time.Now()
+		rnd := rand.New(rand.NewPCG(1, 2))
+		for i := 0; i < c.ChurnChanges; i++ {
+			lat, failures, err := b.move(s.client)
+			must(b.tb, err)
+			r.probeFailures += failures
+			r.churn = append(r.churn, lat)
+			time.Sleep(time.Duration(rnd.Int64N(int64(time.Second)))) // not in step with the proxy's syncs
+		}
+		r.churnCores = (s.mon.cpu() - cpu1) / time.Since(t1).Seconds()
+		var failures int64
+		r.churnRate, failures, r.churnMissed = ch.stop()
+		if failures > 0 {
+			b.tb.Fatalf("%d churn updates failed", failures)
+		}
+		fmt.Printf("under churn (%.1f updates/s): data path p50 %v p99 %v; proxy used %.2f cores\n",
+			r.churnRate, pct(r.churn, 0.5), pct(r.churn, 0.99), r.churnCores)
+	}
+
+	// Totals, then stop.
+	final := b.counters(s)
+	r.syncHist = final.syncHist
+	r.nft = final.nft
+	r.events, r.ruleChanges = final.events, final.ruleChanges
+	r.syncsByResult, r.syncResults = final.syncsByResult, final.syncsByResultK
+	r.cpuTotal = s.mon.cpu()
+	r.wall = time.Since(s.t0)
+	r.rssProc, r.rssTree = s.mon.stop()
+	stopped = true
+	s.proc.Stop(10 * time.Second)
+	fmt.Printf("%s: CPU %.1fs in %v; peak RSS %.0f MB (with children %.0f MB)\n", kind, r.cpuTotal, r.wall.Round(time.Second),
+		mb(r.rssProc), mb(r.rssTree))
+	return r
+}
+
+// timedChange is one idle single change: data-path latency and the
+// proxy's own duration of the partial sync(s) it caused.
+func (b *bench) timedChange(s *started, r *result, diag ...func() string) (time.Duration, float64) {
+	before := b.counters(s).partial
+	lat, failures, err := b.move(s.client)
 	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "VmHWM:") {
-			var kb float64
-			fmt.Sscan(strings.TrimSpace(strings.TrimPrefix(l, "VmHWM:")), &kb)
-			return kb / 1024
+		for _, d := range diag {
+			fmt.Println(d())
 		}
 	}
-	return 0
-}
-
-func median(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[len(s)/2]
-}
-
-func maxOf(xs []float64) float64 {
-	m := 0.0
-	for _, x := range xs {
-		m = max(m, x)
-	}
-	return m
-}
-
-func report(ps []*proxy) {
-	fmt.Printf("\n%d Services x %d endpoints, %d single changes\n", *services, *endpoints, *changes)
-	fmt.Printf("%-34s", "")
-	for _, p := range ps {
-		fmt.Printf("%14s", p.name)
-	}
-	if len(ps) == 2 {
-		fmt.Printf("%14s", "ratio")
-	}
-	fmt.Println()
-	row := func(label string, f func(*proxy) float64, unit string) {
-		fmt.Printf("%-34s", label)
-		for _, p := range ps {
-			fmt.Printf("%12.4g%2s", f(p), unit)
+	must(b.tb, err)
+	r.probeFailures += failures
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		if p := b.counters(s).partial; p.count > before.count {
+			return lat, (p.sum - before.sum) / (p.count - before.count)
 		}
-		if len(ps) == 2 && f(ps[0]) > 0 {
-			fmt.Printf("%13.1fx", f(ps[1])/f(ps[0]))
-		}
-		fmt.Println()
+		// Every scrape costs the proxy CPU: poll less often the longer it takes.
+		time.Sleep(min(max(time.Since(deadline.Add(-5*time.Minute))/50, 5*time.Millisecond), 250*time.Millisecond))
 	}
-	row("start to rules programmed", func(p *proxy) float64 { return p.ready.Seconds() }, "s")
-	row("first full sync", func(p *proxy) float64 { return p.full }, "s")
-	row("single-change sync, median", func(p *proxy) float64 { return median(p.partial) * 1000 }, "ms")
-	row("single-change sync, max", func(p *proxy) float64 { return maxOf(p.partial) * 1000 }, "ms")
-	row("peak RSS (proxy process)", func(p *proxy) float64 { return p.rssMB }, "MB")
+	b.tb.Fatalf("%s: no partial sync after a change within 5 minutes", s.kind)
+	return 0, 0
+}
+
+func (b *bench) counters(s *started) counters {
+	var last error
+	for i := 0; i < 5; i++ {
+		c, err := readCounters(s.node)
+		if err == nil {
+			return c
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	b.tb.Fatalf("%s: /metrics: %v", s.kind, last)
+	return counters{}
+}
+
+// waitQuiet waits until the proxy has not synced for quiet (at most 5
+// minutes).
+func (b *bench) waitQuiet(s *started, quiet time.Duration) {
+	last, since := b.counters(s).syncs, time.Now()
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		time.Sleep(250 * time.Millisecond)
+		if n := b.counters(s).syncs; n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) >= quiet {
+			return
+		}
+	}
 }
 
 func tail(s string) string {
@@ -305,6 +476,7 @@ func tail(s string) string {
 
 func must(tb testbed.TB, err error) {
 	if err != nil {
+		tb.Helper()
 		tb.Fatal(err)
 	}
 }

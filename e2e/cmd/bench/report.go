@@ -1,0 +1,394 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+	"time"
+)
+
+// result is one proxy's measurements.
+type result struct {
+	name, load string
+
+	ready, readyDP time.Duration // start → first full sync done; → first answer through the ClusterIP
+	fullSync       float64       // first full sync, seconds (own histogram)
+	cpuReady       float64       // CPU seconds until ready
+
+	idle, churn  []time.Duration // data-path latency of single changes
+	idleSync     []float64       // own partial-sync duration per idle change, seconds
+	idleSyncs    float64         // syncs (all families) during the idle changes
+	cpuPerChange float64         // CPU seconds per idle change
+	churnRate    float64         // achieved background updates per second
+	churnMissed  int64
+	churnCores   float64 // CPU seconds per second during the churn changes
+
+	syncHist           hist    // all syncs, IPv4
+	kernelOpsPerChange float64 // nftproxy_sync_kernel_operations per idle change
+	nlObjects, nlGens  float64 // kernel notifications per monitored change
+	nlLost             int
+
+	cpuTotal         float64
+	wall             time.Duration
+	rssProc, rssTree int64
+
+	nft                 bool // the nftproxy_* metrics exist
+	events, ruleChanges float64
+	syncsByResult       map[string]float64
+	syncResults         []string
+	noop                noopResult
+
+	fpN, fpDirect []time.Duration // first-packet latency at N: via ClusterIP, direct to the pod
+	fpBase        []time.Duration // via ClusterIP at the baseline size
+	probeFailures int
+}
+
+type noopResult struct {
+	updates                               int
+	events, ruleChanges, kernelOps, syncs float64
+	nft                                   bool
+}
+
+type report struct {
+	c                  config
+	results            []*result
+	baselineN          int
+	loadStart, loadEnd string
+}
+
+// pct is the q-quantile (nearest rank) of ds; 0 when empty.
+func pct(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	k := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(k, 0), len(s)-1)]
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return s[(len(s)-1)/2]
+}
+
+func maxOf(xs []float64) float64 {
+	m := 0.0
+	for _, x := range xs {
+		m = max(m, x)
+	}
+	return m
+}
+
+func mb(b int64) float64 { return float64(b) / (1 << 20) }
+
+// fmtSec prints seconds with a unit that keeps 2–3 significant digits.
+func fmtSec(s float64) string {
+	switch {
+	case math.IsNaN(s):
+		return "n/a"
+	case s == 0:
+		return "0"
+	case s < 1e-3:
+		return fmt.Sprintf("%.0f µs", s*1e6)
+	case s < 10e-3:
+		return fmt.Sprintf("%.2f ms", s*1e3)
+	case s < 100e-3:
+		return fmt.Sprintf("%.1f ms", s*1e3)
+	case s < 1:
+		return fmt.Sprintf("%.0f ms", s*1e3)
+	case s < 10:
+		return fmt.Sprintf("%.2f s", s)
+	default:
+		return fmt.Sprintf("%.1f s", s)
+	}
+}
+
+func fmtNum(x float64) string {
+	switch {
+	case math.IsNaN(x):
+		return "n/a"
+	case x == math.Trunc(x):
+		return fmt.Sprintf("%.0f", x)
+	case x < 10:
+		return fmt.Sprintf("%.2f", x)
+	default:
+		return fmt.Sprintf("%.1f", x)
+	}
+}
+
+// cell is one value of the table: v (NaN: not applicable) and its text.
+type cell struct {
+	v    float64
+	text string
+}
+
+func secCell(s float64) cell            { return cell{s, fmtSec(s)} }
+func durCell(d time.Duration) cell      { return secCell(d.Seconds()) }
+func numCell(x float64) cell            { return cell{x, fmtNum(x)} }
+func mbCell(b int64) cell               { return cell{mb(b), fmt.Sprintf("%.0f MB", mb(b))} }
+func naCell() cell                      { return cell{math.NaN(), "n/a"} }
+func textCell(v float64, t string) cell { return cell{v, t} }
+
+type row struct {
+	label string
+	cells []cell
+	ratio bool // lower is better: print kube-proxy / nftproxy
+}
+
+func (rep *report) rows() []row {
+	var rows []row
+	add := func(label string, ratio bool, f func(r *result) cell) {
+		rw := row{label: label, ratio: ratio}
+		for _, r := range rep.results {
+			rw.cells = append(rw.cells, f(r))
+		}
+		rows = append(rows, rw)
+	}
+	nftOnly := func(f func(r *result) cell) func(r *result) cell {
+		return func(r *result) cell {
+			if !r.nft {
+				return naCell()
+			}
+			return f(r)
+		}
+	}
+	c := rep.c
+	add("start → rules programmed (first full sync done)", true, func(r *result) cell { return durCell(r.ready) })
+	add("start → first answer through a ClusterIP", true, func(r *result) cell { return durCell(r.readyDP) })
+	add("first full sync (own histogram)", true, func(r *result) cell { return secCell(r.fullSync) })
+	add("CPU until rules programmed (incl. children)", true, func(r *result) cell { return cell{r.cpuReady, fmt.Sprintf("%.2f s", r.cpuReady)} })
+	if c.Changes > 0 {
+		add(fmt.Sprintf("single change, data path, idle: p50 (%d changes)", c.Changes), true, func(r *result) cell { return durCell(pct(r.idle, 0.5)) })
+		add("single change, data path, idle: p99", true, func(r *result) cell { return durCell(pct(r.idle, 0.99)) })
+	}
+	if c.ChurnChanges > 0 {
+		add(fmt.Sprintf("single change, data path, churn: p50 (%d changes)", c.ChurnChanges), true, func(r *result) cell { return durCell(pct(r.churn, 0.5)) })
+		add("single change, data path, churn: p99", true, func(r *result) cell { return durCell(pct(r.churn, 0.99)) })
+		add("  churn achieved (EndpointSlice updates/s)", false, func(r *result) cell { return cell{r.churnRate, fmt.Sprintf("%.1f", r.churnRate)} })
+	}
+	if c.Changes > 0 {
+		add("sync after an idle change, median (own metric)", true, func(r *result) cell { return secCell(median(r.idleSync)) })
+		add("sync after an idle change, max", true, func(r *result) cell { return secCell(maxOf(r.idleSync)) })
+		add("syncs per idle change (both families)", false, func(r *result) cell { return numCell(r.idleSyncs / float64(c.Changes)) })
+		add("CPU per idle change (incl. children)", true, func(r *result) cell { return secCell(r.cpuPerChange) })
+	}
+	add("sync histogram IPv4, whole run: count", false, func(r *result) cell { return numCell(r.syncHist.count) })
+	add("sync histogram IPv4: sum", true, func(r *result) cell { return secCell(r.syncHist.sum) })
+	add("sync histogram IPv4: p50 (from buckets)", true, func(r *result) cell { return secCell(r.syncHist.quantile(0.5)) })
+	add("sync histogram IPv4: p99 (from buckets)", true, func(r *result) cell { return secCell(r.syncHist.quantile(0.99)) })
+	if c.Changes > 0 {
+		add("kernel operations per single change (own metric)", false, nftOnly(func(r *result) cell { return numCell(r.kernelOpsPerChange) }))
+	}
+	if c.MonitorChanges > 0 {
+		add("nftables objects changed per single change (kernel notifications)", true, func(r *result) cell {
+			t := fmtNum(r.nlObjects)
+			if r.nlLost > 0 {
+				t = "≥ " + t
+			}
+			return textCell(r.nlObjects, t)
+		})
+		add("nftables transactions per single change", false, func(r *result) cell { return numCell(r.nlGens) })
+	}
+	add("CPU, whole run (incl. children)", true, func(r *result) cell { return cell{r.cpuTotal, fmt.Sprintf("%.1f s", r.cpuTotal)} })
+	add("  wall time of the run", false, func(r *result) cell { return textCell(r.wall.Seconds(), r.wall.Round(time.Second).String()) })
+	if c.ChurnChanges > 0 {
+		add("CPU cores used under churn", true, func(r *result) cell { return cell{r.churnCores, fmt.Sprintf("%.2f", r.churnCores)} })
+	}
+	add("peak RSS, proxy process (VmHWM)", true, func(r *result) cell { return mbCell(r.rssProc) })
+	add("peak RSS, proxy + children (sampled)", true, func(r *result) cell { return mbCell(r.rssTree) })
+	add("API events received (whole run)", false, nftOnly(func(r *result) cell { return numCell(r.events) }))
+	add("Service rule changes (whole run)", false, nftOnly(func(r *result) cell { return numCell(r.ruleChanges) }))
+	add("syncs by result (whole run)", false, nftOnly(func(r *result) cell {
+		var parts []string
+		for _, k := range r.syncResults {
+			parts = append(parts, fmt.Sprintf("%s %.0f", k, r.syncsByResult[k]))
+		}
+		return textCell(0, strings.Join(parts, ", "))
+	}))
+	if c.NoopUpdates > 0 {
+		label := fmt.Sprintf("%d no-op updates: API events / rule changes / kernel ops", c.NoopUpdates)
+		add(label, false, nftOnly(func(r *result) cell {
+			return textCell(0, fmt.Sprintf("%.0f / %.0f / %.0f", r.noop.events, r.noop.ruleChanges, r.noop.kernelOps))
+		}))
+		add(fmt.Sprintf("%d no-op updates: syncs", c.NoopUpdates), false, func(r *result) cell { return numCell(r.noop.syncs) })
+	}
+	if rep.baselineN > 0 && rep.baselineN != c.Services {
+		add(fmt.Sprintf("first packet via ClusterIP, %d Services: p50", rep.baselineN), true, func(r *result) cell { return durCell(pct(r.fpBase, 0.5)) })
+		add(fmt.Sprintf("first packet via ClusterIP, %d Services: p99", rep.baselineN), true, func(r *result) cell { return durCell(pct(r.fpBase, 0.99)) })
+	}
+	add(fmt.Sprintf("first packet via ClusterIP, %d Services: p50", c.Services), true, func(r *result) cell { return durCell(pct(r.fpN, 0.5)) })
+	add(fmt.Sprintf("first packet via ClusterIP, %d Services: p99", c.Services), true, func(r *result) cell { return durCell(pct(r.fpN, 0.99)) })
+	add("first packet direct to the pod (no ClusterIP): p50", false, func(r *result) cell { return durCell(pct(r.fpDirect, 0.5)) })
+	add("data-path attempts without answer", false, func(r *result) cell { return numCell(float64(r.probeFailures)) })
+	return rows
+}
+
+// print writes the side-by-side table (Markdown).
+func (rep *report) print(w io.Writer) {
+	c := rep.c
+	fmt.Fprintf(w, "\n%d Services × %d endpoints; %d idle changes, %d under churn at %.0f updates/s; first packets: %d connections; load average %s at start, %s at end\n",
+		c.Services, c.Endpoints, c.Changes, c.ChurnChanges, c.ChurnRate, c.Conns, rep.loadStart, rep.loadEnd)
+	header := []string{""}
+	for _, r := range rep.results {
+		header = append(header, r.name)
+	}
+	two := len(rep.results) == 2
+	if two {
+		header = append(header, "ratio")
+	}
+	table := [][]string{header}
+	for _, rw := range rep.rows() {
+		line := []string{rw.label}
+		for _, cl := range rw.cells {
+			line = append(line, cl.text)
+		}
+		if two {
+			ratio := ""
+			a, b := rw.cells[0].v, rw.cells[1].v
+			if rw.ratio && a > 0 && b > 0 && !math.IsNaN(a) && !math.IsNaN(b) {
+				ratio = fmtRatio(b / a)
+			}
+			line = append(line, ratio)
+		}
+		table = append(table, line)
+	}
+	width := make([]int, len(header))
+	for _, l := range table {
+		for i, s := range l {
+			width[i] = max(width[i], len([]rune(s)))
+		}
+	}
+	for n, l := range table {
+		var sb strings.Builder
+		sb.WriteString("|")
+		for i, s := range l {
+			pad := strings.Repeat(" ", width[i]-len([]rune(s)))
+			if i == 0 {
+				sb.WriteString(" " + s + pad + " |")
+			} else {
+				sb.WriteString(" " + pad + s + " |")
+			}
+		}
+		fmt.Fprintln(w, sb.String())
+		if n == 0 {
+			sb.Reset()
+			sb.WriteString("|")
+			for i := range l {
+				if i == 0 {
+					sb.WriteString(strings.Repeat("-", width[i]+2) + "|")
+				} else {
+					sb.WriteString(strings.Repeat("-", width[i]+1) + ":|")
+				}
+			}
+			fmt.Fprintln(w, sb.String())
+		}
+	}
+	if two {
+		fmt.Fprintln(w, "ratio: kube-proxy ÷ nftproxy (higher is better for nftproxy)")
+	}
+}
+
+func fmtRatio(x float64) string {
+	switch {
+	case x >= 100:
+		return fmt.Sprintf("%.0f×", x)
+	case x >= 10:
+		return fmt.Sprintf("%.0f×", x)
+	default:
+		return fmt.Sprintf("%.1f×", x)
+	}
+}
+
+// validate checks nftproxy's numbers (the first result) for completeness
+// and plausibility; it returns the problems found.
+func (rep *report) validate() []string {
+	var p []string
+	bad := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
+	if len(rep.results) == 0 || rep.results[0].name != "nftproxy" {
+		return []string{"no nftproxy result"}
+	}
+	r, c := rep.results[0], rep.c
+	inRange := func(what string, v, lo, hi float64) {
+		if math.IsNaN(v) || v < lo || v > hi {
+			bad("%s = %v, want %v…%v", what, v, lo, hi)
+		}
+	}
+	inRange("start → rules programmed (s)", r.ready.Seconds(), 1e-3, 60)
+	inRange("start → first answer (s)", r.readyDP.Seconds(), 1e-3, 60)
+	inRange("first full sync (s)", r.fullSync, 1e-6, 30)
+	inRange("CPU until programmed (s)", r.cpuReady, 0, 60)
+	if len(r.idle) != c.Changes || len(r.idleSync) != c.Changes {
+		bad("%d idle changes timed, want %d", len(r.idle), c.Changes)
+	}
+	for _, d := range r.idle {
+		inRange("idle change latency (s)", d.Seconds(), 1e-5, 30)
+	}
+	for _, s := range r.idleSync {
+		inRange("sync after an idle change (s)", s, 1e-7, 30)
+	}
+	if len(r.churn) != c.ChurnChanges {
+		bad("%d churn changes timed, want %d", len(r.churn), c.ChurnChanges)
+	}
+	for _, d := range r.churn {
+		inRange("churn change latency (s)", d.Seconds(), 1e-5, 60)
+	}
+	if c.ChurnChanges > 0 {
+		inRange("churn rate achieved (/s)", r.churnRate, 0.2*c.ChurnRate, 2*c.ChurnRate)
+	}
+	inRange("sync histogram count", r.syncHist.count, float64(1+c.Changes), 1e7)
+	inRange("sync histogram sum (s)", r.syncHist.sum, 1e-7, 1e4)
+	inRange("sync histogram p50 (s)", r.syncHist.quantile(0.5), 1e-7, 60)
+	inRange("CPU whole run (s)", r.cpuTotal, 0.01, 1e4)
+	inRange("peak RSS (MB)", mb(r.rssProc), 5, 4096)
+	if r.rssTree < r.rssProc {
+		bad("peak RSS with children %d < without %d", r.rssTree, r.rssProc)
+	}
+	if !r.nft {
+		bad("no nftproxy_* metrics")
+	} else {
+		if c.Changes > 0 {
+			inRange("kernel operations per single change", r.kernelOpsPerChange, 1, 1000)
+		}
+		inRange("API events", r.events, float64(c.Services), 1e9)
+		inRange("Service rule changes", r.ruleChanges, float64(c.Changes+c.ChurnChanges), 1e9)
+		if r.syncsByResult["success"] < 1 {
+			bad("no successful sync counted in nftproxy_syncs_total: %v", r.syncsByResult)
+		}
+		if r.syncsByResult["failure"] > 0 {
+			bad("%.0f failed syncs", r.syncsByResult["failure"])
+		}
+		if c.NoopUpdates > 0 {
+			if r.noop.events < float64(c.NoopUpdates) {
+				bad("%d no-op updates but %.0f API events counted", c.NoopUpdates, r.noop.events)
+			}
+			if r.noop.ruleChanges != 0 || r.noop.kernelOps != 0 {
+				bad("no-op updates caused %.0f rule changes and %.0f kernel operations", r.noop.ruleChanges, r.noop.kernelOps)
+			}
+		}
+	}
+	if c.MonitorChanges > 0 {
+		inRange("kernel notifications per change", r.nlObjects, 1, 1e6)
+		inRange("transactions per change", r.nlGens, 1, 100)
+	}
+	if len(r.fpN) != c.Conns || len(r.fpDirect) != c.Conns {
+		bad("%d/%d first-packet connections answered, want %d", len(r.fpN), len(r.fpDirect), c.Conns)
+	}
+	inRange("first packet p50 (s)", pct(r.fpN, 0.5).Seconds(), 1e-6, 1)
+	if r.probeFailures > 0 {
+		bad("%d data-path attempts got no answer", r.probeFailures)
+	}
+	if len(rep.results) > 1 {
+		u := rep.results[1]
+		if u.ready <= 0 || len(u.idle) != c.Changes || u.syncHist.count == 0 {
+			fmt.Printf("smoke: warning: upstream kube-proxy's numbers are incomplete\n")
+		}
+	}
+	return p
+}
