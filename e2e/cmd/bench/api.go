@@ -129,13 +129,13 @@ func (b *bench) fakeSlice(i, gen int) *discovery.EndpointSlice {
 // move is one single change: the mover Service moves to the next server
 // pod. It returns when that pod answers through the ClusterIP from the
 // client (latency from just before the API write).
-func (b *bench) move(cl *nsThread) (time.Duration, int, error) {
+func (b *bench) move(cl *nsThread) (time.Duration, fails, error) {
 	b.moves++
 	pod := b.servers[1+b.moves%(nServers-1)]
 	t0 := time.Now()
 	_, err := b.client.DiscoveryV1().EndpointSlices(ns).Update(context.Background(), podSlice(moverSvc, pod), metav1.UpdateOptions{})
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	lat, failures, err := cl.waitAnswer(b.moverAddr, pod.Name, t0, time.Second, time.Millisecond, 5*time.Minute)
 	if err != nil {

@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -105,7 +108,7 @@ func dialOnce(addr string, timeout time.Duration) (string, time.Duration, error)
 // with the time already waited (1% of it, between minPause and 20 ms), so the
 // resolution is about 1% and the client does not compete much with the
 // proxy for the CPU. failures counts attempts that got no answer at all.
-func (t *nsThread) waitAnswer(addr, want string, t0 time.Time, attempt, minPause, limit time.Duration) (lat time.Duration, failures int, err error) {
+func (t *nsThread) waitAnswer(addr, want string, t0 time.Time, attempt, minPause, limit time.Duration) (lat time.Duration, failures fails, err error) {
 	t.do(func() {
 		for {
 			name, _, derr := dialOnce(addr, attempt)
@@ -115,7 +118,7 @@ func (t *nsThread) waitAnswer(addr, want string, t0 time.Time, attempt, minPause
 				return
 			}
 			if derr != nil {
-				failures++
+				failures.add(derr)
 			}
 			waited := now.Sub(t0)
 			if waited > limit {
@@ -131,12 +134,15 @@ func (t *nsThread) waitAnswer(addr, want string, t0 time.Time, attempt, minPause
 // firstPacket opens n new connections to addr one after the other (5 ms
 // apart) and returns their connect+first-byte times; connections answered
 // by another server than want, or not at all, count as failures.
-func (t *nsThread) firstPacket(addr, want string, n int) (times []time.Duration, failures int) {
+func (t *nsThread) firstPacket(addr, want string, n int) (times []time.Duration, failures fails) {
 	t.do(func() {
 		for i := 0; i < n; i++ {
 			name, d, err := dialOnce(addr, time.Second)
-			if err != nil || name != want {
-				failures++
+			if err == nil && name != want {
+				err = fmt.Errorf("answered by %s", name)
+			}
+			if err != nil {
+				failures.add(err)
 			} else {
 				times = append(times, d)
 			}
@@ -144,4 +150,57 @@ func (t *nsThread) firstPacket(addr, want string, n int) (times []time.Duration,
 		}
 	})
 	return times, failures
+}
+
+// fails counts connection attempts that got no (right) answer, by kind.
+type fails map[string]int
+
+func (f *fails) add(err error) {
+	if *f == nil {
+		*f = fails{}
+	}
+	var ne net.Error
+	kind := "other"
+	switch {
+	case errors.Is(err, unix.ECONNREFUSED):
+		kind = "refused"
+	case errors.Is(err, unix.ECONNRESET):
+		kind = "reset"
+	case errors.Is(err, unix.EHOSTUNREACH), errors.Is(err, unix.ENETUNREACH):
+		kind = "unreachable"
+	case errors.As(err, &ne) && ne.Timeout():
+		kind = "timeout"
+	case strings.HasPrefix(err.Error(), "answered by"):
+		kind = "wrong server"
+	}
+	(*f)[kind]++
+}
+
+func (f fails) total() int {
+	n := 0
+	for _, v := range f {
+		n += v
+	}
+	return n
+}
+
+func (f fails) merge(o fails) fails {
+	if f == nil {
+		f = fails{}
+	}
+	for k, v := range o {
+		f[k] += v
+	}
+	return f
+}
+
+func (f fails) String() string {
+	if f.total() == 0 {
+		return "0"
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(f)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, f[k]))
+	}
+	return fmt.Sprintf("%d (%s)", f.total(), strings.Join(parts, ", "))
 }

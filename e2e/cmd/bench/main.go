@@ -271,10 +271,10 @@ func (b *bench) baselineFirstPacket(kind string) []time.Duration {
 	fp, failures := s.client.firstPacket(b.stableAddr, "srv-0", b.c.Conns)
 	s.mon.stop()
 	s.proc.Stop(10 * time.Second)
-	fmt.Printf("%s: ready after %v; first packet p50 %v p99 %v (%d failed)\n", kind, ready.Round(time.Millisecond),
+	fmt.Printf("%s: ready after %v; first packet p50 %v p99 %v (failed: %v)\n", kind, ready.Round(time.Millisecond),
 		pct(fp, 0.5), pct(fp, 0.99), failures)
-	if failures > 0 {
-		b.tb.Fatalf("%s: %d of %d connections to %s failed", kind, failures, b.c.Conns, b.stableAddr)
+	if failures.total() > 0 {
+		b.tb.Fatalf("%s: connections to %s failed: %v of %d", kind, b.stableAddr, failures, b.c.Conns)
 	}
 	return fp
 }
@@ -284,6 +284,7 @@ func (b *bench) measure(kind string) *result {
 	c := b.c
 	r := &result{name: kind, load: loadAvg()}
 	fmt.Printf("\n== %s with %d Services × %d endpoints (load %s)\n", kind, c.Services, c.Endpoints, r.load)
+	time.Sleep(5 * time.Second) // let the API server and etcd settle after the last burst of writes
 	s := b.start(kind, "")
 	defer s.client.close()
 	stopped := false
@@ -313,10 +314,10 @@ func (b *bench) measure(kind string) *result {
 		r.ready.Round(time.Millisecond), r.readyDP.Round(time.Millisecond), r.fullSync, r.cpuReady)
 
 	// 5. First packets, through the ClusterIP and directly to the pod.
-	var f1, f2 int
+	var f1, f2 fails
 	r.fpN, f1 = s.client.firstPacket(b.stableAddr, "srv-0", c.Conns)
 	r.fpDirect, f2 = s.client.firstPacket(fmt.Sprintf("%s:%d", b.servers[0].IPv4, serverPort), "srv-0", c.Conns)
-	r.probeFailures += f1 + f2
+	r.probeFailures = r.probeFailures.merge(f1).merge(f2)
 	fmt.Printf("first packet via ClusterIP p50 %v p99 %v; direct to pod p50 %v p99 %v\n",
 		pct(r.fpN, 0.5), pct(r.fpN, 0.99), pct(r.fpDirect, 0.5), pct(r.fpDirect, 0.99))
 
@@ -378,16 +379,19 @@ func (b *bench) measure(kind string) *result {
 	if c.ChurnChanges > 0 {
 		ch := b.startChurn(c.ChurnRate)
 		time.Sleep(2 * time.Second)
-		cpu1, t1 := s.mon.cpu(), time.Now()
+		cpu1, t1, k0 := s.mon.cpu(), time.Now(), b.counters(s)
 		rnd := rand.New(rand.NewPCG(1, 2))
 		for i := 0; i < c.ChurnChanges; i++ {
 			lat, failures, err := b.move(s.client)
 			must(b.tb, err)
-			r.probeFailures += failures
+			r.probeFailures = r.probeFailures.merge(failures)
 			r.churn = append(r.churn, lat)
 			time.Sleep(time.Duration(rnd.Int64N(int64(time.Second)))) // not in step with the proxy's syncs
 		}
 		r.churnCores = (s.mon.cpu() - cpu1) / time.Since(t1).Seconds()
+		k1 := b.counters(s)
+		r.churnWindow = noopResult{events: k1.events - k0.events, ruleChanges: k1.ruleChanges - k0.ruleChanges,
+			kernelOps: k1.kernelOps - k0.kernelOps, syncs: k1.syncs - k0.syncs, nft: k1.nft}
 		var failures int64
 		r.churnRate, failures, r.churnMissed = ch.stop()
 		if failures > 0 {
@@ -424,7 +428,7 @@ func (b *bench) timedChange(s *started, r *result, diag ...func() string) (time.
 		}
 	}
 	must(b.tb, err)
-	r.probeFailures += failures
+	r.probeFailures = r.probeFailures.merge(failures)
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
 		if p := b.counters(s).partial; p.count > before.count {

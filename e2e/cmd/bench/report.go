@@ -39,10 +39,11 @@ type result struct {
 	syncsByResult       map[string]float64
 	syncResults         []string
 	noop                noopResult
+	churnWindow         noopResult // counter deltas while the churn changes were timed
 
 	fpN, fpDirect []time.Duration // first-packet latency at N: via ClusterIP, direct to the pod
 	fpBase        []time.Duration // via ClusterIP at the baseline size
-	probeFailures int
+	probeFailures fails           // attempts without (the right) answer, idle and churn changes and first packets
 }
 
 type noopResult struct {
@@ -212,6 +213,14 @@ func (rep *report) rows() []row {
 		}
 		return textCell(0, strings.Join(parts, ", "))
 	}))
+	if c.ChurnChanges > 0 {
+		add("under churn: API events / rule changes / syncs (IPv4+IPv6)", false, func(r *result) cell {
+			if !r.nft {
+				return textCell(0, fmt.Sprintf("n/a / n/a / %.0f", r.churnWindow.syncs))
+			}
+			return textCell(0, fmt.Sprintf("%.0f / %.0f / %.0f", r.churnWindow.events, r.churnWindow.ruleChanges, r.churnWindow.syncs))
+		})
+	}
 	if c.NoopUpdates > 0 {
 		label := fmt.Sprintf("%d no-op updates: API events / rule changes / kernel ops", c.NoopUpdates)
 		add(label, false, nftOnly(func(r *result) cell {
@@ -226,7 +235,7 @@ func (rep *report) rows() []row {
 	add(fmt.Sprintf("first packet via ClusterIP, %d Services: p50", c.Services), true, func(r *result) cell { return durCell(pct(r.fpN, 0.5)) })
 	add(fmt.Sprintf("first packet via ClusterIP, %d Services: p99", c.Services), true, func(r *result) cell { return durCell(pct(r.fpN, 0.99)) })
 	add("first packet direct to the pod (no ClusterIP): p50", false, func(r *result) cell { return durCell(pct(r.fpDirect, 0.5)) })
-	add("data-path attempts without answer", false, func(r *result) cell { return numCell(float64(r.probeFailures)) })
+	add("data-path attempts without answer", false, func(r *result) cell { return textCell(0, r.probeFailures.String()) })
 	return rows
 }
 
@@ -381,8 +390,8 @@ func (rep *report) validate() []string {
 		bad("%d/%d first-packet connections answered, want %d", len(r.fpN), len(r.fpDirect), c.Conns)
 	}
 	inRange("first packet p50 (s)", pct(r.fpN, 0.5).Seconds(), 1e-6, 1)
-	if r.probeFailures > 0 {
-		bad("%d data-path attempts got no answer", r.probeFailures)
+	if r.probeFailures.total() > 0 {
+		bad("data-path attempts without answer: %v", r.probeFailures)
 	}
 	if len(rep.results) > 1 {
 		u := rep.results[1]
