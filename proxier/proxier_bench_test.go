@@ -1,0 +1,318 @@
+package proxier
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/model"
+)
+
+// The proxier's benchmarks run the sync loop's own code (checkout, model,
+// fragments, Editor, transaction) on the API state of e2e/cmd/bench; see
+// docs/profiles.md for the commands and results.
+
+type benchSize struct{ Services, Endpoints int }
+
+func (s benchSize) String() string { return fmt.Sprintf("%dkx%d", s.Services/1000, s.Endpoints) }
+
+var benchSizes = []benchSize{{1000, 5}, {10000, 5}, {100000, 5}, {100000, 10}}
+
+var benchConfig = Config{NodeName: "node-0", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour,
+	ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+	ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
+
+func benchIPv4(n uint32) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
+}
+
+// benchEndpoint is endpoint j of Service i: from 10.128.0.0/9, or for
+// j == 0 and gen > 0 from 10.200.0.0/16 (e2e/cmd/bench's moveEndpoint).
+func benchEndpoint(sz benchSize, i, j, gen int) netip.Addr {
+	if j == 0 && gen > 0 {
+		return benchIPv4(uint32(10<<24|200<<16) + uint32(gen))
+	}
+	return benchIPv4(uint32(10<<24|128<<16) + uint32(i*sz.Endpoints+j))
+}
+
+func benchClusterIP(i int) netip.Addr { return benchIPv4(uint32(10<<24|96<<16) + uint32(i+10)) }
+
+// benchModel is Service i as the watch layer converts it: bench/svc-i, a
+// ClusterIP Service (http 80/TCP) with one EndpointSlice svc-i-1 whose
+// endpoints (port 8080) are spread over 100 nodes, node-0 being this one.
+func benchModel(sz benchSize, i, gen int) (*model.Service, *model.EndpointSlice) {
+	name := model.ServiceName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)}
+	svc := &model.Service{Name: name, ClusterIPs: []netip.Addr{benchClusterIP(i)},
+		Ports: []model.ServicePort{{Name: "http", Protocol: nft.ProtoTCP, Port: 80}}}
+	es := &model.EndpointSlice{Name: name.Name + "-1", Service: name, Family: nft.IPv4,
+		Ports: []model.EndpointPort{{Name: "http", Protocol: nft.ProtoTCP, Port: 8080}}}
+	for j := 0; j < sz.Endpoints; j++ {
+		es.Endpoints = append(es.Endpoints, model.Endpoint{Addr: benchEndpoint(sz, i, j, gen),
+			Ready: true, Serving: true, NodeName: fmt.Sprintf("node-%d", (i*sz.Endpoints+j)%100)})
+	}
+	return svc, es
+}
+
+func benchModels(sz benchSize) ([]*model.Service, []*model.EndpointSlice) {
+	svcs, slices := make([]*model.Service, sz.Services), make([]*model.EndpointSlice, sz.Services)
+	for i := range svcs {
+		svcs[i], slices[i] = benchModel(sz, i, 0)
+	}
+	return svcs, slices
+}
+
+// discardBackend keeps nothing, like nft.Netlink once a batch is sent: it
+// isolates the proxier's own cost from the Fake's (see
+// nft.BenchmarkFakeApplyFullSync) and from the kernel's.
+type discardBackend struct {
+	ops     int
+	onApply func(tx *nft.Transaction)
+}
+
+func (d *discardBackend) Apply(_ context.Context, tx *nft.Transaction) error {
+	d.ops += len(tx.Ops)
+	if d.onApply != nil {
+		d.onApply(tx)
+	}
+	return nil
+}
+
+// benchProxier is a Proxier whose trackers hold the objects, as after the
+// informers synced: its next sync is the first, full one.
+func benchProxier(b *testing.B, backend nft.Interface, svcs []*model.Service, slices []*model.EndpointSlice) *Proxier {
+	p, err := New(benchConfig, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i, svc := range svcs {
+		p.trackers.Services.Set(svc.Name, svc)
+		p.trackers.Slices.Set(model.SliceKey{Namespace: svc.Name.Namespace, Name: slices[i].Name}, slices[i])
+	}
+	return p
+}
+
+// BenchmarkProxierFullSync times the first sync of a proxier whose
+// trackers hold every object: checkout, record, the model and fragment of
+// every Service, the Editor, the full-rewrite transaction and its Apply to
+// a backend that discards it (the proxier's own cost) or to nft.Fake.
+func BenchmarkProxierFullSync(b *testing.B) {
+	for _, sz := range benchSizes {
+		svcs, slices := benchModels(sz)
+		for _, backend := range []string{"discard", "fake"} {
+			b.Run(sz.String()+"/"+backend, func(b *testing.B) {
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					b.StopTimer()
+					var be nft.Interface = &discardBackend{}
+					if backend == "fake" {
+						be = nft.NewFake()
+					}
+					p := benchProxier(b, be, svcs, slices)
+					runtime.GC()
+					b.StartTimer()
+					if err := p.sync(context.Background()); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkProxierSingleChange times a sync after one endpoint of one
+// Service moved (e2e/cmd/bench's single change), the proxier holding every
+// Service: it must not grow with their number. The backend discards.
+func BenchmarkProxierSingleChange(b *testing.B) {
+	for _, sz := range benchSizes {
+		b.Run(sz.String(), func(b *testing.B) {
+			svcs, slices := benchModels(sz)
+			be := &discardBackend{}
+			p := benchProxier(b, be, svcs, slices)
+			if err := p.sync(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			be.ops = 0
+			gen := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				gen++
+				i := gen * 7919 % sz.Services
+				_, es := benchModel(sz, i, gen)
+				p.trackers.Slices.Set(model.SliceKey{Namespace: "bench", Name: es.Name}, es)
+				if err := p.sync(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(be.ops)/float64(b.N), "ops/change")
+		})
+	}
+}
+
+// liveHeap is the heap in use after a full collection.
+func liveHeap() float64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return float64(ms.HeapAlloc)
+}
+
+const mib = 1 << 20
+
+// BenchmarkProxierMemory measures (once per iteration; run with
+// -benchtime 1x) the live heap of each stage of the sync loop at each size,
+// in MiB: the converted model objects, the trackers holding them, what the
+// proxier retains after its first sync (its maps, the Editor's ruleset,
+// the fragments and service ports), and everything live while the full
+// transaction is being applied (the peak, without the netlink batch: see
+// nft.BenchmarkEncodeFullSync). The informer caches come on top (see
+// BenchmarkProxierStartup). With NFTPROXY_HEAPPROFILE=<prefix>, heap
+// profiles <prefix>-<size>-{retained,apply}.pprof are written at those two
+// points.
+func BenchmarkProxierMemory(b *testing.B) {
+	for _, sz := range benchSizes {
+		b.Run(sz.String(), func(b *testing.B) {
+			for b.Loop() {
+				h0 := liveHeap()
+				svcs, slices := benchModels(sz)
+				h1 := liveHeap()
+				var hApply float64
+				be := &discardBackend{onApply: func(*nft.Transaction) {
+					hApply = liveHeap()
+					benchHeapProfile(b, sz, "apply")
+				}}
+				p := benchProxier(b, be, svcs, slices)
+				h2 := liveHeap()
+				if err := p.sync(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				h3 := liveHeap()
+				benchHeapProfile(b, sz, "retained")
+				b.ReportMetric((h1-h0)/mib, "model-MiB")
+				b.ReportMetric((h2-h1)/mib, "trackers-MiB")
+				b.ReportMetric((h3-h2)/mib, "proxier-MiB")
+				b.ReportMetric((h3-h0)/mib, "retained-MiB")
+				b.ReportMetric((hApply-h0)/mib, "at-apply-MiB")
+				runtime.KeepAlive(p)
+			}
+		})
+	}
+}
+
+func benchHeapProfile(b *testing.B, sz benchSize, point string) {
+	prefix := os.Getenv("NFTPROXY_HEAPPROFILE")
+	if prefix == "" {
+		return
+	}
+	f, err := os.Create(fmt.Sprintf("%s-%s-%s.pprof", prefix, sz, point))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// benchAPIObjects are the Service and EndpointSlice of Service i as the
+// API server returns them to e2e/cmd/bench's objects: defaulted spec,
+// uid, resourceVersion, creation time (managedFields are dropped by the
+// informers' transform).
+func benchAPIObjects(sz benchSize, i int) (*v1.Service, *discovery.EndpointSlice) {
+	name := fmt.Sprintf("svc-%d", i)
+	meta := func(name string, labels map[string]string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Namespace: "bench", Name: name, Labels: labels,
+			UID:               types.UID(fmt.Sprintf("6f1c2a4e-0000-4000-8000-%012d", i)),
+			ResourceVersion:   fmt.Sprint(100000 + i),
+			CreationTimestamp: metav1.NewTime(time.Unix(1_800_000_000, 0))}
+	}
+	ip := benchClusterIP(i).String()
+	single, local := v1.IPFamilyPolicySingleStack, v1.ServiceInternalTrafficPolicyCluster
+	svc := &v1.Service{ObjectMeta: meta(name, nil), Spec: v1.ServiceSpec{
+		Type: v1.ServiceTypeClusterIP, ClusterIP: ip, ClusterIPs: []string{ip},
+		IPFamilies: []v1.IPFamily{v1.IPv4Protocol}, IPFamilyPolicy: &single, InternalTrafficPolicy: &local,
+		SessionAffinity: v1.ServiceAffinityNone,
+		Ports:           []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}
+	pname, port, proto := "http", int32(8080), v1.ProtocolTCP
+	es := &discovery.EndpointSlice{
+		ObjectMeta:  meta(name+"-1", map[string]string{discovery.LabelServiceName: name}),
+		AddressType: discovery.AddressTypeIPv4,
+		Ports:       []discovery.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}},
+	}
+	for j := 0; j < sz.Endpoints; j++ {
+		node := fmt.Sprintf("node-%d", (i*sz.Endpoints+j)%100)
+		es.Endpoints = append(es.Endpoints, discovery.Endpoint{
+			Addresses: []string{benchEndpoint(sz, i, j, 0).String()}, NodeName: &node})
+	}
+	return svc, es
+}
+
+// firstApply signals when its backend's first Apply has returned.
+type firstApply struct {
+	nft.Interface
+	once sync.Once
+	done chan struct{}
+}
+
+func (f *firstApply) Apply(ctx context.Context, tx *nft.Transaction) error {
+	err := f.Interface.Apply(ctx, tx)
+	f.once.Do(func() { close(f.done) })
+	return err
+}
+
+// BenchmarkProxierStartup times Run from start to the end of the first
+// sync's Apply, with a fake clientset holding every Service and
+// EndpointSlice: the informers' list, conversion, trackers, and the full
+// sync (backend: discard). It reports the live heap the informers and the
+// proxier add once synced (informer-and-proxier-MiB); the fake clientset's
+// own copy of the objects is excluded.
+func BenchmarkProxierStartup(b *testing.B) {
+	for _, sz := range benchSizes {
+		b.Run(sz.String(), func(b *testing.B) {
+			objs := make([]kruntime.Object, 0, 2*sz.Services)
+			for i := 0; i < sz.Services; i++ {
+				svc, es := benchAPIObjects(sz, i)
+				objs = append(objs, svc, es)
+			}
+			var grown float64
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				client := fake.NewClientset(objs...)
+				be := &firstApply{Interface: &discardBackend{}, done: make(chan struct{})}
+				p, err := New(benchConfig, Deps{Client: client, NFT: map[nft.Family]nft.Interface{nft.IPv4: be}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				h0 := liveHeap()
+				ctx, cancel := context.WithCancel(context.Background())
+				stopped := make(chan struct{})
+				b.StartTimer()
+				go func() { _ = p.Run(ctx); close(stopped) }()
+				<-be.done
+				b.StopTimer()
+				grown = liveHeap() - h0
+				benchHeapProfile(b, sz, "startup")
+				cancel()
+				<-stopped
+				runtime.KeepAlive(client)
+				b.StartTimer()
+			}
+			b.ReportMetric(grown/mib, "informer-and-proxier-MiB")
+		})
+	}
+}
