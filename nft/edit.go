@@ -217,7 +217,11 @@ func (e *Editor) Transaction() *Transaction {
 // Commit records that the last Transaction was applied.
 func (e *Editor) Commit() {
 	e.reset, e.loaded = false, nil
-	clear(e.setsBefore)
-	clear(e.chainsBefore)
-	clear(e.elemsBefore)
+	// Fresh maps, not clear(): a cleared map keeps the buckets of the full
+	// sync's before-images (a million slots at 100k Services), and the next
+	// Transaction would walk them all. Measured in docs/profiles.md: a
+	// single change at 100k×10 went from 10.2 to 0.94 ms.
+	e.setsBefore = map[string]*Set{}
+	e.chainsBefore = map[string]*Chain{}
+	e.elemsBefore = map[setKey]*Element{}
 }
