@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/model"
 )
 
 func service(ns, name, ip string, port int32, proto v1.Protocol) *v1.Service {
@@ -163,5 +164,120 @@ func TestSingleChangeCostsItsSize(t *testing.T) {
 	// flush + 1 rule; hairpin element out and in.
 	if ops := h.fk.Ops - before; ops > 4 {
 		t.Errorf("one endpoint change took %d operations", ops)
+	}
+}
+
+// testServices are Services using every feature that shapes a fragment
+// (NodePort, external and load balancer IPs with source ranges, traffic
+// policies, session affinity), with one EndpointSlice each; gen moves
+// their endpoints.
+func testServices(n, gen int) ([]*model.Service, []*model.EndpointSlice) {
+	var svcs []*model.Service
+	var slices []*model.EndpointSlice
+	for i := 0; i < n; i++ {
+		name := model.ServiceName{Namespace: "ns", Name: fmt.Sprintf("svc-%d", i)}
+		svc := &model.Service{Name: name, ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 1, byte(i)})},
+			Ports: []model.ServicePort{{Name: "p", Protocol: nft.ProtoTCP, Port: 80}}}
+		switch i % 5 {
+		case 1:
+			svc.Ports[0].NodePort = uint16(30000 + i)
+			svc.ExternalLocal, svc.HealthCheckNodePort = true, uint16(32000+i)
+		case 2:
+			svc.LoadBalancerIPs = []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(i)})}
+			svc.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+			svc.ExternalIPs = []netip.Addr{netip.AddrFrom4([4]byte{203, 0, 113, byte(i)})}
+		case 3:
+			svc.AffinityTimeout = time.Duration(i) * time.Minute
+		case 4:
+			svc.InternalLocal = true
+		}
+		es := &model.EndpointSlice{Name: name.Name + "-1", Service: name, Family: nft.IPv4,
+			Ports: []model.EndpointPort{{Name: "p", Protocol: nft.ProtoTCP, Port: 8080}}}
+		for j := 0; j < i%4; j++ {
+			es.Endpoints = append(es.Endpoints, model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(gen + j), byte(i)}),
+				Ready: true, Serving: true, NodeName: fmt.Sprintf("n%d", (i+j+gen)%3)})
+		}
+		svcs, slices = append(svcs, svc), append(slices, es)
+	}
+	return svcs, slices
+}
+
+func setAll(p *Proxier, svcs []*model.Service, slices []*model.EndpointSlice) {
+	for i, svc := range svcs {
+		p.trackers.Services.Set(svc.Name, svc)
+		p.trackers.Slices.Set(model.SliceKey{Namespace: svc.Name.Namespace, Name: slices[i].Name}, slices[i])
+	}
+}
+
+// TestIncrementalSyncsMatchFullBuild: the proxier keeps no fragments and
+// rebuilds a Service's old fragment from its programmed ports and the
+// configuration they were built with. After changes of Services,
+// endpoints, the node (addresses, pod CIDRs: NodeCIDR local detection) and
+// the Service CIDRs, the table equals a fresh proxier's.
+func TestIncrementalSyncsMatchFullBuild(t *testing.T) {
+	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour,
+		LocalDetect:  LocalDetect{Mode: DetectNodeCIDR},
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
+	newProxier := func() (*Proxier, *nft.Fake) {
+		fk := nft.NewFake()
+		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: fk}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, fk
+	}
+	node := func(addr, podCIDR string) model.Node {
+		return model.Node{Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr(addr)},
+			PodCIDRs: []netip.Prefix{netip.MustParsePrefix(podCIDR)}}
+	}
+	sync := func(p *Proxier) {
+		t.Helper()
+		if err := p.sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, fk := newProxier()
+	p.setNode(node("10.10.0.11", "10.244.1.0/24"))
+	svcs, slices := testServices(40, 0)
+	setAll(p, svcs, slices)
+	sync(p)
+
+	// The configuration changes with some Services: every Service is
+	// rebuilt, each releasing the fragment built with the old one.
+	p.setNode(node("10.10.0.12", "10.244.2.0/24"))
+	p.setAPIServiceCIDRs([]netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")})
+	svcs2, slices2 := testServices(40, 1)
+	setAll(p, svcs2[:20], slices2[:20])
+	sync(p)
+	// Then only Services change, some are deleted.
+	setAll(p, svcs2[20:30], slices2[20:30])
+	for _, svc := range svcs2[30:35] {
+		p.trackers.Services.Delete(svc.Name)
+	}
+	sync(p)
+	svcs3, slices3 := testServices(40, 2)
+	setAll(p, svcs3[5:15], slices3[5:15])
+	sync(p)
+
+	want, wantFk := newProxier()
+	want.setNode(node("10.10.0.12", "10.244.2.0/24"))
+	want.setAPIServiceCIDRs([]netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")})
+	final, finalSlices := append([]*model.Service(nil), svcs...), append([]*model.EndpointSlice(nil), slices...)
+	copy(final[:20], svcs2[:20])
+	copy(finalSlices[:20], slices2[:20])
+	copy(final[20:30], svcs2[20:30])
+	copy(finalSlices[20:30], slices2[20:30])
+	copy(final[5:15], svcs3[5:15])
+	copy(finalSlices[5:15], slices3[5:15])
+	setAll(want, append(final[:30:30], final[35:]...), append(finalSlices[:30:30], finalSlices[35:]...))
+	for _, es := range finalSlices[30:35] {
+		want.trackers.Slices.Set(model.SliceKey{Namespace: "ns", Name: es.Name}, es)
+	}
+	sync(want)
+	if got, w := fk.Dump(nft.IPv4), wantFk.Dump(nft.IPv4); got != w {
+		t.Errorf("table after incremental syncs differs from a fresh build:\n%s\nwant:\n%s", got, w)
+	}
+	if got, w := p.families[nft.IPv4].editor.Ruleset().Dump(), want.families[nft.IPv4].editor.Ruleset().Dump(); got != w {
+		t.Errorf("editor's ruleset after incremental syncs differs from a fresh build:\n%s\nwant:\n%s", got, w)
 	}
 }
