@@ -99,7 +99,8 @@ func definitionsChanged(committed, desired *Ruleset) bool {
 
 func sameSetDefinition(a, b *Set) bool {
 	return a.Name == b.Name && reflect.DeepEqual(a.Key, b.Key) && reflect.DeepEqual(a.Data, b.Data) &&
-		a.Timeout == b.Timeout && a.Dynamic == b.Dynamic && a.Size == b.Size && a.Comment == b.Comment
+		a.Timeout == b.Timeout && a.Dynamic == b.Dynamic && a.Size == b.Size && a.Comment == b.Comment &&
+		a.Endpoints == b.Endpoints
 }
 
 func rulesEqual(f Family, a, b []Rule) bool {
@@ -114,6 +115,8 @@ func rulesEqual(f Family, a, b []Rule) bool {
 	return true
 }
 
+// sameElement reports whether two elements with the same key are the same:
+// value, comment, and in an endpoints map the end of the range.
 func sameElement(s *Set, a, b Element) bool {
-	return a.Comment == b.Comment && s.ValueString(a) == s.ValueString(b)
+	return a.Comment == b.Comment && a.End == b.End && s.ValueString(a) == s.ValueString(b)
 }

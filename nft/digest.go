@@ -85,6 +85,8 @@ const (
 	tagMatchFibLocal
 	tagMatchIifname
 	tagUpdateSet
+	tagDNATMap
+	tagVmapAddrBits
 )
 
 // digestPhrase appends a phrase's tag and every field of it. A phrase type
@@ -130,6 +132,10 @@ func digestPhrase(b []byte, f Family, p Phrase) []byte {
 		return digestString(append(b, tagMatchIifname, digestBool(p.Prefix), digestBool(p.Negate)), p.Name)
 	case UpdateSet:
 		return digestString(append(b, tagUpdateSet, byte(p.Field)), p.Set)
+	case DNATMap:
+		return digestString(append(b, tagDNATMap, p.Proto), p.Map)
+	case VmapAddrBits:
+		return digestString(binary.AppendUvarint(append(b, tagVmapAddrBits, byte(p.Field)), uint64(p.Bits)), p.Map)
 	}
 	return digestString(append(b, tagOther), p.Text(f))
 }

@@ -31,6 +31,8 @@ func phraseSamples() []Phrase {
 		MatchFibLocal{Field: FieldSrcAddr},
 		MatchIifname{Name: "veth", Prefix: true, Negate: true},
 		UpdateSet{Field: FieldSrcAddr, Set: "a"},
+		DNATMap{Proto: ProtoUDP, Map: "m"},
+		VmapAddrBits{Field: FieldDstAddr, Bits: 8, Map: "m"},
 	}
 }
 
@@ -206,11 +208,11 @@ func TestDecodeInvertsEncode(t *testing.T) {
 					t.Errorf("%s: key types %v decoded as %v", s.Name, s.Key, key)
 				}
 				for _, e := range s.Elements {
-					b, err := encodeTuple(f, s.Key, e.Key)
+					b, err := encodeKey(f, s, e.Key)
 					if err != nil {
 						t.Fatal(err)
 					}
-					got, err := decodeTuple(f, s.Key, b)
+					got, err := decodeTupleOrder(f, s.Key, b, s.Endpoints != 0)
 					if err != nil || s.KeyString(got) != s.KeyString(e.Key) {
 						t.Errorf("%s: key %s decoded as %v (%v)", s.Name, s.KeyString(e.Key), got, err)
 					}

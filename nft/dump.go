@@ -37,11 +37,18 @@ func (r *Ruleset) dumpSet(s *Set) string {
 	if s.IsMap() {
 		kind = "map"
 	}
-	fmt.Fprintf(&b, "\t%s %s {\n\t\ttype %s\n", kind, s.Name, s.TypeString())
+	if s.Endpoints != 0 {
+		fmt.Fprintf(&b, "\t%s %s {\n\t\ttypeof %s\n", kind, s.Name, endpointsTypeofText(r.Family, s.Endpoints))
+	} else {
+		fmt.Fprintf(&b, "\t%s %s {\n\t\ttype %s\n", kind, s.Name, s.TypeString())
+	}
 	if s.Size > 0 {
 		fmt.Fprintf(&b, "\t\tsize %d\n", s.Size)
 	}
 	var flags []string
+	if s.Endpoints != 0 {
+		flags = append(flags, "interval")
+	}
 	if s.Dynamic {
 		flags = append(flags, "dynamic")
 	}
@@ -76,7 +83,7 @@ func elementsBlock(elems []string) string {
 
 // ElementText is one element as nft lists it inside "elements = { … }".
 func (s *Set) ElementText(e Element) string {
-	t := s.KeyString(e.Key)
+	t := s.ElementKeyText(e)
 	if e.Comment != "" {
 		t += fmt.Sprintf(" comment %q", e.Comment)
 	}

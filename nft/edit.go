@@ -81,7 +81,7 @@ func (e *Editor) AddSet(s *Set) {
 func (e *Editor) putSet(s *Set) {
 	e.touchSet(s.Name)
 	e.rs.AddSet(&Set{Name: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Dynamic: s.Dynamic,
-		Size: s.Size, Comment: s.Comment, Elements: map[string]Element{}})
+		Size: s.Size, Comment: s.Comment, Endpoints: s.Endpoints, Elements: map[string]Element{}})
 }
 
 // The touch functions record before-images, which only an incremental

@@ -45,6 +45,18 @@ func tupleLen(ts []DataType) int {
 // byte order, marks and plain integers in host byte order (nft's
 // byteorder for these types).
 func encodeTuple(f Family, ts []DataType, ds []Datum) ([]byte, error) {
+	return encodeTupleOrder(f, ts, ds, false)
+}
+
+// encodeKey encodes an element key of s. The keys of an interval map
+// (an endpoints map) hold integers in network byte order: nft converts
+// every field of an interval concatenation to big endian (the DNATMap
+// rule's byteorder hton), so that ranges compare as numbers.
+func encodeKey(f Family, s *Set, key []Datum) ([]byte, error) {
+	return encodeTupleOrder(f, s.Key, key, s.Endpoints != 0)
+}
+
+func encodeTupleOrder(f Family, ts []DataType, ds []Datum, intsBigEndian bool) ([]byte, error) {
 	if len(ts) != len(ds) {
 		return nil, fmt.Errorf("%d fields for a %d-field type", len(ds), len(ts))
 	}
@@ -52,7 +64,9 @@ func encodeTuple(f Family, ts []DataType, ds []Datum) ([]byte, error) {
 	for i, t := range ts {
 		start := len(out)
 		var err error
-		if out, err = appendDatum(out, t, ds[i]); err != nil {
+		if intsBigEndian && t == TypeInteger {
+			out = binary.BigEndian.AppendUint32(out, ds[i].Int)
+		} else if out, err = appendDatum(out, t, ds[i]); err != nil {
 			return nil, fmt.Errorf("field %d: %w", i, err)
 		}
 		if len(ts) > 1 {
@@ -123,6 +137,7 @@ const (
 	udataSetKeyByteorder  = 0 // NFTNL_UDATA_SET_KEYBYTEORDER
 	udataSetDataByteorder = 1 // NFTNL_UDATA_SET_DATABYTEORDER
 	udataSetKeyTypeof     = 3 // NFTNL_UDATA_SET_KEY_TYPEOF
+	udataSetDataTypeof    = 4 // NFTNL_UDATA_SET_DATA_TYPEOF
 	udataSetDataInterval  = 6 // NFTNL_UDATA_SET_DATA_INTERVAL
 	udataSetComment       = 7 // NFTNL_UDATA_SET_COMMENT
 
@@ -230,7 +245,20 @@ func byteorder(ts []DataType) uint32 {
 //	key byte order; data byte order (maps); for a concatenated key, a
 //	KEY_TYPEOF nest saying "concatenation" with no fields; data interval 0
 //	(maps); the comment.
-func setUserdata(s *Set) ([]byte, error) {
+//
+// An endpoints map is declared with `typeof` (endpointsUserdata).
+func setUserdata(f Family, s *Set) ([]byte, error) {
+	if s.Endpoints != 0 {
+		ud := endpointsUserdata(f, s.Endpoints)
+		if s.Comment != "" {
+			c, err := udataString(udataSetComment, s.Comment)
+			if err != nil {
+				return nil, err
+			}
+			ud = append(ud, c...)
+		}
+		return ud, nil
+	}
 	ud := udataU32(nil, udataSetKeyByteorder, byteorder(s.Key))
 	if s.IsMap() {
 		ud = udataU32(ud, udataSetDataByteorder, byteorder(s.Data))

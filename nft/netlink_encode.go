@@ -177,6 +177,9 @@ func sizeHint(tx *Transaction) int {
 			}
 		case OpAddElements, OpDeleteElements:
 			per := 48 + tupleLen(op.Set.Key) + tupleLen(op.Set.Data)
+			if op.Set.Endpoints != 0 {
+				per += 8 + tupleLen(op.Set.Key) // the range's end
+			}
 			for _, e := range op.Elements {
 				n += per + len(e.Comment)
 			}

@@ -156,14 +156,40 @@ func (e *encoder) numgenRandom(dreg, mod uint32) {
 	e.endExpr(el, d)
 }
 
-// dnat: [ nat dnat <family> addr_min reg <addr> proto_min reg <proto> flags <flags> ]
+// dnat: [ nat dnat <family> addr_min reg <addr> proto_min reg <proto> flags <flags> ],
+// without flags if 0.
 func (e *encoder) dnat(family, addrReg, protoReg, flags uint32) {
 	el, d := e.beginExpr("nat")
 	e.u32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_DNAT)
 	e.u32(unix.NFTA_NAT_FAMILY, family)
 	e.u32(unix.NFTA_NAT_REG_ADDR_MIN, addrReg)
 	e.u32(unix.NFTA_NAT_REG_PROTO_MIN, protoReg)
-	e.u32(unix.NFTA_NAT_FLAGS, flags)
+	if flags != 0 {
+		e.u32(unix.NFTA_NAT_FLAGS, flags)
+	}
+	e.endExpr(el, d)
+}
+
+// lookupData: [ lookup reg <sreg> set <set> dreg <dreg> ], the lookup of a
+// data map, whose value lands in dreg.
+func (e *encoder) lookupData(sreg, dreg uint32, set string, setID uint32) {
+	el, d := e.beginExpr("lookup")
+	e.u32(unix.NFTA_LOOKUP_SREG, sreg)
+	e.u32(unix.NFTA_LOOKUP_DREG, dreg)
+	e.str(unix.NFTA_LOOKUP_SET, set)
+	e.u32(unix.NFTA_LOOKUP_SET_ID, setID)
+	e.endExpr(el, d)
+}
+
+// byteorderHton: [ byteorder reg <dreg> = hton(reg <sreg>, <size>, <n>) ],
+// n bytes of size-byte words from host to network byte order.
+func (e *encoder) byteorderHton(sreg, dreg, size, n uint32) {
+	el, d := e.beginExpr("byteorder")
+	e.u32(unix.NFTA_BYTEORDER_SREG, sreg)
+	e.u32(unix.NFTA_BYTEORDER_DREG, dreg)
+	e.u32(unix.NFTA_BYTEORDER_OP, unix.NFT_BYTEORDER_HTON)
+	e.u32(unix.NFTA_BYTEORDER_LEN, n)
+	e.u32(unix.NFTA_BYTEORDER_SIZE, size)
 	e.endExpr(el, d)
 }
 

@@ -218,6 +218,41 @@ func everyPhraseRuleset(f Family) *Ruleset {
 	rs.Chains["svc-b"].Rules = dnatCascade(ProtoUDP, backends(f, 2, 1, 53))
 	rs.Chains["svc-c"].Rules = dnatCascade(ProtoSCTP, backends(f, 3, 12, 9999))
 
+	// Shape s: endpoints maps per protocol, a shard chain of DNATMap
+	// rules, and the dispatch on the ClusterIP's low bits.
+	shardN := AddrLowBits(svcIP, 8)
+	shard := fmt.Sprintf("shard-%d", shardN)
+	epMap := func(proto uint8) string { return fmt.Sprintf("endpoints-%s-%d", ProtoName(proto), shardN) }
+	for _, proto := range []uint8{ProtoTCP, ProtoUDP, ProtoSCTP} {
+		m := rs.AddSet(NewEndpointsMap(f, epMap(proto), proto))
+		if proto == ProtoUDP {
+			m.Comment = "UDP endpoints of " + shard
+		}
+	}
+	rs.AddSet(&Set{Name: "shard-dispatch", Key: []DataType{at}, Data: []DataType{TypeVerdict}})
+	rs.AddChain(&Chain{Name: shard})
+	for _, proto := range []uint8{ProtoTCP, ProtoUDP, ProtoSCTP} {
+		rs.Append(shard, Rule{Phrases: []Phrase{DNATMap{Proto: proto, Map: epMap(proto)}}})
+	}
+	rs.Append("services", Rule{Phrases: []Phrase{VmapAddrBits{Field: FieldDstAddr, Bits: 8, Map: "shard-dispatch"}}})
+	rs.Append("prefixes", Rule{Phrases: []Phrase{VmapAddrBits{Field: FieldSrcAddr, Bits: 10, Map: "shard-dispatch"}},
+		Comment: "ten bits"})
+	rs.AddElement("shard-dispatch", Element{Key: []Datum{Addr(LowBitsAddr(f, shardN))},
+		Verdict: &Verdict{Kind: VerdictGoto, Chain: shard}})
+	rs.AddElement("shard-dispatch", Element{Key: []Datum{Addr(LowBitsAddr(f, 0x3ff))}, Verdict: &Verdict{Kind: VerdictDrop}})
+	for _, e := range EndpointsElements(svcIP, 80, backends(f, 5, 3, 8080)) {
+		rs.AddElement(epMap(ProtoTCP), e)
+	}
+	for _, e := range EndpointsElements(svcIP, 53, backends(f, 6, 1, 53)) {
+		e.Comment = "default/dns:dns"
+		rs.AddElement(epMap(ProtoUDP), e)
+	}
+	// A single bucket, and the last one alone.
+	rs.AddElement(epMap(ProtoSCTP), Element{Key: []Datum{Addr(svcIP2), Int(9999), Int(7)}, End: 7,
+		Data: []Datum{Addr(backends(f, 7, 1, 1)[0].Addr()), Int(1)}})
+	rs.AddElement(epMap(ProtoSCTP), Element{Key: []Datum{Addr(svcIP2), Int(9999), Int(65535)}, End: 65535,
+		Data: []Datum{Addr(backends(f, 7, 2, 2)[1].Addr()), Int(2)}})
+
 	rs.AddElement("service-ips", Element{Key: []Datum{Addr(svcIP), tcp, Int(80)},
 		Verdict: &Verdict{Kind: VerdictGoto, Chain: "svc-a"}, Comment: "default/web:http"})
 	rs.AddElement("service-ips", Element{Key: []Datum{Addr(svcIP), udp, Int(53)},

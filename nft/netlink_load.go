@@ -1,11 +1,13 @@
 package nft
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"time"
 
@@ -139,7 +141,7 @@ func (n *Netlink) loadDumps(f Family) (*Ruleset, error) {
 		return func(e *encoder) { e.str(typ, TableName) }
 	}
 	if err := n.dump(unix.NFT_MSG_GETSET, f, tableAttr(unix.NFTA_SET_TABLE), func(attrs []byte) error {
-		if s := decodeSet(attrs); s != nil {
+		if s := decodeSet(f, attrs); s != nil {
 			rs.Sets[s.Name] = s
 		}
 		return nil
@@ -266,7 +268,7 @@ func hookName(num uint32) Hook {
 // decodeSet decodes a NEWSET of a set dump. A set nftproxy could not have
 // written (flags, types or attributes it never uses) comes back with a nil
 // Key: it equals no set nftproxy wants.
-func decodeSet(attrs []byte) *Set {
+func decodeSet(f Family, attrs []byte) *Set {
 	var table, name, ud []byte
 	var flags, keyType, keyLen, dataType, dataLen uint32
 	var desc []byte
@@ -313,7 +315,14 @@ func decodeSet(attrs []byte) *Set {
 		}
 	})
 	s.Comment = setComment(ud)
-	if foreign || flags&^setFlagsKnown != 0 {
+	if foreign {
+		return s
+	}
+	if flags&(unix.NFT_SET_INTERVAL|nftSetConcat) != 0 {
+		decodeEndpointsMap(f, s, flags, keyType, keyLen, dataType, dataLen, desc, ud)
+		return s
+	}
+	if flags&^setFlagsKnown != 0 {
 		return s
 	}
 	key, ok := decodeTypes(keyType, keyLen)
@@ -332,6 +341,47 @@ func decodeSet(attrs []byte) *Set {
 	}
 	s.Key = key
 	return s
+}
+
+// decodeEndpointsMap makes s the endpoints map the attributes describe, if
+// they are exactly what newSet writes for one; else s keeps a nil Key.
+func decodeEndpointsMap(f Family, s *Set, flags, keyType, keyLen, dataType, dataLen uint32, desc, ud []byte) {
+	if flags != unix.NFT_SET_MAP|unix.NFT_SET_INTERVAL|nftSetConcat {
+		return
+	}
+	var lens []uint32
+	forEachAttr(desc, func(t uint16, data []byte) {
+		if t == nftaSetDescConcat {
+			forEachAttr(data, func(_ uint16, field []byte) {
+				forEachAttr(field, func(t uint16, v []byte) {
+					if t == nftaSetFieldLen {
+						lens = append(lens, be32(v))
+					}
+				})
+			})
+		}
+	})
+	if !slices.Equal(lens, endpointsFieldLens(f)) {
+		return
+	}
+	// The userdata without its comment names the protocol.
+	var rest []byte
+	for b := ud; len(b) >= 2 && 2+int(b[1]) <= len(b); b = b[2+int(b[1]):] {
+		if b[0] != udataSetComment {
+			rest = append(rest, b[:2+int(b[1])]...)
+		}
+	}
+	for _, proto := range []uint8{ProtoTCP, ProtoUDP, ProtoSCTP} {
+		if !bytes.Equal(rest, endpointsUserdata(f, proto)) {
+			continue
+		}
+		want := NewEndpointsMap(f, s.Name, proto)
+		if keyType == typeMagic(want.Key) && keyLen == uint32(tupleLen(want.Key)) &&
+			dataType == typeMagic(want.Data) && dataLen == uint32(tupleLen(want.Data)) {
+			s.Key, s.Data, s.Endpoints = want.Key, want.Data, proto
+		}
+		return
+	}
 }
 
 // setComment returns the comment of a set's userdata (see setUserdata).
@@ -395,11 +445,13 @@ func decodeElements(f Family, s *Set, attrs []byte) error {
 
 func decodeElement(f Family, s *Set, attrs []byte) (Element, error) {
 	var e Element
-	var key, data, ud []byte
+	var key, keyEnd, data, ud []byte
 	forEachAttr(attrs, func(t uint16, d []byte) {
 		switch t {
 		case unix.NFTA_SET_ELEM_KEY:
 			key = d
+		case nftaSetElemKeyEnd:
+			keyEnd = d
 		case unix.NFTA_SET_ELEM_DATA:
 			data = d
 		case unix.NFTA_SET_ELEM_USERDATA:
@@ -407,8 +459,23 @@ func decodeElement(f Family, s *Set, attrs []byte) (Element, error) {
 		}
 	})
 	var err error
-	if e.Key, err = decodeTuple(f, s.Key, dataValue(key)); err != nil {
+	ints := s.Endpoints != 0 // in network byte order, see encodeKey
+	if e.Key, err = decodeTupleOrder(f, s.Key, dataValue(key), ints); err != nil {
 		return e, fmt.Errorf("element key: %w", err)
+	}
+	if s.Endpoints != 0 {
+		last := len(e.Key) - 1
+		e.End = e.Key[last].Int
+		if keyEnd != nil {
+			end, err := decodeTupleOrder(f, s.Key, dataValue(keyEnd), ints)
+			if err != nil {
+				return e, fmt.Errorf("element %s: key end: %w", s.KeyString(e.Key), err)
+			}
+			if !slices.Equal(end[:last], e.Key[:last]) {
+				return e, fmt.Errorf("element %s: a range over more than the buckets", s.KeyString(e.Key))
+			}
+			e.End = end[last].Int
+		}
 	}
 	switch {
 	case s.IsVerdictMap():
@@ -471,6 +538,11 @@ func decodeVerdict(attrs []byte) Verdict {
 
 // decodeTuple inverts encodeTuple.
 func decodeTuple(f Family, ts []DataType, b []byte) ([]Datum, error) {
+	return decodeTupleOrder(f, ts, b, false)
+}
+
+// decodeTupleOrder inverts encodeTupleOrder.
+func decodeTupleOrder(f Family, ts []DataType, b []byte, intsBigEndian bool) ([]Datum, error) {
 	if len(b) != tupleLen(ts) {
 		return nil, fmt.Errorf("%d bytes for a %d-byte value", len(b), tupleLen(ts))
 	}
@@ -486,7 +558,13 @@ func decodeTuple(f Family, ts []DataType, b []byte) ([]Datum, error) {
 			ds[i].Int = uint32(v[0])
 		case TypeInetService:
 			ds[i].Int = uint32(binary.BigEndian.Uint16(v))
-		case TypeMark, TypeInteger:
+		case TypeInteger:
+			if intsBigEndian {
+				ds[i].Int = binary.BigEndian.Uint32(v)
+			} else {
+				ds[i].Int = binary.NativeEndian.Uint32(v)
+			}
+		case TypeMark:
 			ds[i].Int = binary.NativeEndian.Uint32(v)
 		default:
 			return nil, fmt.Errorf("cannot decode type %s", t.Name)

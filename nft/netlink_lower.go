@@ -115,6 +115,10 @@ func (b *batch) lowerPhrase(p Phrase) error {
 		e.cmp(unix.NFT_CMP_EQ, reg1, hostU32(0))
 	case DNAT:
 		return lowerDNAT(e, f, p)
+	case DNATMap:
+		return b.lowerDNATMap(p)
+	case VmapAddrBits:
+		return b.lowerVmapAddrBits(p)
 	case MatchFibLocal:
 		// [ fib daddr type => reg 1 ] [ cmp eq reg 1 0x00000002 ] (RTN_LOCAL)
 		flags := uint32(unix.NFTA_FIB_F_DADDR)
@@ -312,6 +316,66 @@ func lowerDNAT(e *encoder, f Family, d DNAT) error {
 	binary.BigEndian.PutUint16(port[:], d.To.Port())
 	e.immediate(reg2, port[:])
 	e.dnat(uint32(f), reg1, reg2, unix.NF_NAT_RANGE_PROTO_SPECIFIED)
+	return nil
+}
+
+// lowerDNATMap: the protocol match, then the destination address, port and
+// a random bucket in consecutive slots (the bucket turned to network byte
+// order, as the interval map's keys are), looked up in the endpoints map
+// with the endpoint landing in reg 1 (address) and the slot after the
+// address (port), then nat from those registers:
+//
+//	dnat ip to ip daddr . tcp dport . numgen random mod 65536 map @endpoints-tcp-0
+//	  [ meta load l4proto => reg 1 ] [ cmp eq reg 1 0x00000006 ]
+//	  [ payload load 4b @ network header + 16 => reg 1 ] [ payload load 2b @ transport header + 2 => reg 9 ]
+//	  [ numgen reg 10 = random mod 65536 ] [ byteorder reg 10 = hton(reg 10, 4, 4) ]
+//	  [ lookup reg 1 set endpoints-tcp-0 dreg 1 ] [ nat dnat ip addr_min reg 1 proto_min reg 9 ]
+//
+// In ip6 the address takes reg 1 whole: port in reg 2, bucket in reg 13,
+// proto_min reg 2. Unlike lowerDNAT's, this nat carries no flags.
+func (b *batch) lowerDNATMap(d DNATMap) error {
+	if !endpointsProtoOK(d.Proto) {
+		return fmt.Errorf("no endpoints map for protocol %s", ProtoName(d.Proto))
+	}
+	e := &b.enc
+	e.metaLoad(unix.NFT_META_L4PROTO, reg1)
+	e.cmp(unix.NFT_CMP_EQ, reg1, []byte{d.Proto})
+	n, err := loadField(e, b.family, FieldDstAddr, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := loadField(e, b.family, FieldDstPort, n); err != nil {
+		return err
+	}
+	bucket := slotReg(n + 1)
+	e.numgenRandom(bucket, EndpointBuckets)
+	e.byteorderHton(bucket, bucket, 4, 4)
+	e.lookupData(reg1, reg1, d.Map, b.setIDs[d.Map])
+	e.dnat(uint32(b.family), reg1, slotReg(n), 0)
+	return nil
+}
+
+// lowerVmapAddrBits: the whole address, masked, looked up in a verdict map;
+// the explicit `&` carries the bitwise op:
+//
+//	ip daddr & 0.0.0.255 vmap @shard-dispatch
+//	  [ payload load 4b @ network header + 16 => reg 1 ]
+//	  [ bitwise reg 1 = ( reg 1 & 0xff000000 ) ^ 0x00000000 ] [ lookup reg 1 set shard-dispatch dreg 0 ]
+func (b *batch) lowerVmapAddrBits(v VmapAddrBits) error {
+	if v.Field != FieldSrcAddr && v.Field != FieldDstAddr {
+		return fmt.Errorf("address bits of %s", v.Field.Text(b.family))
+	}
+	if v.Bits < 1 || v.Bits > 16 {
+		return fmt.Errorf("vmap on %d address bits: want 1 to 16", v.Bits)
+	}
+	mask, err := addrBytes(b.family, v.mask(b.family))
+	if err != nil {
+		return err
+	}
+	e := &b.enc
+	e.payloadLoad(unix.NFT_PAYLOAD_NETWORK_HEADER, addrOffset(b.family, v.Field), uint32(len(mask)), reg1)
+	e.bitwise(reg1, reg1, mask, make([]byte, len(mask)), true)
+	e.lookup(reg1, v.Map, b.setIDs[v.Map], true, false)
 	return nil
 }
 

@@ -9,6 +9,15 @@ import (
 // This file encodes sets, maps and their elements: NEWSET, DELSET,
 // NEWSETELEM and DELSETELEM, laid out as nft 1.0.6 writes them.
 
+// Flags and attributes golang.org/x/sys/unix does not name
+// (include/uapi/linux/netfilter/nf_tables.h, Linux 5.6/5.7+).
+const (
+	nftSetConcat      = 0x80 // NFT_SET_CONCAT
+	nftaSetDescConcat = 2    // NFTA_SET_DESC_CONCAT
+	nftaSetFieldLen   = 1    // NFTA_SET_FIELD_LEN
+	nftaSetElemKeyEnd = 10   // NFTA_SET_ELEM_KEY_END
+)
+
 func (b *batch) delSet(name string) {
 	m := b.begin(unix.NFT_MSG_DELSET, 0)
 	b.enc.str(unix.NFTA_SET_TABLE, TableName)
@@ -23,11 +32,21 @@ func (b *batch) delSet(name string) {
 // neither the NFT_SET_CONCAT flag nor NFTA_SET_DESC_CONCAT (both only
 // matter for interval sets, which pick the pipapo backend), and lists such
 // sets fine from the key type and the userdata; so neither do we.
+//
+// An endpoints map is an interval map with a concatenated key, which nft
+// sends with NFT_SET_CONCAT and the key's field lengths in
+// NFTA_SET_DESC_CONCAT: that makes the kernel pick the pipapo backend
+// (Linux 5.7+), the one that matches ranges of concatenations.
 func (b *batch) newSet(s *Set) error {
 	if len(s.Key) == 0 {
 		return fmt.Errorf("set has no key type")
 	}
-	ud, err := setUserdata(s)
+	if s.Endpoints != 0 {
+		if err := checkEndpointsMap(b.family, s); err != nil {
+			return err
+		}
+	}
+	ud, err := setUserdata(b.family, s)
 	if err != nil {
 		return err
 	}
@@ -44,6 +63,11 @@ func (b *batch) newSet(s *Set) error {
 	if s.Dynamic {
 		flags |= unix.NFT_SET_EVAL
 	}
+	var fieldLens []uint32
+	if s.Endpoints != 0 {
+		flags |= unix.NFT_SET_INTERVAL | nftSetConcat
+		fieldLens = endpointsFieldLens(b.family)
+	}
 	m := b.begin(unix.NFT_MSG_NEWSET, flagCreate)
 	b.enc.str(unix.NFTA_SET_TABLE, TableName)
 	b.enc.str(unix.NFTA_SET_NAME, s.Name)
@@ -58,9 +82,20 @@ func (b *batch) newSet(s *Set) error {
 		b.enc.u32(unix.NFTA_SET_DATA_LEN, uint32(tupleLen(s.Data)))
 	}
 	b.enc.u32(unix.NFTA_SET_ID, id)
-	if s.Size > 0 {
+	if s.Size > 0 || fieldLens != nil {
 		d := b.enc.nest(unix.NFTA_SET_DESC)
-		b.enc.u32(unix.NFTA_SET_DESC_SIZE, s.Size)
+		if s.Size > 0 {
+			b.enc.u32(unix.NFTA_SET_DESC_SIZE, s.Size)
+		}
+		if fieldLens != nil {
+			c := b.enc.nest(nftaSetDescConcat)
+			for _, l := range fieldLens {
+				f := b.enc.nest(unix.NFTA_LIST_ELEM)
+				b.enc.u32(nftaSetFieldLen, l)
+				b.enc.endNest(f)
+			}
+			b.enc.endNest(c)
+		}
 		b.enc.endNest(d)
 	}
 	if timeout > 0 {
@@ -91,10 +126,11 @@ func (b *batch) setElements(msgType uint16, s *Set, elems []Element) error {
 }
 
 // elemValue is one element, encoded: key and data bytes, or a verdict.
+// keyEnd is the end of the range of an endpoints map's element.
 type elemValue struct {
-	key, data []byte
-	verdict   *Verdict
-	comment   []byte // element userdata
+	key, keyEnd, data []byte
+	verdict           *Verdict
+	comment           []byte // element userdata
 }
 
 // writeElements writes the element messages of one set: by name, and also
@@ -137,6 +173,11 @@ func (b *batch) element(idx uint16, v elemValue) {
 	k := b.enc.nest(unix.NFTA_SET_ELEM_KEY)
 	b.enc.attr(unix.NFTA_DATA_VALUE, v.key)
 	b.enc.endNest(k)
+	if v.keyEnd != nil {
+		k := b.enc.nest(nftaSetElemKeyEnd)
+		b.enc.attr(unix.NFTA_DATA_VALUE, v.keyEnd)
+		b.enc.endNest(k)
+	}
 	switch {
 	case v.verdict != nil:
 		d := b.enc.nest(unix.NFTA_SET_ELEM_DATA)
@@ -153,12 +194,24 @@ func (b *batch) element(idx uint16, v elemValue) {
 	b.enc.endNest(el)
 }
 
-// elementValue encodes an element of s. Deletions carry only the key.
+// elementValue encodes an element of s. Deletions carry only the key (and
+// in an endpoints map the range's end: pipapo finds an element by both).
+// An endpoints map's element is one range, key to key end, as nft writes
+// it for pipapo; a single bucket has the key as its end too.
 func elementValue(f Family, s *Set, e Element, withValue bool) (elemValue, error) {
 	var v elemValue
 	var err error
-	if v.key, err = encodeTuple(f, s.Key, e.Key); err != nil {
+	if v.key, err = encodeKey(f, s, e.Key); err != nil {
 		return v, fmt.Errorf("key: %w", err)
+	}
+	if err := checkRange(s, e); err != nil {
+		return v, err
+	}
+	if s.Endpoints != 0 {
+		end := append(e.Key[:len(e.Key)-1:len(e.Key)-1], Int(e.End))
+		if v.keyEnd, err = encodeKey(f, s, end); err != nil {
+			return v, fmt.Errorf("key end: %w", err)
+		}
 	}
 	if !withValue {
 		return v, nil

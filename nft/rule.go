@@ -230,6 +230,49 @@ type DNAT struct{ To netip.AddrPort }
 
 func (d DNAT) Text(Family) string { return "dnat to " + d.To.String() }
 
+// DNATMap destination-NATs a new connection to the endpoint an endpoints
+// map (NewEndpointsMap, of the same protocol) holds for the packet's
+// destination address and port and a random bucket, drawn per packet (one
+// of EndpointBuckets); no element, no DNAT. Packets of other protocols do
+// not match. It lowers to a protocol match and the lookup, which nft lists
+// as the DNAT alone (see endpoints.go):
+//
+//	dnat ip to ip daddr . tcp dport . numgen random mod 65536 map @endpoints-tcp-0
+//	dnat ip6 to ip6 daddr . udp dport . numgen random mod 65536 map @endpoints-udp-0
+type DNATMap struct {
+	Proto uint8 // ProtoTCP, ProtoUDP or ProtoSCTP
+	Map   string
+}
+
+func (d DNATMap) Text(f Family) string {
+	return fmt.Sprintf("dnat %s to %s daddr . %s dport . numgen random mod %d map @%s",
+		f, f, ProtoName(d.Proto), EndpointBuckets, d.Map)
+}
+
+// VmapAddrBits looks the low Bits bits (1 to 16) of an address field up in
+// a verdict map keyed by address (elements such as 0.0.0.5 or ::5, see
+// LowBitsAddr) and applies the verdict found; no element, no verdict. It
+// spreads Services over 2^Bits chains by their ClusterIPs' low bits, which
+// vary most: the API server allocates ClusterIPs at random from the Service
+// CIDR, or in order when one is asked for:
+//
+//	ip daddr & 0.0.0.255 vmap @shard-dispatch
+//	ip6 daddr & ::3ff vmap @shard-dispatch
+type VmapAddrBits struct {
+	Field Field // FieldSrcAddr or FieldDstAddr
+	Bits  int
+	Map   string
+}
+
+func (v VmapAddrBits) Text(f Family) string {
+	return fmt.Sprintf("%s & %s vmap @%s", v.Field.Text(f), v.mask(f), v.Map)
+}
+
+// mask is the mask of the low Bits bits as an address.
+func (v VmapAddrBits) mask(f Family) netip.Addr {
+	return LowBitsAddr(f, uint32(1)<<min(max(v.Bits, 0), 31)-1)
+}
+
 // MatchFibLocal matches packets whose destination (or source) address is
 // one of this node's own addresses, as the routing table sees it:
 //
@@ -299,6 +342,8 @@ func (VmapLookup) phrase()        {}
 func (MatchRandom) phrase()       {}
 func (RejectTCPReset) phrase()    {}
 func (DNAT) phrase()              {}
+func (DNATMap) phrase()           {}
+func (VmapAddrBits) phrase()      {}
 
 // Text returns the rule as nft lists it.
 func (r Rule) Text(f Family) string {

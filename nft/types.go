@@ -156,6 +156,11 @@ type Set struct {
 	Dynamic bool          // updated from the packet path (flags dynamic)
 	Size    uint32        // 0: no size
 	Comment string
+	// Endpoints, when not zero, makes the set the endpoints map of the
+	// DNATMap phrases for this transport protocol (see NewEndpointsMap):
+	// its elements are ranges of random buckets, and Key and Data must be
+	// as NewEndpointsMap sets them.
+	Endpoints uint8
 	// Elements by Element.KeyString(). Never nil once built with NewSet.
 	Elements map[string]Element
 }
@@ -185,6 +190,11 @@ type Element struct {
 	Data    []Datum  // data map value
 	Verdict *Verdict // verdict map value
 	Comment string
+	// End, in an endpoints map, is the last bucket of the element's range
+	// of buckets, which starts at the last key field: the element maps
+	// buckets Key[2].Int through End. nft lists the range as "lo-hi", or
+	// "lo" alone if End equals it. Zero in any other set.
+	End uint32
 }
 
 // VerdictKind is what a verdict does.
@@ -294,7 +304,19 @@ func tupleText(types []DataType, ds []Datum) string {
 }
 
 // KeyString is the nft text of an element key; it identifies the element.
+// In an endpoints map an element is identified by the first bucket of its
+// range (ranges of one Service cannot overlap).
 func (s *Set) KeyString(key []Datum) string { return tupleText(s.Key, key) }
+
+// ElementKeyText is the element's key as nft lists it: KeyString, and in an
+// endpoints map the range of buckets, "10.96.0.10 . 80 . 0-32767".
+func (s *Set) ElementKeyText(e Element) string {
+	t := s.KeyString(e.Key)
+	if s.Endpoints != 0 && len(e.Key) > 0 && e.End != e.Key[len(e.Key)-1].Int {
+		t += fmt.Sprintf("-%d", e.End)
+	}
+	return t
+}
 
 // ValueString is the nft text of an element's value ("" for a plain set).
 func (s *Set) ValueString(e Element) string {
