@@ -1,8 +1,14 @@
 package nft
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestEndpointsElements: the ranges of a Service's endpoints cover every
@@ -71,6 +77,211 @@ func TestAddrLowBits(t *testing.T) {
 		}
 		if got := (VmapAddrBits{Field: FieldDstAddr, Bits: bits, Map: "d"}).Text(f); got != want {
 			t.Errorf("%s: %q, want %q", f, got, want)
+		}
+	}
+}
+
+// shapeS is a small table of shape s: 4 shards (the ClusterIP's 2 low
+// bits), each a chain of DNATMap rules for TCP and UDP on its endpoints
+// maps, reached through the dispatch map.
+func shapeS(f Family) *Ruleset {
+	rs := NewRuleset(f)
+	rs.AddSet(&Set{Name: "shard-dispatch", Key: []DataType{f.AddrType()}, Data: []DataType{TypeVerdict}})
+	rs.AddChain(&Chain{Name: "nat-prerouting", Base: &BaseChain{ChainNAT, HookPrerouting, PriorityDstNAT},
+		Rules: []Rule{{Phrases: []Phrase{VmapAddrBits{Field: FieldDstAddr, Bits: 2, Map: "shard-dispatch"}}}}})
+	for i := range 4 {
+		chain := fmt.Sprintf("shard-%d", i)
+		rs.AddChain(&Chain{Name: chain})
+		for _, proto := range []uint8{ProtoTCP, ProtoUDP} {
+			m := shardMap(proto, i)
+			rs.AddSet(NewEndpointsMap(f, m, proto))
+			rs.Append(chain, Rule{Phrases: []Phrase{DNATMap{Proto: proto, Map: m}}})
+		}
+		rs.AddElement("shard-dispatch", Element{Key: []Datum{Addr(LowBitsAddr(f, uint32(i)))},
+			Verdict: &Verdict{Kind: VerdictGoto, Chain: chain}})
+	}
+	return rs
+}
+
+func shardMap(proto uint8, i int) string { return fmt.Sprintf("endpoints-%s-%d", ProtoName(proto), i) }
+
+// addEndpoints adds a Service's endpoints to its shard's map.
+func addEndpoints(rs *Ruleset, proto uint8, svc netip.Addr, port uint16, eps []netip.AddrPort) {
+	for _, e := range EndpointsElements(svc, port, eps) {
+		rs.AddElement(shardMap(proto, int(AddrLowBits(svc, 2))), e)
+	}
+}
+
+// TestTraceDNATMap: the tracer follows the dispatch to the Service's shard
+// and reports every endpoint as a possible DNAT target; Pick chooses the
+// one the packet goes to. An endpoint change is element work only.
+func TestTraceDNATMap(t *testing.T) {
+	for _, f := range []Family{IPv4, IPv6} {
+		t.Run(f.String(), func(t *testing.T) {
+			ctx := context.Background()
+			fk := NewFake()
+			rs := shapeS(f)
+			web := addr(f, "10.96.0.10", "fd00:96::a") // shard 2
+			dns := addr(f, "10.96.0.11", "fd00:96::b") // shard 3
+			webEps, dnsEps := backends(f, 1, 3, 8080), backends(f, 2, 2, 53)
+			addEndpoints(rs, ProtoTCP, web, 80, webEps)
+			addEndpoints(rs, ProtoUDP, dns, 53, dnsEps)
+			if err := fk.Apply(ctx, Diff(nil, rs)); err != nil {
+				t.Fatal(err)
+			}
+			client := addr(f, "10.0.0.1", "fd00::1")
+			for _, tc := range []struct {
+				pkt  Packet
+				pick int
+				want []netip.AddrPort
+				to   netip.AddrPort
+			}{
+				{Packet{Src: client, Dst: web, Proto: ProtoTCP, DPort: 80}, 0, webEps, webEps[0]},
+				{Packet{Src: client, Dst: web, Proto: ProtoTCP, DPort: 80}, 2, webEps, webEps[2]},
+				{Packet{Src: client, Dst: web, Proto: ProtoTCP, DPort: 80}, 9, webEps, webEps[2]},
+				{Packet{Src: client, Dst: dns, Proto: ProtoUDP, DPort: 53}, 1, dnsEps, dnsEps[1]},
+				{Packet{Src: client, Dst: web, Proto: ProtoUDP, DPort: 80}, 0, nil, netip.AddrPort{}},
+				{Packet{Src: client, Dst: web, Proto: ProtoTCP, DPort: 81}, 0, nil, netip.AddrPort{}},
+				{Packet{Src: client, Dst: dns, Proto: ProtoTCP, DPort: 53}, 0, nil, netip.AddrPort{}},
+			} {
+				tr := NewTracer(fk)
+				tr.Pick = tc.pick
+				res := tr.Trace(tc.pkt)
+				if !slices.Equal(res.DNAT, tc.want) || res.Verdict != VerdictAccept {
+					t.Errorf("%v pick %d: %s, DNAT %v, want %v\n%v", tc.pkt, tc.pick, res.Verdict, res.DNAT, tc.want, res.Log)
+				}
+			}
+
+			// Move web to 2 other pods: the transaction changes elements only.
+			ed := NewEditorFrom(f, mustLoad(t, fk, f))
+			epsFrag := func(eps []netip.AddrPort) *Fragment {
+				var fr Fragment
+				for _, e := range EndpointsElements(web, 80, eps) {
+					fr.Elements = append(fr.Elements, SetElement{Set: shardMap(ProtoTCP, 2), Element: e})
+				}
+				return &fr
+			}
+			for _, s := range rs.Sets {
+				ed.AddSet(s)
+			}
+			for _, c := range rs.Chains {
+				ed.Replace(nil, &Fragment{Chains: []*Chain{c}})
+			}
+			ed.Replace(nil, &Fragment{Elements: setElements(rs, "shard-dispatch")})
+			ed.Replace(nil, &Fragment{Elements: setElements(rs, shardMap(ProtoUDP, 3))})
+			ed.Replace(nil, epsFrag(webEps))
+			if tx := ed.Transaction(); !tx.Empty() {
+				t.Fatalf("restart: %s", opCounts(tx))
+			}
+			ed.Commit()
+			moved := backends(f, 9, 2, 9090)
+			ed.Replace(epsFrag(webEps), epsFrag(moved))
+			tx := ed.Transaction()
+			for _, op := range tx.Ops {
+				if op.Kind != OpAddElements && op.Kind != OpDeleteElements || op.Set.Name != shardMap(ProtoTCP, 2) {
+					t.Errorf("endpoint change: %s %s", op.Kind, op.target())
+				}
+			}
+			if err := fk.Apply(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+			ed.Commit()
+			res := NewTracer(fk).Trace(Packet{Src: client, Dst: web, Proto: ProtoTCP, DPort: 80})
+			if !slices.Equal(res.DNAT, moved) {
+				t.Errorf("after the change: DNAT %v, want %v", res.DNAT, moved)
+			}
+			if got, want := fk.Dump(f), ed.Ruleset().Dump(); got != want {
+				t.Errorf("Fake and Editor differ:\n%s\n%s", got, want)
+			}
+		})
+	}
+}
+
+func mustLoad(t *testing.T, fk *Fake, f Family) *Ruleset {
+	t.Helper()
+	rs, err := fk.Load(context.Background(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+func setElements(rs *Ruleset, set string) []SetElement {
+	var out []SetElement
+	for _, e := range rs.Sets[set].Elements {
+		out = append(out, SetElement{Set: set, Element: e})
+	}
+	return out
+}
+
+// TestFakeEndpointsChecks: the Fake refuses what the kernel refuses for
+// endpoints maps and the phrases that use them, with the kernel's errors.
+func TestFakeEndpointsChecks(t *testing.T) {
+	f := IPv4
+	svc := netip.MustParseAddr("10.96.0.10")
+	eps := backends(f, 1, 2, 8080)
+	m := shardMap(ProtoTCP, 2)
+	base := func() *Ruleset {
+		rs := shapeS(f)
+		addEndpoints(rs, ProtoTCP, svc, 80, eps)
+		return rs
+	}
+	el := func(lo, hi uint32) Element {
+		return Element{Key: []Datum{Addr(svc), Int(80), Int(lo)}, End: hi, Data: []Datum{Addr(eps[0].Addr()), Int(1)}}
+	}
+	elems := func(kind OpKind, es ...Element) Op {
+		return Op{Kind: kind, Set: base().Sets[m], Elements: es}
+	}
+	for _, tc := range []struct {
+		name string
+		op   Op
+		want unix.Errno // 0: accepted
+	}{
+		{"the same element again", elems(OpAddElements, EndpointsElements(svc, 80, eps)[1]), 0},
+		{"another Service", elems(OpAddElements, Element{Key: []Datum{Addr(svc), Int(81), Int(0)}, End: 65535,
+			Data: []Datum{Addr(eps[0].Addr()), Int(1)}}), 0},
+		{"overlapping the start", elems(OpAddElements, el(0, 7)), unix.EEXIST},
+		{"overlapping the end", elems(OpAddElements, el(65535, 65535)), unix.EEXIST},
+		{"covering a range", elems(OpAddElements, el(0, 65535)), unix.EEXIST},
+		{"same start, other end", elems(OpAddElements, el(32768, 40000)), unix.EEXIST},
+		{"end before start", elems(OpAddElements, Element{Key: []Datum{Addr(svc), Int(90), Int(9)}, End: 8,
+			Data: []Datum{Addr(eps[0].Addr()), Int(1)}}), unix.EINVAL},
+		{"end past the buckets", elems(OpAddElements, Element{Key: []Datum{Addr(svc), Int(90), Int(9)}, End: 65536,
+			Data: []Datum{Addr(eps[0].Addr()), Int(1)}}), unix.EINVAL},
+		{"delete with another end", elems(OpDeleteElements, el(0, 32766)), unix.ENOENT},
+		{"delete", elems(OpDeleteElements, EndpointsElements(svc, 80, eps)...), 0},
+		{"range end in a plain set", Op{Kind: OpAddElements, Set: &Set{Name: "shard-dispatch"},
+			Elements: []Element{{Key: []Datum{Addr(LowBitsAddr(f, 9))}, End: 3, Verdict: &Verdict{Kind: VerdictDrop}}}}, unix.EINVAL},
+		{"delete a map in use", Op{Kind: OpDeleteSet, Set: &Set{Name: m}}, unix.EBUSY},
+		{"delete the dispatch map in use", Op{Kind: OpDeleteSet, Set: &Set{Name: "shard-dispatch"}}, unix.EBUSY},
+		{"DNATMap on a missing map", Op{Kind: OpAddRule, ChainName: "shard-0",
+			Rule: Rule{Phrases: []Phrase{DNATMap{Proto: ProtoTCP, Map: "nope"}}}}, unix.ENOENT},
+		{"DNATMap on another protocol's map", Op{Kind: OpAddRule, ChainName: "shard-0",
+			Rule: Rule{Phrases: []Phrase{DNATMap{Proto: ProtoUDP, Map: m}}}}, unix.EINVAL},
+		{"DNATMap on a verdict map", Op{Kind: OpAddRule, ChainName: "shard-0",
+			Rule: Rule{Phrases: []Phrase{DNATMap{Proto: ProtoTCP, Map: "shard-dispatch"}}}}, unix.EINVAL},
+		{"VmapAddrBits on a data map", Op{Kind: OpAddRule, ChainName: "shard-0",
+			Rule: Rule{Phrases: []Phrase{VmapAddrBits{Field: FieldDstAddr, Bits: 2, Map: m}}}}, unix.EINVAL},
+		{"VmapAddrBits on 17 bits", Op{Kind: OpAddRule, ChainName: "shard-0",
+			Rule: Rule{Phrases: []Phrase{VmapAddrBits{Field: FieldDstAddr, Bits: 17, Map: "shard-dispatch"}}}}, unix.EINVAL},
+		{"endpoints map of ICMP", Op{Kind: OpAddSet, Set: NewEndpointsMap(f, "e", 1)}, unix.EINVAL},
+		{"endpoints map of the other family", Op{Kind: OpAddSet, Set: NewEndpointsMap(IPv6, "e", ProtoTCP)}, unix.EINVAL},
+		{"endpoints map with a timeout", Op{Kind: OpAddSet, Set: func() *Set {
+			s := NewEndpointsMap(f, "e", ProtoTCP)
+			s.Dynamic = true
+			return s
+		}()}, unix.EINVAL},
+	} {
+		fk := NewFake()
+		if err := fk.Apply(context.Background(), Diff(nil, base())); err != nil {
+			t.Fatal(err)
+		}
+		err := fk.Apply(context.Background(), &Transaction{Family: f, Ops: []Op{tc.op}})
+		switch {
+		case tc.want == 0 && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != 0 && !errors.Is(err, tc.want):
+			t.Errorf("%s: error %v, want %v", tc.name, err, tc.want)
 		}
 	}
 }

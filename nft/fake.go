@@ -12,7 +12,8 @@ import (
 // Fake is an in-memory Interface for tests. It applies a transaction
 // atomically to a copy of its state and checks what the kernel checks:
 // objects exist before they are used, referenced chains and sets cannot be
-// deleted, element keys fit their set, no duplicate elements. A failed
+// deleted, element keys fit their set, no duplicate elements, no
+// overlapping ranges in an endpoints map. A failed
 // transaction leaves the state untouched, like a rejected batch.
 //
 // It is also a Loader: like the kernel, it keeps the rules digest the
@@ -198,6 +199,11 @@ func applyOp(rs *Ruleset, f Family, op Op) (*Ruleset, error) {
 			}
 			return rs, nil
 		}
+		if op.Set.Endpoints != 0 {
+			if err := checkEndpointsMap(f, op.Set); err != nil {
+				return nil, opErr(unix.EINVAL, "%v", err)
+			}
+		}
 		s := *op.Set
 		s.Elements = map[string]Element{}
 		rs.Sets[s.Name] = &s
@@ -218,8 +224,9 @@ func applyOp(rs *Ruleset, f Family, op Op) (*Ruleset, error) {
 		}
 		for _, e := range op.Elements {
 			k := s.KeyString(e.Key)
-			if _, ok := s.Elements[k]; !ok {
-				return nil, opErr(unix.ENOENT, "element %s in set %q", k, s.Name)
+			// An endpoints map's element is found by its whole range.
+			if have, ok := s.Elements[k]; !ok || have.End != e.End {
+				return nil, opErr(unix.ENOENT, "element %s in set %q", s.ElementKeyText(e), s.Name)
 			}
 			delete(s.Elements, k)
 		}
@@ -234,10 +241,22 @@ func addElements(rs *Ruleset, f Family, op Op) error {
 	if !ok {
 		return opErr(unix.ENOENT, "set %q", op.Set.Name)
 	}
+	var ranges map[string][]Element // endpoints maps: elements by Service
+	if s.Endpoints != 0 {
+		ranges = serviceRanges(s)
+	}
 	for _, e := range op.Elements {
 		k := s.KeyString(e.Key)
 		if err := checkTuple(f, s.Key, e.Key); err != nil {
 			return fmt.Errorf("element %s in set %q: %w", k, s.Name, err)
+		}
+		if err := checkRange(s, e); err != nil {
+			return opErr(unix.EINVAL, "%v", err)
+		}
+		if ranges != nil {
+			if err := checkOverlap(s, ranges, e); err != nil {
+				return err
+			}
 		}
 		switch {
 		case s.IsVerdictMap():
@@ -334,6 +353,25 @@ func checkRule(rs *Ruleset, f Family, r Rule) error {
 			if !f.Contains(p.To.Addr()) {
 				return opErr(unix.EINVAL, "dnat to %v in a %s table", p.To, f)
 			}
+		case DNATMap:
+			s, ok := rs.Sets[p.Map]
+			if !ok {
+				return opErr(unix.ENOENT, "map %q", p.Map)
+			}
+			if s.Endpoints != p.Proto {
+				return opErr(unix.EINVAL, "map %q is not an endpoints map for %s", p.Map, ProtoName(p.Proto))
+			}
+		case VmapAddrBits:
+			s, ok := rs.Sets[p.Map]
+			if !ok {
+				return opErr(unix.ENOENT, "map %q", p.Map)
+			}
+			if p.Field != FieldSrcAddr && p.Field != FieldDstAddr || p.Bits < 1 || p.Bits > 16 {
+				return opErr(unix.EINVAL, "vmap on %d bits of %s", p.Bits, p.Field.Text(f))
+			}
+			if !s.IsVerdictMap() || !fieldsFit(f, []Field{p.Field}, s.Key) {
+				return opErr(unix.EINVAL, "map %q does not fit %s", p.Map, p.Field.Text(f))
+			}
 		}
 	}
 	return nil
@@ -386,6 +424,14 @@ func setReferrer(rs *Ruleset, f Family, name string) string {
 					if p.Map == name {
 						return fmt.Sprintf("rule %q in chain %q", r.Text(f), c.Name)
 					}
+				case DNATMap:
+					if p.Map == name {
+						return fmt.Sprintf("rule %q in chain %q", r.Text(f), c.Name)
+					}
+				case VmapAddrBits:
+					if p.Map == name {
+						return fmt.Sprintf("rule %q in chain %q", r.Text(f), c.Name)
+					}
 				}
 			}
 		}
@@ -411,4 +457,42 @@ func (r *Ruleset) Clone() *Ruleset {
 		out.Sets[n] = &sc
 	}
 	return out
+}
+
+// serviceRanges indexes the elements of an endpoints map by the Service
+// (address and port) whose buckets they cover.
+func serviceRanges(s *Set) map[string][]Element {
+	m := make(map[string][]Element)
+	for _, e := range s.Elements {
+		svc := rangeOwner(s, e)
+		m[svc] = append(m[svc], e)
+	}
+	return m
+}
+
+// rangeOwner names the Service an endpoints map element belongs to: every
+// key field but the bucket.
+func rangeOwner(s *Set, e Element) string {
+	return tupleText(s.Key[:len(s.Key)-1], e.Key[:len(e.Key)-1])
+}
+
+// checkOverlap fails, as pipapo does (EEXIST), if e overlaps an element
+// of the same Service other than itself, and records e in ranges. The
+// kernel only looks for an element holding e's first or last bucket
+// (nft_pipapo_insert); this also catches a range that covers another.
+func checkOverlap(s *Set, ranges map[string][]Element, e Element) error {
+	svc := rangeOwner(s, e)
+	lo := e.Key[len(e.Key)-1].Int
+	for _, have := range ranges[svc] {
+		hlo := have.Key[len(have.Key)-1].Int
+		if lo == hlo && e.End == have.End {
+			continue // the same element: addElements compares the values
+		}
+		if lo <= have.End && hlo <= e.End {
+			return opErr(unix.EEXIST, "element %s in endpoints map %q overlaps %s",
+				s.ElementKeyText(e), s.Name, s.ElementKeyText(have))
+		}
+	}
+	ranges[svc] = append(ranges[svc], e)
+	return nil
 }

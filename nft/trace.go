@@ -24,7 +24,8 @@ type Packet struct {
 type TraceResult struct {
 	Verdict VerdictKind // VerdictAccept, VerdictDrop, or "reject"
 	// DNAT lists every backend the packet could have been sent to (all
-	// targets of a random cascade, in rule order); empty if not NATed.
+	// targets of a random cascade, in rule order, or all endpoints of a
+	// DNATMap's Service, in bucket order); empty if not NATed.
 	// Tracer.Pick chooses which one the traced packet continues to.
 	DNAT       []netip.AddrPort
 	Masquerade bool
@@ -44,7 +45,9 @@ type Tracer struct {
 	LocalAddrs []netip.Addr
 	// Pick chooses which rule of a random cascade the traced packet takes:
 	// the Pick-th random match (from 0) succeeds, the others fail, so
-	// Pick ≥ N-1 takes the last, unguarded rule of an N-rule cascade.
+	// Pick ≥ N-1 takes the last, unguarded rule of an N-rule cascade. A
+	// DNATMap sends it to the endpoint of the Pick-th range of buckets
+	// (the last if there are fewer).
 	Pick int
 }
 
@@ -186,6 +189,31 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 				}
 				return "", false
 			}
+		case VmapAddrBits:
+			s := rs.Sets[p.Map]
+			a := st.fields([]Field{p.Field})[0].Addr
+			key := s.KeyString([]Datum{Addr(LowBitsAddr(st.f, AddrLowBits(a, p.Bits)))})
+			e, ok := s.Elements[key]
+			if !ok {
+				return "", false
+			}
+			st.res.Log = append(st.res.Log, fmt.Sprintf("  %s: %s", r.Text(st.f), key))
+			return t.applyVerdict(rs, *e.Verdict, st)
+		case DNATMap:
+			if st.pkt.Proto != p.Proto {
+				return "", false
+			}
+			targets := endpointsOf(rs.Sets[p.Map], st.pkt)
+			if len(targets) == 0 {
+				return "", false
+			}
+			// Every endpoint of the Service is a possible outcome, as
+			// in a cascade; the traced packet takes the Pick-th range.
+			to := targets[min(t.Pick, len(targets)-1)]
+			st.res.DNAT = append(st.res.DNAT, targets...)
+			st.pkt.Dst, st.pkt.DPort, st.dnat = to.Addr(), to.Port(), true
+			st.res.Log = append(st.res.Log, fmt.Sprintf("  %s: %v of %v", r.Text(st.f), to, targets))
+			return VerdictAccept, true
 		case DNAT:
 			st.res.DNAT = append(st.res.DNAT, p.To)
 			st.pkt.Dst, st.pkt.DPort, st.dnat = p.To.Addr(), p.To.Port(), true
@@ -217,6 +245,26 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 		}
 	}
 	return "", false
+}
+
+// endpointsOf returns the endpoints an endpoints map holds for the packet's
+// destination address and port, in the order of their ranges of buckets.
+func endpointsOf(s *Set, pkt Packet) []netip.AddrPort {
+	if s == nil {
+		return nil
+	}
+	var found []Element
+	for _, e := range s.Elements {
+		if e.Key[0].Addr == pkt.Dst && e.Key[1].Int == uint32(pkt.DPort) {
+			found = append(found, e)
+		}
+	}
+	sort.Slice(found, func(i, j int) bool { return found[i].Key[2].Int < found[j].Key[2].Int })
+	out := make([]netip.AddrPort, len(found))
+	for i, e := range found {
+		out[i] = netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int))
+	}
+	return out
 }
 
 // dnatTarget is the destination of the rule's DNAT phrase, if it has one.
