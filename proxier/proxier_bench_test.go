@@ -51,18 +51,30 @@ func benchEndpoint(sz benchSize, i, j, gen int) netip.Addr {
 
 func benchClusterIP(i int) netip.Addr { return benchIPv4(uint32(10<<24|96<<16) + uint32(i+10)) }
 
+// benchNodeNames are the 100 nodes' names, shared by every endpoint as
+// the watch layer interns them.
+var benchNodeNames = func() (names [100]string) {
+	for i := range names {
+		names[i] = fmt.Sprintf("node-%d", i)
+	}
+	return names
+}()
+
 // benchModel is Service i as the watch layer converts it: bench/svc-i, a
 // ClusterIP Service (http 80/TCP) with one EndpointSlice svc-i-1 whose
 // endpoints (port 8080) are spread over 100 nodes, node-0 being this one.
+// Like watch.ConvertEndpointSlice, it presizes the endpoints and shares
+// the node names.
 func benchModel(sz benchSize, i, gen int) (*model.Service, *model.EndpointSlice) {
 	name := model.ServiceName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)}
 	svc := &model.Service{Name: name, ClusterIPs: []netip.Addr{benchClusterIP(i)},
 		Ports: []model.ServicePort{{Name: "http", Protocol: nft.ProtoTCP, Port: 80}}}
 	es := &model.EndpointSlice{Name: name.Name + "-1", Service: name, Family: nft.IPv4,
-		Ports: []model.EndpointPort{{Name: "http", Protocol: nft.ProtoTCP, Port: 8080}}}
+		Ports:     []model.EndpointPort{{Name: "http", Protocol: nft.ProtoTCP, Port: 8080}},
+		Endpoints: make([]model.Endpoint, 0, sz.Endpoints)}
 	for j := 0; j < sz.Endpoints; j++ {
 		es.Endpoints = append(es.Endpoints, model.Endpoint{Addr: benchEndpoint(sz, i, j, gen),
-			Ready: true, Serving: true, NodeName: fmt.Sprintf("node-%d", (i*sz.Endpoints+j)%100)})
+			Ready: true, Serving: true, NodeName: benchNodeNames[(i*sz.Endpoints+j)%100]})
 	}
 	return svc, es
 }

@@ -100,8 +100,15 @@ type candidate struct {
 // endpoint port is the slice port with the same name and protocol as the
 // service port (port remapping).
 func categorize(sp *ServicePortState, node Node, p ServicePort, slices []*EndpointSlice) {
-	seen := map[netip.AddrPort]bool{}
-	var all []candidate
+	n := 0
+	for _, s := range slices {
+		n += len(s.Endpoints)
+	}
+	all := make([]candidate, 0, n)
+	var seen map[netip.AddrPort]bool // only for many endpoints: see listed
+	if n > dedupScanMax {
+		seen = make(map[netip.AddrPort]bool, n)
+	}
 	for _, s := range slices {
 		port, ok := slicePort(s, p)
 		if !ok {
@@ -110,10 +117,12 @@ func categorize(sp *ServicePortState, node Node, p ServicePort, slices []*Endpoi
 		for i := range s.Endpoints {
 			e := &s.Endpoints[i]
 			ap := netip.AddrPortFrom(e.Addr, port)
-			if seen[ap] || !(e.Ready || e.Serving && e.Terminating) {
+			if !(e.Ready || e.Serving && e.Terminating) || listed(all, seen, ap) {
 				continue
 			}
-			seen[ap] = true
+			if seen != nil {
+				seen[ap] = true
+			}
 			all = append(all, candidate{ap: ap, ep: e, loc: node.Name != "" && e.NodeName == node.Name})
 		}
 	}
@@ -125,6 +134,26 @@ func categorize(sp *ServicePortState, node Node, p ServicePort, slices []*Endpoi
 			sp.LocalReady++
 		}
 	}
+}
+
+// dedupScanMax is the number of endpoints up to which categorize finds
+// duplicates by scanning the candidates rather than with a map: a map per
+// service port was a third of a full sync's allocations in the model
+// (docs/profiles.md), and nearly every Service has a few endpoints.
+const dedupScanMax = 32
+
+// listed reports whether ap is among the candidates: in seen if there is
+// one, else by a scan of all.
+func listed(all []candidate, seen map[netip.AddrPort]bool, ap netip.AddrPort) bool {
+	if seen != nil {
+		return seen[ap]
+	}
+	for _, c := range all {
+		if c.ap == ap {
+			return true
+		}
+	}
+	return false
 }
 
 // readyOrTerminating returns the ready candidates that pass keep, or if
@@ -157,17 +186,17 @@ func topologyFilter(eps []candidate, node Node) []candidate {
 	}
 	allNode, allZone, forNode, forZone := true, true, false, false
 	for _, c := range eps {
-		allNode = allNode && len(c.ep.NodeHints) > 0
-		allZone = allZone && len(c.ep.ZoneHints) > 0
-		forNode = forNode || slices.Contains(c.ep.NodeHints, node.Name)
-		forZone = forZone || node.Zone != "" && slices.Contains(c.ep.ZoneHints, node.Zone)
+		allNode = allNode && len(c.ep.NodeHints()) > 0
+		allZone = allZone && len(c.ep.ZoneHints()) > 0
+		forNode = forNode || slices.Contains(c.ep.NodeHints(), node.Name)
+		forZone = forZone || node.Zone != "" && slices.Contains(c.ep.ZoneHints(), node.Zone)
 	}
 	var keep func(candidate) bool
 	switch {
 	case allNode && forNode:
-		keep = func(c candidate) bool { return slices.Contains(c.ep.NodeHints, node.Name) }
+		keep = func(c candidate) bool { return slices.Contains(c.ep.NodeHints(), node.Name) }
 	case allZone && forZone:
-		keep = func(c candidate) bool { return slices.Contains(c.ep.ZoneHints, node.Zone) }
+		keep = func(c candidate) bool { return slices.Contains(c.ep.ZoneHints(), node.Zone) }
 	default:
 		return eps
 	}

@@ -35,17 +35,27 @@ func benchWorkload(sz benchSize) ([]*Service, [][]*EndpointSlice) {
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{byte(k >> 24), byte(k >> 16), byte(k >> 8), byte(k)})},
 			Ports:      []ServicePort{{Name: "http", Protocol: nft.ProtoTCP, Port: 80}}}
 		es := &EndpointSlice{Name: name.Name + "-1", Service: name, Family: nft.IPv4,
-			Ports: []EndpointPort{{Name: "http", Protocol: nft.ProtoTCP, Port: 8080}}}
+			Ports:     []EndpointPort{{Name: "http", Protocol: nft.ProtoTCP, Port: 8080}},
+			Endpoints: make([]Endpoint, 0, sz.Endpoints)}
 		for j := 0; j < sz.Endpoints; j++ {
 			n := uint32(10<<24|128<<16) + uint32(i*sz.Endpoints+j)
 			es.Endpoints = append(es.Endpoints, Endpoint{
 				Addr:  netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}),
-				Ready: true, Serving: true, NodeName: fmt.Sprintf("node-%d", n%100)})
+				Ready: true, Serving: true, NodeName: nodeNames[n%100]})
 		}
 		slices[i] = []*EndpointSlice{es}
 	}
 	return svcs, slices
 }
+
+// nodeNames are the 100 nodes' names, shared as the watch layer interns
+// them.
+var nodeNames = func() (names [100]string) {
+	for i := range names {
+		names[i] = fmt.Sprintf("node-%d", i)
+	}
+	return names
+}()
 
 var benchPortsSink []ServicePortState
 

@@ -117,7 +117,10 @@ func TestLocalAndTopology(t *testing.T) {
 			es := &EndpointSlice{Family: nft.IPv4, Ports: ports}
 			for _, e := range tc.eps {
 				es.Endpoints = append(es.Endpoints, Endpoint{Addr: netip.MustParseAddr(e.addr), NodeName: e.node,
-					Ready: e.ready, Serving: e.ready || e.terminating, Terminating: e.terminating, ZoneHints: e.zones, NodeHints: e.nodes})
+					Ready: e.ready, Serving: e.ready || e.terminating, Terminating: e.terminating})
+				if e.zones != nil || e.nodes != nil {
+					es.Endpoints[len(es.Endpoints)-1].Hints = &Hints{Zones: e.zones, Nodes: e.nodes}
+				}
 			}
 			got := ServicePorts(nft.IPv4, node, svc, []*EndpointSlice{es})[0]
 			addrs := func(aps []netip.AddrPort) []string {
@@ -156,5 +159,31 @@ func TestExternalFields(t *testing.T) {
 	svc.ExternalIPs, svc.LoadBalancerIPs, svc.Ports[0].NodePort = nil, nil, 0
 	if sp := ServicePorts(nft.IPv4, Node{}, svc, nil)[0]; sp.ExternalLocal || sp.HasExternal() {
 		t.Errorf("no external frontend, yet external: %+v", sp)
+	}
+}
+
+// TestDuplicateEndpoints: an endpoint listed twice counts once, as its
+// first usable listing (a non-serving listing does not hide a later ready
+// one), whether categorize finds duplicates by scanning (few endpoints) or
+// with a map (more than dedupScanMax).
+func TestDuplicateEndpoints(t *testing.T) {
+	svc := &Service{Name: ServiceName{"ns", "s"}, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+		Ports: []ServicePort{{Name: "p", Protocol: nft.ProtoTCP, Port: 80}}}
+	ports := []EndpointPort{{Name: "p", Protocol: nft.ProtoTCP, Port: 8080}}
+	for _, n := range []int{2, dedupScanMax + 8} {
+		var first, second []Endpoint
+		for i := 0; i < n; i++ {
+			a := netip.AddrFrom4([4]byte{10, 244, 0, byte(i)})
+			// Even: not serving, then ready on n1. Odd: ready on n1, then
+			// ready on n2 (ignored).
+			first = append(first, Endpoint{Addr: a, Ready: i%2 == 1, Serving: i%2 == 1, NodeName: "n1"})
+			second = append(second, Endpoint{Addr: a, Ready: true, Serving: true, NodeName: map[bool]string{true: "n2", false: "n1"}[i%2 == 1]})
+		}
+		slices := []*EndpointSlice{{Family: nft.IPv4, Ports: ports, Endpoints: first}, {Family: nft.IPv4, Ports: ports, Endpoints: second}}
+		sp := ServicePorts(nft.IPv4, Node{Name: "n1"}, svc, slices)[0]
+		if len(sp.Endpoints) != n || len(sp.LocalEndpoints) != n || sp.LocalReady != n {
+			t.Errorf("%d endpoints listed twice: %d cluster, %d local, %d local ready; want %d each",
+				n, len(sp.Endpoints), len(sp.LocalEndpoints), sp.LocalReady, n)
+		}
 	}
 }

@@ -147,3 +147,16 @@ func TestConvertNode(t *testing.T) {
 		t.Errorf("primary addresses %v: want the first InternalIP, else ExternalIP, per family", got.Addresses)
 	}
 }
+
+func TestConvertEndpointHints(t *testing.T) {
+	es := testSlice("s-1", "s", "10.244.1.1", "10.244.1.2")
+	es.Endpoints[0].Hints = &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: "a"}}, ForNodes: []discovery.ForNode{{Name: "n1"}}}
+	es.Endpoints[1].Hints = &discovery.EndpointHints{}
+	got, _ := ConvertEndpointSlice(es)
+	if e := got.Endpoints[0]; len(e.ZoneHints()) != 1 || e.ZoneHints()[0] != "a" || len(e.NodeHints()) != 1 || e.NodeHints()[0] != "n1" {
+		t.Errorf("hints: %+v", e.Hints)
+	}
+	if e := got.Endpoints[1]; e.Hints != nil {
+		t.Errorf("empty hints kept: %+v", e.Hints)
+	}
+}
