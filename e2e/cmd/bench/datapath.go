@@ -131,22 +131,27 @@ func (t *nsThread) waitAnswer(addr, want string, t0 time.Time, attempt, minPause
 	return lat, failures, err
 }
 
-// firstPacket opens n new connections to addr one after the other (5 ms
-// apart) and returns their connect+first-byte times; connections answered
-// by another server than want, or not at all, count as failures.
-func (t *nsThread) firstPacket(addr, want string, n int) (times []time.Duration, failures fails) {
+// firstPacket opens n new connections to each of addrs, alternating
+// between them (5 ms apart), and returns per address their
+// connect+first-byte times. Alternating makes the addresses (a ClusterIP and
+// the pod behind it) share whatever else the machine is doing. Connections
+// answered by another server than want, or not at all, count as failures.
+func (t *nsThread) firstPacket(addrs []string, want string, n int) (times [][]time.Duration, failures fails) {
+	times = make([][]time.Duration, len(addrs))
 	t.do(func() {
 		for i := 0; i < n; i++ {
-			name, d, err := dialOnce(addr, time.Second)
-			if err == nil && name != want {
-				err = fmt.Errorf("answered by %s", name)
+			for k, addr := range addrs {
+				name, d, err := dialOnce(addr, time.Second)
+				if err == nil && name != want {
+					err = fmt.Errorf("answered by %s", name)
+				}
+				if err != nil {
+					failures.add(err)
+				} else {
+					times[k] = append(times[k], d)
+				}
+				time.Sleep(5 * time.Millisecond)
 			}
-			if err != nil {
-				failures.add(err)
-			} else {
-				times = append(times, d)
-			}
-			time.Sleep(5 * time.Millisecond)
 		}
 	})
 	return times, failures

@@ -43,6 +43,7 @@ type result struct {
 
 	fpN, fpDirect []time.Duration // first-packet latency at N: via ClusterIP, direct to the pod
 	fpBase        []time.Duration // via ClusterIP at the baseline size
+	fpBaseDirect  []time.Duration // direct to the pod at the baseline size
 	probeFailures fails           // attempts without (the right) answer, idle and churn changes and first packets
 }
 
@@ -231,10 +232,12 @@ func (rep *report) rows() []row {
 	if rep.baselineN > 0 && rep.baselineN != c.Services {
 		add(fmt.Sprintf("first packet via ClusterIP, %d Services: p50", rep.baselineN), true, func(r *result) cell { return durCell(pct(r.fpBase, 0.5)) })
 		add(fmt.Sprintf("first packet via ClusterIP, %d Services: p99", rep.baselineN), true, func(r *result) cell { return durCell(pct(r.fpBase, 0.99)) })
+		add(fmt.Sprintf("first packet direct to the pod, %d Services: p50", rep.baselineN), false, func(r *result) cell { return durCell(pct(r.fpBaseDirect, 0.5)) })
 	}
 	add(fmt.Sprintf("first packet via ClusterIP, %d Services: p50", c.Services), true, func(r *result) cell { return durCell(pct(r.fpN, 0.5)) })
 	add(fmt.Sprintf("first packet via ClusterIP, %d Services: p99", c.Services), true, func(r *result) cell { return durCell(pct(r.fpN, 0.99)) })
-	add("first packet direct to the pod (no ClusterIP): p50", false, func(r *result) cell { return durCell(pct(r.fpDirect, 0.5)) })
+	add(fmt.Sprintf("first packet direct to the pod, %d Services: p50", c.Services), false, func(r *result) cell { return durCell(pct(r.fpDirect, 0.5)) })
+	add(fmt.Sprintf("first packet direct to the pod, %d Services: p99", c.Services), false, func(r *result) cell { return durCell(pct(r.fpDirect, 0.99)) })
 	add("data-path attempts without answer", false, func(r *result) cell { return textCell(0, r.probeFailures.String()) })
 	return rows
 }
