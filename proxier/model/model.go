@@ -159,6 +159,9 @@ func listed(all []candidate, seen map[netip.AddrPort]bool, ap netip.AddrPort) bo
 // readyOrTerminating returns the ready candidates that pass keep, or if
 // there are none, the serving terminating ones.
 func readyOrTerminating(all []candidate, keep func(candidate) bool) []candidate {
+	if everyReady(all, keep) {
+		return all // the common case, without a copy
+	}
 	var ready, terminating []candidate
 	for _, c := range all {
 		switch {
@@ -173,6 +176,15 @@ func readyOrTerminating(all []candidate, keep func(candidate) bool) []candidate 
 		return ready
 	}
 	return terminating
+}
+
+func everyReady(all []candidate, keep func(candidate) bool) bool {
+	for _, c := range all {
+		if !c.ep.Ready || !keep(c) {
+			return false
+		}
+	}
+	return true
 }
 
 // topologyFilter applies EndpointSlice hints: the endpoints hinted for
