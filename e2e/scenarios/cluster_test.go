@@ -218,3 +218,27 @@ func onlyFrom(names ...string) func([]string) bool {
 }
 
 func vip(ips []netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(ips[0], port) }
+
+// summarize counts probe lines by answer, without the peer's port, in the
+// order first seen ("3x a@10.244.1.5, 1x timeout"): for logs and failures.
+func summarize(lines []string) string {
+	counts := map[string]int{}
+	var order []string
+	for _, l := range lines {
+		key := l
+		if f := strings.Fields(l); len(f) == 2 {
+			if ap, err := netip.ParseAddrPort(f[1]); err == nil {
+				key = f[0] + "@" + ap.Addr().String()
+			}
+		}
+		if counts[key] == 0 {
+			order = append(order, key)
+		}
+		counts[key]++
+	}
+	parts := make([]string, 0, len(order))
+	for _, k := range order {
+		parts = append(parts, fmt.Sprintf("%dx %s", counts[k], k))
+	}
+	return strings.Join(parts, ", ")
+}

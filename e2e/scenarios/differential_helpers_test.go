@@ -507,7 +507,7 @@ func (d *diffBed) compare(row diffRow, known map[string]*diffKnown) diffResult {
 			r.verdict = "DIFF"
 			return r
 		}
-		r.earlier = append(r.earlier, r.out[0].norm+" ["+diffRaw(r.out[0].raw)+"] | "+r.out[1].norm+" ["+diffRaw(r.out[1].raw)+"]")
+		r.earlier = append(r.earlier, r.out[0].norm+" ["+summarize(r.out[0].raw)+"] | "+r.out[1].norm+" ["+summarize(r.out[1].raw)+"]")
 		time.Sleep(2 * time.Second)
 	}
 }
@@ -549,27 +549,4 @@ func diffTail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// diffRaw summarises raw probe lines (answers without the peer's port).
-func diffRaw(lines []string) string {
-	counts := map[string]int{}
-	var order []string
-	for _, l := range lines {
-		key := l
-		if f := strings.Fields(l); len(f) == 2 {
-			if ap, err := netip.ParseAddrPort(f[1]); err == nil {
-				key = f[0] + "@" + ap.Addr().String()
-			}
-		}
-		if counts[key] == 0 {
-			order = append(order, key)
-		}
-		counts[key]++
-	}
-	var parts []string
-	for _, k := range order {
-		parts = append(parts, fmt.Sprintf("%dx %s", counts[k], k))
-	}
-	return strings.Join(parts, ", ")
 }

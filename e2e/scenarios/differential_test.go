@@ -231,7 +231,7 @@ func TestDifferential(t *testing.T) {
 			want = fmt.Sprintf("the documented difference (nftproxy %q, kube-proxy %q)", r.known.nftproxy, r.known.upstream)
 		}
 		t.Errorf("%s: want %s after %d runs; last run through n1 (nftproxy): %s [%s]; through n2 (kube-proxy): %s [%s]",
-			r.row.key(), want, r.attempts, r.out[0].norm, diffRaw(r.out[0].raw), r.out[1].norm, diffRaw(r.out[1].raw))
+			r.row.key(), want, r.attempts, r.out[0].norm, summarize(r.out[0].raw), r.out[1].norm, summarize(r.out[1].raw))
 	}
 	t.Logf("nft list table ip nftproxy on n1:\n%s", d.ruleset(s1, "ip"))
 	t.Logf("nft list table ip kube-proxy on n2:\n%s", d.ruleset(s2, "ip"))

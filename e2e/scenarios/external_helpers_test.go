@@ -116,35 +116,12 @@ func (c *cluster) extAwait(from testbed.Netns, proto string, addr netip.AddrPort
 	var lines []string
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if lines = c.dial(from, proto, addr, count); check(lines) {
-			c.t.Logf("%s %s from %s: %s: %s", proto, addr, strings.TrimPrefix(from.NS, c.bed.Prefix+"-"), what, extSummary(lines))
+			c.t.Logf("%s %s from %s: %s: %s", proto, addr, strings.TrimPrefix(from.NS, c.bed.Prefix+"-"), what, summarize(lines))
 			return lines
 		}
 	}
 	c.t.Fatalf("%s %s from %s: want %s, last got %q\n%s", proto, addr, from.NS, what, lines, c.extRulesets(addr.Addr().Is6()))
 	return nil
-}
-
-// extSummary counts the lines by answer, without the peer's port.
-func extSummary(lines []string) string {
-	counts := map[string]int{}
-	var order []string
-	for _, l := range lines {
-		key := l
-		if f := strings.Fields(l); len(f) == 2 {
-			if ap, err := netip.ParseAddrPort(f[1]); err == nil {
-				key = f[0] + " " + ap.Addr().String()
-			}
-		}
-		if counts[key] == 0 {
-			order = append(order, key)
-		}
-		counts[key]++
-	}
-	var parts []string
-	for _, k := range order {
-		parts = append(parts, fmt.Sprintf("%dx %q", counts[k], k))
-	}
-	return strings.Join(parts, ", ")
 }
 
 // extRulesets lists the nftproxy table of the family on every proxied node.
