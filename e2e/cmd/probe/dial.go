@@ -101,6 +101,12 @@ func dialTCP(o dialOptions) string {
 		if err := unix.Bind(fd, local); err != nil {
 			return classify(err)
 		}
+		// Close with a reset: if this side closed first it would hold the 4-tuple in
+		// TIME_WAIT, and the next attempt from the same port would fail with
+		// EADDRNOTAVAIL (a race with the server's close).
+		if err := unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0}); err != nil {
+			return classify(err)
+		}
 	}
 	remote := sockaddr(dst)
 	setPort(remote, int(o.addr.Port()))
