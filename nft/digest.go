@@ -133,7 +133,7 @@ func digestPhrase(b []byte, f Family, p Phrase) []byte {
 	case UpdateSet:
 		return digestString(append(b, tagUpdateSet, byte(p.Field)), p.Set)
 	case DNATMap:
-		return digestString(append(b, tagDNATMap, p.Proto), p.Map)
+		return digestString(binary.LittleEndian.AppendUint16(append(b, tagDNATMap, p.Proto), p.Slot), p.Map)
 	case VmapAddrBits:
 		return digestString(binary.AppendUvarint(append(b, tagVmapAddrBits, byte(p.Field)), uint64(p.Bits)), p.Map)
 	}

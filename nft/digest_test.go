@@ -32,6 +32,7 @@ func phraseSamples() []Phrase {
 		MatchIifname{Name: "veth", Prefix: true, Negate: true},
 		UpdateSet{Field: FieldSrcAddr, Set: "a"},
 		DNATMap{Proto: ProtoUDP, Map: "m"},
+		DNATMap{Proto: ProtoUDP, Map: "m", Slot: 1},
 		VmapAddrBits{Field: FieldDstAddr, Bits: 8, Map: "m"},
 	}
 }

@@ -15,67 +15,75 @@ import (
 // committed (nf_tables_commit → nf_tables_validate): 25 to 28 ms at 10,000
 // Services, about 290 ms at 100,000 on Linux 6.18, however small the
 // change (netlink_cost_test.go). A DNATMap rule picks the endpoint from an
-// endpoints map instead of a cascade of per-endpoint rules:
+// endpoints map instead of a cascade of per-endpoint rules. Each Service
+// (each endpoint set: cluster, local) owns a slot of an endpoints map: the
+// rule draws a random bucket in the slot's range of keys per new
+// connection, and the map's elements are ranges of buckets, one per
+// endpoint:
 //
-//	dnat ip to ip daddr . tcp dport . numgen random mod 65536 map @endpoints-tcp-0
-//
-// It draws a random bucket (one of EndpointBuckets) per new connection and
-// looks the Service's address, port and bucket up in an interval map whose
-// elements are ranges of buckets, one per endpoint:
+//	meta l4proto tcp dnat ip to numgen random mod 65536 offset 131072 map @endpoints-tcp-0
 //
 //	map endpoints-tcp-0 {
-//		typeof ip daddr . tcp dport . numgen random mod 65536 : ip daddr . tcp dport
+//		typeof numgen random mod 65536 : ip daddr . tcp dport
 //		flags interval
-//		elements = { 10.96.0.10 . 80 . 0-32767 : 10.244.1.11 . 8080,
-//			     10.96.0.10 . 80 . 32768-65535 : 10.244.1.12 . 8080 }
+//		elements = { 131072-163839 : 10.244.1.11 . 8080,
+//			     163840-196607 : 10.244.1.12 . 8080 }
 //	}
 //
-// Adding and removing such elements needs no validation. The map is
-// declared as nft 1.0.6 declares a `typeof` map with a concatenation and
-// flags interval (NFT_SET_CONCAT, field lengths, the typeof userdata), so
-// the kernel (Linux 5.7+) picks the pipapo backend and `nft list` prints it
-// as above (TestTemplatesListBack).
+// (slot 2: keys 2·65536 to 3·65536−1). Adding and removing such elements
+// needs no validation. The key is one integer, so the kernel keeps the map
+// in an rbtree: an element change costs O(log n), and nft 1.0.6 lists the
+// map as above. (A key such as `ip daddr . tcp dport . numgen …` needs no
+// slots, but an interval map with a concatenated key is either pipapo,
+// which rebuilds its lookup tables on every change — milliseconds per
+// change at 10,000 Services — or an rbtree nft 1.0.6 crashes listing; see
+// netlink_cost_shard_test.go.) The map is declared as nft 1.0.6 declares
+// this `typeof` map (key byte order host, the typeof userdata), captured
+// with `nft --debug=mnl`.
 //
-// Why one map per transport protocol, with `tcp dport` in the typeof and
-// not one map keyed `ip daddr . meta l4proto . th dport . …`: nft 1.0.6
-// lists that map fine, but cannot evaluate any rule against it once the
-// map exists in the kernel — `nft add rule … map @endpoints-0`, `nft -c -f`
-// of the listing, and restoring a listing over the live table all fail
-// with "conflicting protocols specified: tcp vs. th" (it evaluates the
-// map's `th dport` data expression in the rule's `tcp` context). With a
-// protocol per map, the listing reloads over the live table.
+// Why one map per transport protocol, with `tcp dport` in the data's
+// typeof: nft evaluates a rule's port mapping against the map's data
+// expression, so a map typed `tcp dport` cannot serve a `udp` rule
+// ("conflicting protocols specified: udp vs. tcp"). With a protocol per
+// map, the listing reloads with `nft -f`.
 
-// EndpointBuckets is the number of random buckets a DNATMap phrase draws
-// from: numgen random mod 65536.
+// EndpointBuckets is the number of random buckets of a slot: a DNATMap
+// phrase draws numgen random mod 65536.
 const EndpointBuckets = 1 << 16
+
+// EndpointsSlots is the number of slots of an endpoints map, 0 to 65534:
+// slot s has the keys s·65536 to s·65536+65535, and the end of its last
+// range is written as the key after it, which must fit in 32 bits.
+const EndpointsSlots = 1<<16 - 1
 
 // NewEndpointsMap returns an empty endpoints map of family f for the DNATMap
 // phrases of transport protocol proto (ProtoTCP, ProtoUDP or ProtoSCTP):
 //
-//	typeof ip daddr . tcp dport . numgen random mod 65536 : ip daddr . tcp dport
+//	typeof numgen random mod 65536 : ip daddr . tcp dport
 //	flags interval
 //
-// Its key is ipv4_addr . inet_service . integer (ipv6_addr in IPv6), its
-// data ipv4_addr . inet_service; every element is a range of buckets
-// (Element.End), see EndpointsElements.
+// Its key is an integer, its data ipv4_addr . inet_service (ipv6_addr in
+// IPv6); every element is a range of buckets of one slot (Element.End),
+// see EndpointsElements.
 func NewEndpointsMap(f Family, name string, proto uint8) *Set {
 	at := f.AddrType()
-	return &Set{Name: name, Key: []DataType{at, TypeInetService, TypeInteger},
+	return &Set{Name: name, Key: []DataType{TypeInteger},
 		Data: []DataType{at, TypeInetService}, Endpoints: proto, Elements: map[string]Element{}}
 }
 
-// EndpointsElements returns the elements of an endpoints map that send new
-// connections to svc:port evenly over the endpoints: the buckets split into
-// len(endpoints) consecutive ranges whose sizes differ by at most one, in
-// the endpoints' order. Beyond EndpointBuckets endpoints, the rest get no
-// bucket.
-func EndpointsElements(svc netip.Addr, port uint16, endpoints []netip.AddrPort) []Element {
+// EndpointsElements returns the elements of an endpoints map that send the
+// new connections of the DNATMap phrase with this slot evenly over the
+// endpoints: the slot's buckets split into len(endpoints) consecutive
+// ranges whose sizes differ by at most one, in the endpoints' order.
+// Beyond EndpointBuckets endpoints, the rest get no bucket.
+func EndpointsElements(slot uint16, endpoints []netip.AddrPort) []Element {
 	n := min(len(endpoints), EndpointBuckets)
+	base := uint32(slot) * EndpointBuckets
 	out := make([]Element, n)
 	for j := range n {
 		lo, hi := bucketRange(j, n)
 		ep := endpoints[j]
-		out[j] = Element{Key: []Datum{Addr(svc), Int(uint32(port)), Int(lo)}, End: hi,
+		out[j] = Element{Key: []Datum{Int(base + lo)}, End: base + hi,
 			Data: []Datum{Addr(ep.Addr()), Int(uint32(ep.Port()))}}
 	}
 	return out
@@ -108,7 +116,8 @@ func checkEndpointsMap(f Family, s *Set) error {
 	return nil
 }
 
-// checkRange checks an element's range of buckets.
+// checkRange checks an element's range of buckets: in an endpoints map,
+// within one slot.
 func checkRange(s *Set, e Element) error {
 	if s.Endpoints == 0 {
 		if e.End != 0 {
@@ -116,19 +125,18 @@ func checkRange(s *Set, e Element) error {
 		}
 		return nil
 	}
-	lo := e.Key[len(e.Key)-1].Int
-	if lo > e.End || e.End >= EndpointBuckets {
-		return fmt.Errorf("element %s of endpoints map %q: buckets %d-%d, want lo ≤ hi < %d",
-			s.KeyString(e.Key), s.Name, lo, e.End, EndpointBuckets)
+	lo := e.Key[0].Int
+	if lo > e.End || lo/EndpointBuckets != e.End/EndpointBuckets || lo/EndpointBuckets >= EndpointsSlots {
+		return fmt.Errorf("element %s of endpoints map %q: keys %d-%d, want lo ≤ hi in one slot below %d",
+			s.KeyString(e.Key), s.Name, lo, e.End, EndpointsSlots)
 	}
 	return nil
 }
 
-// EndpointsTypeofText is the typeof line of an endpoints map, as nft lists
-// it: "ip daddr . tcp dport . numgen random mod 65536 : ip daddr . tcp dport".
+// endpointsTypeofText is the typeof line of an endpoints map, as nft lists
+// it: "numgen random mod 65536 : ip daddr . tcp dport".
 func endpointsTypeofText(f Family, proto uint8) string {
-	port := ProtoName(proto) + " dport"
-	return fmt.Sprintf("%s daddr . %s . numgen random mod %d : %s daddr . %s", f, port, EndpointBuckets, f, port)
+	return fmt.Sprintf("numgen random mod %d : %s daddr . %s dport", EndpointBuckets, f, ProtoName(proto))
 }
 
 // Typeof userdata (nftables src/expression.c, payload.c, numgen.c:
@@ -187,20 +195,15 @@ func concatUdata(exprs ...[]byte) []byte {
 }
 
 // endpointsUserdata is the NEWSET userdata nft 1.0.6 writes for an
-// endpoints map, without the comment: key and data byte order (none, for a
-// concatenation), the key's and the data's typeof, data interval 0.
+// endpoints map, without the comment: key byte order host (numgen's), data
+// byte order none (a concatenation), the key's and the data's typeof,
+// data interval 0.
 func endpointsUserdata(f Family, proto uint8) []byte {
-	ud := udataU32(nil, udataSetKeyByteorder, byteorderInvalid)
+	ud := udataU32(nil, udataSetKeyByteorder, byteorderHost)
 	ud = udataU32(ud, udataSetDataByteorder, byteorderInvalid)
-	ud = udataTLV(ud, udataSetKeyTypeof, concatUdata(daddrUdata(f), dportUdata(proto), numgenUdata()))
+	ud = udataTLV(ud, udataSetKeyTypeof, numgenUdata())
 	ud = udataTLV(ud, udataSetDataTypeof, concatUdata(daddrUdata(f), dportUdata(proto)))
 	return udataU32(ud, udataSetDataInterval, 0)
-}
-
-// endpointsFieldLens are the lengths of the key's fields, which the kernel
-// needs to pick pipapo (NFTA_SET_DESC_CONCAT): address, port, bucket.
-func endpointsFieldLens(f Family) []uint32 {
-	return []uint32{uint32(f.AddrType().Len), 2, 4}
 }
 
 // AddrLowBits returns the low bits bits of an address: the element key a

@@ -241,7 +241,7 @@ func addElements(rs *Ruleset, f Family, op Op) error {
 	if !ok {
 		return opErr(unix.ENOENT, "set %q", op.Set.Name)
 	}
-	var ranges map[string][]Element // endpoints maps: elements by Service
+	var ranges map[uint32][]Element // endpoints maps: elements by slot
 	if s.Endpoints != 0 {
 		ranges = serviceRanges(s)
 	}
@@ -361,6 +361,11 @@ func checkRule(rs *Ruleset, f Family, r Rule) error {
 			if s.Endpoints != p.Proto {
 				return opErr(unix.EINVAL, "map %q is not an endpoints map for %s", p.Map, ProtoName(p.Proto))
 			}
+			if p.Slot >= EndpointsSlots {
+				// The kernel would take it, but its last range's end
+				// cannot be written; the encoder refuses it too.
+				return opErr(unix.ERANGE, "endpoints slot %d", p.Slot)
+			}
 		case VmapAddrBits:
 			s, ok := rs.Sets[p.Map]
 			if !ok {
@@ -459,32 +464,28 @@ func (r *Ruleset) Clone() *Ruleset {
 	return out
 }
 
-// serviceRanges indexes the elements of an endpoints map by the Service
-// (address and port) whose buckets they cover.
-func serviceRanges(s *Set) map[string][]Element {
-	m := make(map[string][]Element)
+// serviceRanges indexes the elements of an endpoints map by the slot
+// whose buckets they cover.
+func serviceRanges(s *Set) map[uint32][]Element {
+	m := make(map[uint32][]Element)
 	for _, e := range s.Elements {
-		svc := rangeOwner(s, e)
-		m[svc] = append(m[svc], e)
+		slot := rangeSlot(e)
+		m[slot] = append(m[slot], e)
 	}
 	return m
 }
 
-// rangeOwner names the Service an endpoints map element belongs to: every
-// key field but the bucket.
-func rangeOwner(s *Set, e Element) string {
-	return tupleText(s.Key[:len(s.Key)-1], e.Key[:len(e.Key)-1])
-}
+// rangeSlot is the slot an endpoints map element belongs to.
+func rangeSlot(e Element) uint32 { return e.Key[0].Int / EndpointBuckets }
 
-// checkOverlap fails, as pipapo does (EEXIST), if e overlaps an element
-// of the same Service other than itself, and records e in ranges. The
-// kernel only looks for an element holding e's first or last bucket
-// (nft_pipapo_insert); this also catches a range that covers another.
-func checkOverlap(s *Set, ranges map[string][]Element, e Element) error {
-	svc := rangeOwner(s, e)
-	lo := e.Key[len(e.Key)-1].Int
-	for _, have := range ranges[svc] {
-		hlo := have.Key[len(have.Key)-1].Int
+// checkOverlap fails, as the rbtree does (EEXIST), if e overlaps an
+// element other than itself, and records e in ranges. Ranges never cross
+// slots (checkRange), so only e's slot is searched.
+func checkOverlap(s *Set, ranges map[uint32][]Element, e Element) error {
+	slot := rangeSlot(e)
+	lo := e.Key[0].Int
+	for _, have := range ranges[slot] {
+		hlo := have.Key[0].Int
 		if lo == hlo && e.End == have.End {
 			continue // the same element: addElements compares the values
 		}
@@ -493,6 +494,6 @@ func checkOverlap(s *Set, ranges map[string][]Element, e Element) error {
 				s.ElementKeyText(e), s.Name, s.ElementKeyText(have))
 		}
 	}
-	ranges[svc] = append(ranges[svc], e)
+	ranges[slot] = append(ranges[slot], e)
 	return nil
 }

@@ -1,54 +1,35 @@
 package nft
 
-// Shape s, written by the encoder itself (endpoints maps, DNATMap,
-// VmapAddrBits): what do cold start, an endpoint change and a new Service
-// cost the kernel with nft's own pipapo maps, for K shards?
+// The slot shape, written by the encoder itself (endpoints maps, DNATMap):
+// what do cold start, an endpoint change and a new Service cost the
+// kernel, for endpoints maps of K slots each?
 //
-//	NFTPROXY_COST=1 NFTPROXY_COST_SHARDS=256,1024 NFTPROXY_COST_S_SIZES=10000x5,100000x10 \
+//	NFTPROXY_COST=1 NFTPROXY_COST_SLOTS=4096,65535 NFTPROXY_COST_S_SIZES=10000x5,100000x10 \
 //	  go test ./nft -run TestNetlinkCostShapeS -v -timeout 3h
 //
-// The table is realisticRuleset's shared part plus, for K shards:
-//
-//	services:  ip daddr & 0.0.0.255 vmap @shard-dispatch   (K elements: goto shard-<i>)
-//	shard-<i>: dnat ip to ip daddr . tcp dport . numgen random mod 65536 map @endpoints-tcp-<i>
-//	           (and udp, sctp: 3 rules, 3 endpoints maps per shard)
-//
-// and per Service its ClusterIP in cluster-ips, its endpoints' hairpin
-// elements, and its ranges of buckets in its shard's TCP map (a Service
-// without endpoints: a no-endpoint-services element instead). Times are
-// the kernel's (BatchStats.Kernel), medians of NFTPROXY_COST_REPS batches.
+// The table is realisticRuleset's shared part plus, per Service with
+// endpoints, its chain (one DNATMap rule on its slot), its service-ips and
+// cluster-ips elements, its endpoints' hairpin elements, and its ranges of
+// buckets in its slot's map (a Service without endpoints: a
+// no-endpoint-services element instead). Times are the kernel's
+// (BatchStats.Kernel), medians of NFTPROXY_COST_REPS batches.
 // NFTPROXY_COST_LIST=0 skips the `nft list table` check (Canonical(listing)
 // must equal Dump, and Load must read back the same table);
 // NFTPROXY_COST_S_PROTOS=tcp makes TCP endpoints maps only.
 //
-// Results on Linux 6.18.44, 2 shared vCPUs (ms, kernel time; ranges from
-// two runs where they were repeated):
-//
-//	                 K     fixed part  cold start  endpoint change  scale 5→6 / 10→11  new Service add / remove  1 range add / delete
-//	10k×5    pipapo  256   39          889–1401    9.7–10.4         10.5–11.3          0.3–0.5 / 7–10            0.2 / 1.5–2.1
-//	10k×5    pipapo  1024  445         1415–1967   2.3–3.7          2.3–3.8            0.5 / 3.2                 0.2 / 0.5–0.6
-//	100k×10  pipapo  256   21          16,085      220–239          221–233            1.3 / 213                 0.8 / 20
-//	100k×10  pipapo  1024  —           22,541      58–84            67–90              1.6 / 70                  1.2 / 10.5
-//
-// With TCP maps only (10k×5): K=256 fixed 5, cold 826, change 6.3;
-// K=1024 fixed 57, cold 946, change 1.9; K=4096 fixed 541, cold 1,835,
-// change 1.9. Creating K endpoints maps costs O(K²) (each NEWSET walks the
-// table's sets). A pipapo delete costs about 5 µs per range already in
-// the map (pipapo_drop compacts every field's lookup tables), an add
-// 0.2–1.3 ms; a smaller modulus (mod 1024) halves the cold start and
-// leaves deletes as slow. For comparison, the rbtree shard maps of
-// TestNetlinkCostShardedMaps, same machine and day: 10k×5 K=256 cold 185,
-// endpoint change 0.07; 100k×10 cold 3,832 (K=256) and 3,758 (K=1024),
-// endpoint change 0.26 and 0.12 — but nft 1.0.6 crashes listing an rbtree
-// map with a concatenated key (interval decomposition, __gmpz_sub), typeof
-// userdata or not; declared as one 96-bit integer it lists, as decimals.
-//
-// `nft list table` equals Dump at 1k×5, 10k×5 (K 256 and 1024) and
-// 100k×10 (K 256: 115 MB, 64 s of nft), and Load reads the same table back.
+// Earlier shapes, same machine (ms, kernel time): the key
+// `ip daddr . tcp dport . numgen random mod 65536` needs no slots, but as
+// an interval map with a concatenated key it is pipapo (what nft writes),
+// which rebuilds its lookup tables on every change: with the Services
+// spread over K=1024 maps by ClusterIP bits, 10k×5 cold start 1,415–1,967,
+// endpoint change 2.3–3.7; 100k×10 cold 22,541, change 58–84. As an
+// rbtree (no NFT_SET_CONCAT) it costs 0.07 per change at 10k×5 and
+// 0.12–0.26 at 100k×10, but nft 1.0.6 crashes listing an rbtree map with a
+// concatenated key (interval decomposition, __gmpz_sub). The slot shape
+// keeps the rbtree and a single integer key, which nft lists.
 
 import (
 	"fmt"
-	"math/bits"
 	"net/netip"
 	"os"
 	"strconv"
@@ -59,7 +40,7 @@ import (
 
 func TestNetlinkCostShapeS(t *testing.T) {
 	costGuard(t)
-	shardCounts := costSizes(t, "NFTPROXY_COST_SHARDS", "256,1024")
+	perMaps := costSizes(t, "NFTPROXY_COST_SLOTS", "4096,65535")
 	spec := os.Getenv("NFTPROXY_COST_S_SIZES")
 	if spec == "" {
 		spec = "10000x5"
@@ -69,9 +50,9 @@ func TestNetlinkCostShapeS(t *testing.T) {
 		if _, err := fmt.Sscanf(strings.TrimSpace(sz), "%dx%d", &size, &eps); err != nil {
 			t.Fatalf("NFTPROXY_COST_S_SIZES=%q: %v", spec, err)
 		}
-		for _, k := range shardCounts {
-			if k < 2 || k > 1<<16 || k&(k-1) != 0 {
-				t.Fatalf("%d shards: want a power of 2, 2 to 65536", k)
+		for _, k := range perMaps {
+			if k < 1 || k > EndpointsSlots {
+				t.Fatalf("%d slots per map: want 1 to %d", k, EndpointsSlots)
 			}
 			t.Run(fmt.Sprintf("%dx%d/K%d", size, eps, k), func(t *testing.T) { costShapeS(t, size, eps, k) })
 		}
@@ -96,49 +77,43 @@ func shapeSProtos() []uint8 {
 	return out
 }
 
-// shapeSRuleset is the table of TestNetlinkCostShapeS.
-func shapeSRuleset(f Family, shards int, svcs []testService) *Ruleset {
+// shapeSRuleset is the table of TestNetlinkCostShapeS: realisticRuleset's
+// shared part, endpoints maps of perMap slots each, and per Service a
+// chain with one DNATMap rule on its slot, reached through service-ips.
+func shapeSRuleset(f Family, perMap int, svcs []testService) *Ruleset {
 	rs := realisticRuleset(f, nil)
-	rs.AddSet(&Set{Name: "shard-dispatch", Key: []DataType{f.AddrType()}, Data: []DataType{TypeVerdict},
-		Comment: "shard of a ClusterIP: its low bits"})
-	for i := range shards {
-		chain := shardChainName(i)
-		rs.AddChain(&Chain{Name: chain})
+	for m := range (len(svcs)+perMap-1)/perMap + 1 {
 		for _, proto := range shapeSProtos() {
-			m := shardMapName(proto, i)
-			rs.AddSet(NewEndpointsMap(f, m, proto))
-			rs.Append(chain, Rule{Phrases: []Phrase{DNATMap{Proto: proto, Map: m}}})
+			rs.AddSet(NewEndpointsMap(f, slotMapName(proto, m), proto))
 		}
-		rs.AddElement("shard-dispatch", Element{Key: []Datum{Addr(LowBitsAddr(f, uint32(i)))},
-			Verdict: &Verdict{Kind: VerdictGoto, Chain: chain}})
 	}
-	rs.Append("services", Rule{Phrases: []Phrase{VmapAddrBits{Field: FieldDstAddr, Bits: shardBits(shards), Map: "shard-dispatch"}}})
 	for _, s := range svcs {
-		addShapeSService(rs, shards, s)
+		addShapeSService(rs, perMap, s)
 	}
 	return rs
 }
 
-func shardBits(shards int) int    { return bits.TrailingZeros(uint(shards)) }
-func shardChainName(i int) string { return fmt.Sprintf("shard-%d", i) }
-func shardMapName(proto uint8, i int) string {
-	return fmt.Sprintf("endpoints-%s-%d", ProtoName(proto), i)
-}
-func shardOf(shards int, ip netip.Addr) int { return int(AddrLowBits(ip, shardBits(shards))) }
-func shapeSMap(shards int, s testService) string {
-	return shardMapName(ProtoTCP, shardOf(shards, s.clusterIP))
+func slotMapName(proto uint8, i int) string { return fmt.Sprintf("endpoints-%s-%d", ProtoName(proto), i) }
+
+// slotOf is the endpoints map and slot of Service s.
+func slotOf(perMap int, s testService) (string, uint16) {
+	return slotMapName(ProtoTCP, s.index/perMap), uint16(s.index % perMap)
 }
 
-// addShapeSService adds one Service's elements.
-func addShapeSService(rs *Ruleset, shards int, s testService) {
+// addShapeSService adds one Service: its chain, ClusterIP, service-ips
+// element, ranges and hairpin elements.
+func addShapeSService(rs *Ruleset, perMap int, s testService) {
 	rs.AddElement("cluster-ips", Element{Key: []Datum{Addr(s.clusterIP)}})
 	if len(s.backends) == 0 {
 		rs.AddElement("no-endpoint-services", Element{Key: []Datum{Addr(s.clusterIP), tcp, Int(80)}, Comment: s.name(),
 			Verdict: &Verdict{Kind: VerdictGoto, Chain: "reject-chain"}})
 		return
 	}
-	m := shapeSMap(shards, s)
-	for _, e := range EndpointsElements(s.clusterIP, 80, s.backends) {
+	m, slot := slotOf(perMap, s)
+	rs.AddChain(&Chain{Name: s.chain(), Rules: []Rule{{Phrases: []Phrase{DNATMap{Proto: ProtoTCP, Map: m, Slot: slot}}}}})
+	rs.AddElement("service-ips", Element{Key: []Datum{Addr(s.clusterIP), tcp, Int(80)}, Comment: s.name(),
+		Verdict: &Verdict{Kind: VerdictGoto, Chain: s.chain()}})
+	for _, e := range EndpointsElements(slot, s.backends) {
 		rs.AddElement(m, e)
 	}
 	for _, e := range costHairpin(s.backends) {
@@ -146,25 +121,15 @@ func addShapeSService(rs *Ruleset, shards int, s testService) {
 	}
 }
 
-func costShapeS(t *testing.T, size, nb, shards int) {
-	shape := fmt.Sprintf("s pipapo K=%d", shards)
+func costShapeS(t *testing.T, size, nb, perMap int) {
+	shape := fmt.Sprintf("slots rbtree %d/map", perMap)
 	f := IPv4
 	label := fmt.Sprintf("%dx%d", size, nb)
 	var results []costResult
-	{
-		// The fixed part alone, in a namespace of its own.
-		ns := newTestNS(t)
-		fixed, err := costTx(ns.netlink(t), Diff(nil, shapeSRuleset(f, shards, nil)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		results = append(results, costResult{shape, fmt.Sprintf("fixed part alone: %d chains, %d endpoints maps, dispatch",
-			shards, shards*len(shapeSProtos())), size, fixed, 0})
-	}
 	ns := newTestNS(t)
 	n := ns.netlink(t)
 	svcs := makeServices(f, size, nb)
-	rs := shapeSRuleset(f, shards, svcs)
+	rs := shapeSRuleset(f, perMap, svcs)
 
 	cold, err := costTx(n, Diff(nil, rs))
 	if err != nil {
@@ -187,48 +152,35 @@ func costShapeS(t *testing.T, size, nb, shards int) {
 		k++
 	}
 	sk := svcs[k]
-	m := rs.Sets[shapeSMap(shards, sk)]
-	hp, cips := rs.Sets["hairpin-connections"], rs.Sets["cluster-ips"]
-	change := func(s testService, from, to []netip.AddrPort, cip bool) func() (time.Duration, error) {
-		var ops []Op
-		if len(from) > 0 {
-			ops = append(ops, Op{Kind: OpDeleteElements, Set: m, Elements: EndpointsElements(s.clusterIP, 80, from)},
-				Op{Kind: OpDeleteElements, Set: hp, Elements: costHairpin(from)})
-			if cip {
-				ops = append(ops, Op{Kind: OpDeleteElements, Set: cips, Elements: []Element{{Key: []Datum{Addr(s.clusterIP)}}}})
-			}
-		}
-		if len(to) > 0 {
-			ops = append(ops, Op{Kind: OpAddElements, Set: m, Elements: EndpointsElements(s.clusterIP, 80, to)},
-				Op{Kind: OpAddElements, Set: hp, Elements: costHairpin(to)})
-			if cip {
-				ops = append(ops, Op{Kind: OpAddElements, Set: cips, Elements: []Element{{Key: []Datum{Addr(s.clusterIP)}}}})
-			}
-		}
-		return tx(ops...)
+	mName, slot := slotOf(perMap, sk)
+	m := rs.Sets[mName]
+	hp := rs.Sets["hairpin-connections"]
+	change := func(from, to []netip.AddrPort) func() (time.Duration, error) {
+		return tx(Op{Kind: OpDeleteElements, Set: m, Elements: EndpointsElements(slot, from)},
+			Op{Kind: OpDeleteElements, Set: hp, Elements: costHairpin(from)},
+			Op{Kind: OpAddElements, Set: m, Elements: EndpointsElements(slot, to)},
+			Op{Kind: OpAddElements, Set: hp, Elements: costHairpin(to)})
 	}
 	alt := costAltBackends(k, nb)
 	add(fmt.Sprintf("endpoint change %d -> %d other pods: ranges + hairpin", nb, nb),
-		change(sk, sk.backends, alt, false), change(sk, alt, sk.backends, false))
+		change(sk.backends, alt), change(alt, sk.backends))
 	more := append(costAltBackends(k, nb+1)[:1:1], sk.backends...)
 	add(fmt.Sprintf("endpoint change %d -> %d (scale up) / back", nb, nb+1),
-		change(sk, sk.backends, more, false), change(sk, more, sk.backends, false))
-	// A Service whose ClusterIP lands in the same shard as sk's.
-	j := size
-	for shardOf(shards, makeService(f, j, nb).clusterIP) != shardOf(shards, sk.clusterIP) || j%50 == 49 {
-		j++
+		change(sk.backends, more), change(more, sk.backends))
+	// A new Service in the last map's next free slot: chain, rule,
+	// service-ips and cluster-ips elements, ranges (the vmap element's goto
+	// makes the kernel validate the table).
+	ns1 := makeService(f, size, nb)
+	for len(ns1.backends) == 0 {
+		ns1 = makeService(f, ns1.index+1, nb)
 	}
-	ns1 := makeService(f, j, nb)
-	add("new service: cluster-ip + ranges + hairpin / remove it",
-		change(ns1, nil, ns1.backends, true), change(ns1, ns1.backends, nil, true))
-	one := Element{Key: []Datum{Addr(ns1.clusterIP), Int(80), Int(0)}, End: EndpointBuckets - 1,
-		Data: []Datum{Addr(ns1.backends[0].Addr()), Int(8080)}}
-	add("1 range into a shard map / delete it",
-		tx(Op{Kind: OpAddElements, Set: m, Elements: []Element{one}}), tx(Op{Kind: OpDeleteElements, Set: m, Elements: []Element{one}}))
+	withNew := rs.Clone()
+	addShapeSService(withNew, perMap, ns1)
+	add("new service: chain + elements / remove it", tx(Diff(rs, withNew).Ops...), tx(Diff(withNew, rs).Ops...))
 	hpElem := Element{Key: []Datum{Addr(sk.backends[0].Addr()), Addr(sk.backends[0].Addr()), tcp, Int(9999)}}
 	add("1 plain set element (hairpin) / delete it",
 		tx(Op{Kind: OpAddElements, Set: hp, Elements: []Element{hpElem}}), tx(Op{Kind: OpDeleteElements, Set: hp, Elements: []Element{hpElem}}))
-	t.Logf("shard map %s holds %d ranges", m.Name, len(m.Elements))
+	t.Logf("endpoints map %s holds %d ranges", m.Name, len(m.Elements))
 
 	if v, err := strconv.ParseBool(os.Getenv("NFTPROXY_COST_LIST")); err == nil && !v {
 		costReport(t, results...)

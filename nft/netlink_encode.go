@@ -178,7 +178,7 @@ func sizeHint(tx *Transaction) int {
 		case OpAddElements, OpDeleteElements:
 			per := 48 + tupleLen(op.Set.Key) + tupleLen(op.Set.Data)
 			if op.Set.Endpoints != 0 {
-				per += 8 + tupleLen(op.Set.Key) // the range's end
+				per += 40 // the range's end: an element of its own
 			}
 			for _, e := range op.Elements {
 				n += per + len(e.Comment)

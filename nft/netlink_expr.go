@@ -147,12 +147,15 @@ func (e *encoder) verdict(v Verdict) {
 
 // numgenRandom: [ numgen reg <dreg> = random mod <mod> ] (offset 0, which
 // nft writes too).
-func (e *encoder) numgenRandom(dreg, mod uint32) {
+func (e *encoder) numgenRandom(dreg, mod uint32) { e.numgenRandomOffset(dreg, mod, 0) }
+
+// numgenRandomOffset: [ numgen reg <dreg> = random mod <mod> offset <offset> ].
+func (e *encoder) numgenRandomOffset(dreg, mod, offset uint32) {
 	el, d := e.beginExpr("numgen")
 	e.u32(unix.NFTA_NG_DREG, dreg)
 	e.u32(unix.NFTA_NG_MODULUS, mod)
 	e.u32(unix.NFTA_NG_TYPE, unix.NFT_NG_RANDOM)
-	e.u32(unix.NFTA_NG_OFFSET, 0)
+	e.u32(unix.NFTA_NG_OFFSET, offset)
 	e.endExpr(el, d)
 }
 

@@ -231,8 +231,11 @@ func everyPhraseRuleset(f Family) *Ruleset {
 	}
 	rs.AddSet(&Set{Name: "shard-dispatch", Key: []DataType{at}, Data: []DataType{TypeVerdict}})
 	rs.AddChain(&Chain{Name: shard})
+	// Slots: TCP's the shard number, UDP's 0 (nft prints no offset), SCTP's
+	// the last one.
+	slots := map[uint8]uint16{ProtoTCP: uint16(shardN), ProtoUDP: 0, ProtoSCTP: EndpointsSlots - 1}
 	for _, proto := range []uint8{ProtoTCP, ProtoUDP, ProtoSCTP} {
-		rs.Append(shard, Rule{Phrases: []Phrase{DNATMap{Proto: proto, Map: epMap(proto)}}})
+		rs.Append(shard, Rule{Phrases: []Phrase{DNATMap{Proto: proto, Map: epMap(proto), Slot: slots[proto]}}})
 	}
 	rs.Append("services", Rule{Phrases: []Phrase{VmapAddrBits{Field: FieldDstAddr, Bits: 8, Map: "shard-dispatch"}}})
 	rs.Append("prefixes", Rule{Phrases: []Phrase{VmapAddrBits{Field: FieldSrcAddr, Bits: 10, Map: "shard-dispatch"}},
@@ -240,17 +243,19 @@ func everyPhraseRuleset(f Family) *Ruleset {
 	rs.AddElement("shard-dispatch", Element{Key: []Datum{Addr(LowBitsAddr(f, shardN))},
 		Verdict: &Verdict{Kind: VerdictGoto, Chain: shard}})
 	rs.AddElement("shard-dispatch", Element{Key: []Datum{Addr(LowBitsAddr(f, 0x3ff))}, Verdict: &Verdict{Kind: VerdictDrop}})
-	for _, e := range EndpointsElements(svcIP, 80, backends(f, 5, 3, 8080)) {
+	for _, e := range EndpointsElements(slots[ProtoTCP], backends(f, 5, 3, 8080)) {
 		rs.AddElement(epMap(ProtoTCP), e)
 	}
-	for _, e := range EndpointsElements(svcIP, 53, backends(f, 6, 1, 53)) {
+	for _, e := range EndpointsElements(slots[ProtoUDP], backends(f, 6, 1, 53)) {
 		e.Comment = "default/dns:dns"
 		rs.AddElement(epMap(ProtoUDP), e)
 	}
-	// A single bucket, and the last one alone.
-	rs.AddElement(epMap(ProtoSCTP), Element{Key: []Datum{Addr(svcIP2), Int(9999), Int(7)}, End: 7,
+	// A single bucket, and the last one alone (its range ends at the
+	// last key an end element can name).
+	last := uint32(slots[ProtoSCTP]) * EndpointBuckets
+	rs.AddElement(epMap(ProtoSCTP), Element{Key: []Datum{Int(last + 7)}, End: last + 7,
 		Data: []Datum{Addr(backends(f, 7, 1, 1)[0].Addr()), Int(1)}})
-	rs.AddElement(epMap(ProtoSCTP), Element{Key: []Datum{Addr(svcIP2), Int(9999), Int(65535)}, End: 65535,
+	rs.AddElement(epMap(ProtoSCTP), Element{Key: []Datum{Int(last + 65535)}, End: last + 65535,
 		Data: []Datum{Addr(backends(f, 7, 2, 2)[1].Addr()), Int(2)}})
 
 	rs.AddElement("service-ips", Element{Key: []Datum{Addr(svcIP), tcp, Int(80)},

@@ -157,10 +157,16 @@ func (n *Netlink) loadDumps(f Family) (*Ruleset, error) {
 			e.str(unix.NFTA_SET_ELEM_LIST_TABLE, TableName)
 			e.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
 		}
+		var ends []uint32
 		if err := n.dump(unix.NFT_MSG_GETSETELEM, f, req, func(attrs []byte) error {
-			return decodeElements(f, s, attrs)
+			return decodeElements(f, s, attrs, &ends)
 		}); err != nil {
 			return nil, fmt.Errorf("dump elements of set %s: %w", s.Name, err)
+		}
+		if s.Endpoints != 0 {
+			if err := closeRanges(s, ends); err != nil {
+				return nil, fmt.Errorf("elements of set %s: %w", s.Name, err)
+			}
 		}
 	}
 	return rs, nil
@@ -319,6 +325,9 @@ func decodeSet(f Family, attrs []byte) *Set {
 		return s
 	}
 	if flags&(unix.NFT_SET_INTERVAL|nftSetConcat) != 0 {
+		// Only an endpoints map has either; the kernel reports no
+		// NFT_SET_CONCAT for nft's own concatenated interval sets, but
+		// NFTA_SET_DESC_CONCAT, which decodeEndpointsMap refuses.
 		decodeEndpointsMap(f, s, flags, keyType, keyLen, dataType, dataLen, desc, ud)
 		return s
 	}
@@ -346,22 +355,16 @@ func decodeSet(f Family, attrs []byte) *Set {
 // decodeEndpointsMap makes s the endpoints map the attributes describe, if
 // they are exactly what newSet writes for one; else s keeps a nil Key.
 func decodeEndpointsMap(f Family, s *Set, flags, keyType, keyLen, dataType, dataLen uint32, desc, ud []byte) {
-	if flags != unix.NFT_SET_MAP|unix.NFT_SET_INTERVAL|nftSetConcat {
+	if flags != unix.NFT_SET_MAP|unix.NFT_SET_INTERVAL {
 		return
 	}
-	var lens []uint32
-	forEachAttr(desc, func(t uint16, data []byte) {
+	concat := false
+	forEachAttr(desc, func(t uint16, _ []byte) {
 		if t == nftaSetDescConcat {
-			forEachAttr(data, func(_ uint16, field []byte) {
-				forEachAttr(field, func(t uint16, v []byte) {
-					if t == nftaSetFieldLen {
-						lens = append(lens, be32(v))
-					}
-				})
-			})
+			concat = true
 		}
 	})
-	if !slices.Equal(lens, endpointsFieldLens(f)) {
+	if concat {
 		return
 	}
 	// The userdata without its comment names the protocol.
@@ -423,8 +426,10 @@ func decodeTypes(magic, length uint32) ([]DataType, bool) {
 	return ts, tupleLen(ts) == int(length)
 }
 
-// decodeElements adds the elements of a NEWSETELEM of an element dump to s.
-func decodeElements(f Family, s *Set, attrs []byte) error {
+// decodeElements adds the elements of a NEWSETELEM of an element dump to s;
+// in an endpoints map, the keys of the elements that end ranges go to ends
+// instead (see closeRanges).
+func decodeElements(f Family, s *Set, attrs []byte, ends *[]uint32) error {
 	var err error
 	forEachAttr(attrs, func(t uint16, list []byte) {
 		if t != unix.NFTA_SET_ELEM_LIST_ELEMENTS || err != nil {
@@ -435,47 +440,65 @@ func decodeElements(f Family, s *Set, attrs []byte) error {
 				return
 			}
 			var e Element
-			if e, err = decodeElement(f, s, elem); err == nil {
-				s.Elements[s.KeyString(e.Key)] = e
+			var end bool
+			if e, end, err = decodeElement(f, s, elem); err == nil {
+				if end {
+					*ends = append(*ends, e.Key[0].Int)
+				} else {
+					s.Elements[s.KeyString(e.Key)] = e
+				}
 			}
 		})
 	})
 	return err
 }
 
-func decodeElement(f Family, s *Set, attrs []byte) (Element, error) {
-	var e Element
-	var key, keyEnd, data, ud []byte
+// closeRanges gives each range start of an endpoints map its end: the
+// smallest end key above it, less one. Every end must close a range.
+func closeRanges(s *Set, ends []uint32) error {
+	slices.Sort(ends)
+	used := 0
+	for k, e := range s.Elements {
+		i, _ := slices.BinarySearch(ends, e.Key[0].Int+1)
+		if i == len(ends) {
+			return fmt.Errorf("range %s has no end", k)
+		}
+		e.End = ends[i] - 1
+		if err := checkRange(s, e); err != nil {
+			return err
+		}
+		s.Elements[k] = e
+		used++
+	}
+	if used != len(ends) {
+		return fmt.Errorf("%d range starts, %d ends", used, len(ends))
+	}
+	return nil
+}
+
+// decodeElement decodes one element; end reports an endpoints map's
+// element that ends a range (its Key alone is set).
+func decodeElement(f Family, s *Set, attrs []byte) (e Element, end bool, err error) {
+	var key, data, ud []byte
+	var flags uint32
 	forEachAttr(attrs, func(t uint16, d []byte) {
 		switch t {
 		case unix.NFTA_SET_ELEM_KEY:
 			key = d
-		case nftaSetElemKeyEnd:
-			keyEnd = d
+		case unix.NFTA_SET_ELEM_FLAGS:
+			flags = be32(d)
 		case unix.NFTA_SET_ELEM_DATA:
 			data = d
 		case unix.NFTA_SET_ELEM_USERDATA:
 			ud = d
 		}
 	})
-	var err error
 	ints := s.Endpoints != 0 // in network byte order, see encodeKey
 	if e.Key, err = decodeTupleOrder(f, s.Key, dataValue(key), ints); err != nil {
-		return e, fmt.Errorf("element key: %w", err)
+		return e, false, fmt.Errorf("element key: %w", err)
 	}
-	if s.Endpoints != 0 {
-		last := len(e.Key) - 1
-		e.End = e.Key[last].Int
-		if keyEnd != nil {
-			end, err := decodeTupleOrder(f, s.Key, dataValue(keyEnd), ints)
-			if err != nil {
-				return e, fmt.Errorf("element %s: key end: %w", s.KeyString(e.Key), err)
-			}
-			if !slices.Equal(end[:last], e.Key[:last]) {
-				return e, fmt.Errorf("element %s: a range over more than the buckets", s.KeyString(e.Key))
-			}
-			e.End = end[last].Int
-		}
+	if s.Endpoints != 0 && flags&unix.NFT_SET_ELEM_INTERVAL_END != 0 {
+		return e, true, nil
 	}
 	switch {
 	case s.IsVerdictMap():
@@ -486,11 +509,11 @@ func decodeElement(f Family, s *Set, attrs []byte) (Element, error) {
 			}
 		})
 		if e.Verdict == nil {
-			return e, fmt.Errorf("element %s: no verdict", s.KeyString(e.Key))
+			return e, false, fmt.Errorf("element %s: no verdict", s.KeyString(e.Key))
 		}
 	case s.IsMap():
 		if e.Data, err = decodeTuple(f, s.Data, dataValue(data)); err != nil {
-			return e, fmt.Errorf("element %s: data: %w", s.KeyString(e.Key), err)
+			return e, false, fmt.Errorf("element %s: data: %w", s.KeyString(e.Key), err)
 		}
 	}
 	for len(ud) >= 2 && 2+int(ud[1]) <= len(ud) {
@@ -499,7 +522,7 @@ func decodeElement(f Family, s *Set, attrs []byte) (Element, error) {
 		}
 		ud = ud[2+int(ud[1]):]
 	}
-	return e, nil
+	return e, false, nil
 }
 
 // dataValue returns NFTA_DATA_VALUE from a struct nft_data nest.

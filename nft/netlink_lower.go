@@ -319,39 +319,33 @@ func lowerDNAT(e *encoder, f Family, d DNAT) error {
 	return nil
 }
 
-// lowerDNATMap: the protocol match, then the destination address, port and
-// a random bucket in consecutive slots (the bucket turned to network byte
-// order, as the interval map's keys are), looked up in the endpoints map
-// with the endpoint landing in reg 1 (address) and the slot after the
-// address (port), then nat from those registers:
+// lowerDNATMap: the protocol match, then a random bucket of the slot
+// (turned to network byte order, as the interval map's keys are), looked
+// up in the endpoints map with the endpoint landing in reg 1 (address) and
+// the 32-bit register after the address (port), then nat from those
+// registers, as nft 1.0.6 writes it:
 //
-//	dnat ip to ip daddr . tcp dport . numgen random mod 65536 map @endpoints-tcp-0
+//	meta l4proto tcp dnat ip to numgen random mod 65536 offset 131072 map @endpoints-tcp-0
 //	  [ meta load l4proto => reg 1 ] [ cmp eq reg 1 0x00000006 ]
-//	  [ payload load 4b @ network header + 16 => reg 1 ] [ payload load 2b @ transport header + 2 => reg 9 ]
-//	  [ numgen reg 10 = random mod 65536 ] [ byteorder reg 10 = hton(reg 10, 4, 4) ]
+//	  [ numgen reg 1 = random mod 65536 offset 131072 ] [ byteorder reg 1 = hton(reg 1, 4, 4) ]
 //	  [ lookup reg 1 set endpoints-tcp-0 dreg 1 ] [ nat dnat ip addr_min reg 1 proto_min reg 9 ]
 //
-// In ip6 the address takes reg 1 whole: port in reg 2, bucket in reg 13,
-// proto_min reg 2. Unlike lowerDNAT's, this nat carries no flags.
+// In ip6 the address takes reg 1 whole: proto_min reg 2. Unlike
+// lowerDNAT's, this nat carries no flags.
 func (b *batch) lowerDNATMap(d DNATMap) error {
 	if !endpointsProtoOK(d.Proto) {
 		return fmt.Errorf("no endpoints map for protocol %s", ProtoName(d.Proto))
 	}
+	if d.Slot >= EndpointsSlots {
+		return fmt.Errorf("endpoints slot %d: want below %d", d.Slot, EndpointsSlots)
+	}
 	e := &b.enc
 	e.metaLoad(unix.NFT_META_L4PROTO, reg1)
 	e.cmp(unix.NFT_CMP_EQ, reg1, []byte{d.Proto})
-	n, err := loadField(e, b.family, FieldDstAddr, 0)
-	if err != nil {
-		return err
-	}
-	if _, err := loadField(e, b.family, FieldDstPort, n); err != nil {
-		return err
-	}
-	bucket := slotReg(n + 1)
-	e.numgenRandom(bucket, EndpointBuckets)
-	e.byteorderHton(bucket, bucket, 4, 4)
+	e.numgenRandomOffset(reg1, EndpointBuckets, uint32(d.Slot)*EndpointBuckets)
+	e.byteorderHton(reg1, reg1, 4, 4)
 	e.lookupData(reg1, reg1, d.Map, b.setIDs[d.Map])
-	e.dnat(uint32(b.family), reg1, slotReg(n), 0)
+	e.dnat(uint32(b.family), reg1, slotReg(b.family.AddrType().Len/4), 0)
 	return nil
 }
 

@@ -20,7 +20,8 @@ import (
 // ruleset carries the same messages, attribute for attribute and in the
 // same order. Differences that do not reach the kernel are normalised away:
 // how elements are split across messages, and set IDs (replaced by the set
-// they name), and the digest of a chain's rules that our first rule of each
+// they name), an interval end at key 0 nft writes ahead of an endpoints
+// map's first range, and the digest of a chain's rules that our first rule of each
 // chain carries in its userdata (digest.go; nft writes none) — which must
 // be there, exactly once per chain with rules. This is the guard against
 // bytecode `nft list` cannot decompile (kubernetes #135705).
@@ -42,6 +43,11 @@ func TestNetlinkBytesMatchNft(t *testing.T) {
 			}
 			ours := splitMessages(b.enc.b)
 			th, theirDigests := canonicalBatch(t, theirs)
+			// nft opens an interval map whose first range starts above 0
+			// with an interval end at key 0 (segtree's "nothing below");
+			// the rbtree matches nothing below the first range without it,
+			// so we do not write it.
+			th = slices.DeleteFunc(th, func(l string) bool { return strings.HasSuffix(l, "element 1{3=00000001 1{1=00000000}}") })
 			ou, ourDigests := canonicalBatch(t, ours)
 			if len(theirDigests) != 0 {
 				t.Errorf("nft wrote rule digests: %v", theirDigests)

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -33,10 +34,8 @@ func (b *batch) delSet(name string) {
 // matter for interval sets, which pick the pipapo backend), and lists such
 // sets fine from the key type and the userdata; so neither do we.
 //
-// An endpoints map is an interval map with a concatenated key, which nft
-// sends with NFT_SET_CONCAT and the key's field lengths in
-// NFTA_SET_DESC_CONCAT: that makes the kernel pick the pipapo backend
-// (Linux 5.7+), the one that matches ranges of concatenations.
+// An endpoints map is an interval map with a single integer key: the
+// kernel keeps it in an rbtree.
 func (b *batch) newSet(s *Set) error {
 	if len(s.Key) == 0 {
 		return fmt.Errorf("set has no key type")
@@ -63,10 +62,8 @@ func (b *batch) newSet(s *Set) error {
 	if s.Dynamic {
 		flags |= unix.NFT_SET_EVAL
 	}
-	var fieldLens []uint32
 	if s.Endpoints != 0 {
-		flags |= unix.NFT_SET_INTERVAL | nftSetConcat
-		fieldLens = endpointsFieldLens(b.family)
+		flags |= unix.NFT_SET_INTERVAL
 	}
 	m := b.begin(unix.NFT_MSG_NEWSET, flagCreate)
 	b.enc.str(unix.NFTA_SET_TABLE, TableName)
@@ -82,20 +79,9 @@ func (b *batch) newSet(s *Set) error {
 		b.enc.u32(unix.NFTA_SET_DATA_LEN, uint32(tupleLen(s.Data)))
 	}
 	b.enc.u32(unix.NFTA_SET_ID, id)
-	if s.Size > 0 || fieldLens != nil {
+	if s.Size > 0 {
 		d := b.enc.nest(unix.NFTA_SET_DESC)
-		if s.Size > 0 {
-			b.enc.u32(unix.NFTA_SET_DESC_SIZE, s.Size)
-		}
-		if fieldLens != nil {
-			c := b.enc.nest(nftaSetDescConcat)
-			for _, l := range fieldLens {
-				f := b.enc.nest(unix.NFTA_LIST_ELEM)
-				b.enc.u32(nftaSetFieldLen, l)
-				b.enc.endNest(f)
-			}
-			b.enc.endNest(c)
-		}
+		b.enc.u32(unix.NFTA_SET_DESC_SIZE, s.Size)
 		b.enc.endNest(d)
 	}
 	if timeout > 0 {
@@ -113,24 +99,40 @@ func (b *batch) setElements(msgType uint16, s *Set, elems []Element) error {
 	if len(elems) == 0 {
 		return nil
 	}
-	vals := make([]elemValue, len(elems))
-	for i, e := range elems {
+	n := len(elems)
+	if s.Endpoints != 0 {
+		n *= 2 // a range is a start and an end element
+	}
+	vals := make([]elemValue, 0, n)
+	for _, e := range elems {
 		v, err := elementValue(b.family, s, e, msgType == unix.NFT_MSG_NEWSETELEM)
 		if err != nil {
 			return fmt.Errorf("element %s: %w", s.KeyString(e.Key), err)
 		}
-		vals[i] = v
+		vals = append(vals, v)
+		if s.Endpoints != 0 {
+			vals = append(vals, rangeEnd(e))
+		}
 	}
 	b.writeElements(msgType, s.Name, b.setIDs[s.Name], vals)
 	return nil
 }
 
 // elemValue is one element, encoded: key and data bytes, or a verdict.
-// keyEnd is the end of the range of an endpoints map's element.
+// intervalEnd marks the element that ends a range of an endpoints map.
 type elemValue struct {
-	key, keyEnd, data []byte
-	verdict           *Verdict
-	comment           []byte // element userdata
+	key, data   []byte
+	verdict     *Verdict
+	comment     []byte // element userdata
+	intervalEnd bool
+}
+
+// rangeEnd is the element that ends e's range in an endpoints map (an
+// rbtree): flags interval-end, keyed by the key after the range, as nft
+// writes it. A range that ends where the next starts shares its key with
+// that range's start; the kernel tells them apart by the flag.
+func rangeEnd(e Element) elemValue {
+	return elemValue{key: binary.BigEndian.AppendUint32(nil, e.End+1), intervalEnd: true}
 }
 
 // writeElements writes the element messages of one set: by name, and also
@@ -170,14 +172,12 @@ func (b *batch) writeElements(msgType uint16, name string, setID uint32, vals []
 // 1, 2, 3… (the kernel ignores the type); so do we.
 func (b *batch) element(idx uint16, v elemValue) {
 	el := b.enc.nest(idx)
+	if v.intervalEnd {
+		b.enc.u32(unix.NFTA_SET_ELEM_FLAGS, unix.NFT_SET_ELEM_INTERVAL_END)
+	}
 	k := b.enc.nest(unix.NFTA_SET_ELEM_KEY)
 	b.enc.attr(unix.NFTA_DATA_VALUE, v.key)
 	b.enc.endNest(k)
-	if v.keyEnd != nil {
-		k := b.enc.nest(nftaSetElemKeyEnd)
-		b.enc.attr(unix.NFTA_DATA_VALUE, v.keyEnd)
-		b.enc.endNest(k)
-	}
 	switch {
 	case v.verdict != nil:
 		d := b.enc.nest(unix.NFTA_SET_ELEM_DATA)
@@ -194,10 +194,8 @@ func (b *batch) element(idx uint16, v elemValue) {
 	b.enc.endNest(el)
 }
 
-// elementValue encodes an element of s. Deletions carry only the key (and
-// in an endpoints map the range's end: pipapo finds an element by both).
-// An endpoints map's element is one range, key to key end, as nft writes
-// it for pipapo; a single bucket has the key as its end too.
+// elementValue encodes an element of s. Deletions carry only the key. An
+// endpoints map's element is the start of its range; rangeEnd its end.
 func elementValue(f Family, s *Set, e Element, withValue bool) (elemValue, error) {
 	var v elemValue
 	var err error
@@ -206,12 +204,6 @@ func elementValue(f Family, s *Set, e Element, withValue bool) (elemValue, error
 	}
 	if err := checkRange(s, e); err != nil {
 		return v, err
-	}
-	if s.Endpoints != 0 {
-		end := append(e.Key[:len(e.Key)-1:len(e.Key)-1], Int(e.End))
-		if v.keyEnd, err = encodeKey(f, s, end); err != nil {
-			return v, fmt.Errorf("key end: %w", err)
-		}
 	}
 	if !withValue {
 		return v, nil

@@ -50,7 +50,7 @@ func checkCascades(t *testing.T, listing string) {
 var (
 	chainStartRE = regexp.MustCompile(`^\tchain (\S+) \{$`)
 	cascadeRE    = regexp.MustCompile(`numgen random mod (\d+) 0 dnat to `)
-	dnatMapRE    = regexp.MustCompile(`^\t\tdnat ip6? to ip6? daddr \. (tcp|udp|sctp) dport \. numgen random mod 65536 map @\S+$`)
+	dnatMapRE    = regexp.MustCompile(`^\t\tmeta l4proto (tcp|udp|sctp) dnat ip6? to numgen random mod 65536( offset \d+)? map @\S+$`)
 )
 
 // cascadeErrors checks the random DNAT cascades of a listing: in each

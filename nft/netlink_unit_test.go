@@ -49,30 +49,26 @@ func TestSetUserdataMatchesNft(t *testing.T) {
 		{"set ipv4_addr . ipv4_addr . inet_proto . inet_service",
 			Set{Key: []DataType{v4, v4, TypeInetProto, TypeInetService}},
 			"000400000000030800040d0000000100"},
-		// typeof ip daddr . tcp dport . numgen random mod 65536 : ip daddr . tcp dport; flags interval; comment "c"
+		// typeof numgen random mod 65536 : ip daddr . tcp dport; flags interval; comment "c"
 		{"endpoints map ip tcp with comment", *withComment(NewEndpointsMap(IPv4, "m", ProtoTCP), "c"),
-			"000400000000" + "010400000000" +
-				// key typeof: concat{0: payload{ip(12), daddr(12)}, 1: payload{tcp(8), dport(2)}, 2: numgen{random, 65536, 0}}
-				"0350" + "00040d000000" + "0148" +
-				"0014" + "000407000000" + "010c" + "00040c000000" + "01040c000000" +
-				"0114" + "000407000000" + "010c" + "000408000000" + "010402000000" +
-				"021a" + "000417000000" + "0112" + "000401000000" + "010400000100" + "020400000000" +
-				// data typeof: concat{ip daddr, tcp dport}
+			// key byte order host, data byte order none
+			"000401000000" + "010400000000" +
+				// key typeof: numgen{random, 65536, 0}
+				"031a" + "000417000000" + "0112" + "000401000000" + "010400000100" + "020400000000" +
+				// data typeof: concat{0: payload{ip(12), daddr(12)}, 1: payload{tcp(8), dport(2)}}
 				"0434" + "00040d000000" + "012c" +
 				"0014" + "000407000000" + "010c" + "00040c000000" + "01040c000000" +
 				"0114" + "000407000000" + "010c" + "000408000000" + "010402000000" +
 				"060400000000" + "07026300"},
 		{"endpoints map ip6 udp", *NewEndpointsMap(IPv6, "m", ProtoUDP),
-			"000400000000010400000000035000040d00000001480014000407000000010c00040d00000001040900000001140004070000" +
-				"00010c000406000000010402000000021a0004170000000112000401000000010400000100020400000000043400040d0000" +
-				"00012c0014000407000000010c00040d0000000104090000000114000407000000010c000406000000010402000000060400000000"},
+			"000401000000010400000000031a0004170000000112000401000000010400000100020400000000043400040d000000012c" +
+				"0014000407000000010c00040d0000000104090000000114000407000000010c000406000000010402000000060400000000"},
 		{"endpoints map ip6 sctp", *NewEndpointsMap(IPv6, "m", ProtoSCTP),
-			"000400000000010400000000035000040d00000001480014000407000000010c00040d00000001040900000001140004070000" +
-				"00010c00040a000000010402000000021a0004170000000112000401000000010400000100020400000000043400040d0000" +
-				"00012c0014000407000000010c00040d0000000104090000000114000407000000010c00040a000000010402000000060400000000"},
+			"000401000000010400000000031a0004170000000112000401000000010400000100020400000000043400040d000000012c" +
+				"0014000407000000010c00040d0000000104090000000114000407000000010c00040a000000010402000000060400000000"},
 	} {
 		family := IPv4
-		if tc.set.Endpoints != 0 && tc.set.Key[0] == v6 {
+		if tc.set.Endpoints != 0 && tc.set.Data[0] == v6 {
 			family = IPv6
 		}
 		got, err := setUserdata(family, &tc.set)
@@ -103,8 +99,9 @@ func TestSetTypeAndLength(t *testing.T) {
 		{[]DataType{TypeIPv4Addr, TypeInetService}, 0x1cd, 8}, // 7<<6 | 13
 		{[]DataType{TypeIPv6Addr, TypeInetService}, 0x20d, 20},
 		{[]DataType{TypeInetProto}, 12, 1},
-		{NewEndpointsMap(IPv4, "m", ProtoTCP).Key, 0x7344, 12}, // nft: 0x00007344, 12
-		{NewEndpointsMap(IPv6, "m", ProtoTCP).Key, 0x8344, 24},
+		{NewEndpointsMap(IPv4, "m", ProtoTCP).Key, 4, 4}, // nft: integer, 4
+		{NewEndpointsMap(IPv4, "m", ProtoTCP).Data, 0x1cd, 8},
+		{NewEndpointsMap(IPv6, "m", ProtoTCP).Data, 0x20d, 20},
 	} {
 		if m, l := typeMagic(tc.types), tupleLen(tc.types); m != tc.magic || l != tc.len {
 			t.Errorf("%v: magic %#x len %d, want %#x %d", tc.types, m, l, tc.magic, tc.len)
@@ -132,11 +129,11 @@ func TestEncodeTuple(t *testing.T) {
 			t.Errorf("%v %v: %x, %v; want %s", tc.types, tc.vals, got, err, tc.want)
 		}
 	}
-	// An endpoints map's keys hold the bucket in network byte order (nft:
-	// element 0a00600a 00005000 ff7f0000 for 10.96.0.10 . 80 . 32767).
+	// An endpoints map's keys are in network byte order (nft: element
+	// 00800000 for 32768, the rule's byteorder hton).
 	m := NewEndpointsMap(IPv4, "m", ProtoTCP)
-	if got, err := encodeKey(IPv4, m, []Datum{Addr(a4), Int(80), Int(32767)}); err != nil ||
-		hex.EncodeToString(got) != "0a60000a"+"00500000"+"00007fff" {
+	if got, err := encodeKey(IPv4, m, []Datum{Int(65536 + 32767)}); err != nil ||
+		hex.EncodeToString(got) != "00017fff" {
 		t.Errorf("endpoints key: %x, %v", got, err)
 	}
 	for _, bad := range []struct {

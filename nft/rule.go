@@ -231,22 +231,25 @@ type DNAT struct{ To netip.AddrPort }
 func (d DNAT) Text(Family) string { return "dnat to " + d.To.String() }
 
 // DNATMap destination-NATs a new connection to the endpoint an endpoints
-// map (NewEndpointsMap, of the same protocol) holds for the packet's
-// destination address and port and a random bucket, drawn per packet (one
-// of EndpointBuckets); no element, no DNAT. Packets of other protocols do
-// not match. It lowers to a protocol match and the lookup, which nft lists
-// as the DNAT alone (see endpoints.go):
+// map (NewEndpointsMap, of the same protocol) holds for a random bucket of
+// the phrase's slot, drawn per packet; no element, no DNAT. Packets of
+// other protocols do not match. See endpoints.go:
 //
-//	dnat ip to ip daddr . tcp dport . numgen random mod 65536 map @endpoints-tcp-0
-//	dnat ip6 to ip6 daddr . udp dport . numgen random mod 65536 map @endpoints-udp-0
+//	meta l4proto tcp dnat ip to numgen random mod 65536 offset 131072 map @endpoints-tcp-0
+//	meta l4proto udp dnat ip6 to numgen random mod 65536 map @endpoints-udp-0
 type DNATMap struct {
 	Proto uint8 // ProtoTCP, ProtoUDP or ProtoSCTP
 	Map   string
+	Slot  uint16 // below EndpointsSlots; its elements come from EndpointsElements(Slot, …)
 }
 
 func (d DNATMap) Text(f Family) string {
-	return fmt.Sprintf("dnat %s to %s daddr . %s dport . numgen random mod %d map @%s",
-		f, f, ProtoName(d.Proto), EndpointBuckets, d.Map)
+	offset := ""
+	if d.Slot != 0 {
+		offset = fmt.Sprintf(" offset %d", uint32(d.Slot)*EndpointBuckets)
+	}
+	return fmt.Sprintf("meta l4proto %s dnat %s to numgen random mod %d%s map @%s",
+		ProtoName(d.Proto), f, EndpointBuckets, offset, d.Map)
 }
 
 // VmapAddrBits looks the low Bits bits (1 to 16) of an address field up in

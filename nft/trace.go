@@ -25,7 +25,7 @@ type TraceResult struct {
 	Verdict VerdictKind // VerdictAccept, VerdictDrop, or "reject"
 	// DNAT lists every backend the packet could have been sent to (all
 	// targets of a random cascade, in rule order, or all endpoints of a
-	// DNATMap's Service, in bucket order); empty if not NATed.
+	// DNATMap's slot, in bucket order); empty if not NATed.
 	// Tracer.Pick chooses which one the traced packet continues to.
 	DNAT       []netip.AddrPort
 	Masquerade bool
@@ -203,7 +203,7 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 			if st.pkt.Proto != p.Proto {
 				return "", false
 			}
-			targets := endpointsOf(rs.Sets[p.Map], st.pkt)
+			targets := endpointsOf(rs.Sets[p.Map], p.Slot)
 			if len(targets) == 0 {
 				return "", false
 			}
@@ -247,19 +247,19 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 	return "", false
 }
 
-// endpointsOf returns the endpoints an endpoints map holds for the packet's
-// destination address and port, in the order of their ranges of buckets.
-func endpointsOf(s *Set, pkt Packet) []netip.AddrPort {
+// endpointsOf returns the endpoints an endpoints map holds for a slot, in
+// the order of their ranges of buckets.
+func endpointsOf(s *Set, slot uint16) []netip.AddrPort {
 	if s == nil {
 		return nil
 	}
 	var found []Element
 	for _, e := range s.Elements {
-		if e.Key[0].Addr == pkt.Dst && e.Key[1].Int == uint32(pkt.DPort) {
+		if rangeSlot(e) == uint32(slot) {
 			found = append(found, e)
 		}
 	}
-	sort.Slice(found, func(i, j int) bool { return found[i].Key[2].Int < found[j].Key[2].Int })
+	sort.Slice(found, func(i, j int) bool { return found[i].Key[0].Int < found[j].Key[0].Int })
 	out := make([]netip.AddrPort, len(found))
 	for i, e := range found {
 		out[i] = netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int))

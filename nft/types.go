@@ -190,10 +190,10 @@ type Element struct {
 	Data    []Datum  // data map value
 	Verdict *Verdict // verdict map value
 	Comment string
-	// End, in an endpoints map, is the last bucket of the element's range
-	// of buckets, which starts at the last key field: the element maps
-	// buckets Key[2].Int through End. nft lists the range as "lo-hi", or
-	// "lo" alone if End equals it. Zero in any other set.
+	// End, in an endpoints map, is the last key of the element's range,
+	// which starts at Key[0].Int (both in the same slot, see
+	// EndpointsElements). nft lists the range as "lo-hi", or "lo" alone if
+	// End equals it. Zero in any other set.
 	End uint32
 }
 
@@ -304,12 +304,12 @@ func tupleText(types []DataType, ds []Datum) string {
 }
 
 // KeyString is the nft text of an element key; it identifies the element.
-// In an endpoints map an element is identified by the first bucket of its
-// range (ranges of one Service cannot overlap).
+// In an endpoints map an element is identified by the first key of its
+// range (ranges cannot overlap).
 func (s *Set) KeyString(key []Datum) string { return tupleText(s.Key, key) }
 
 // ElementKeyText is the element's key as nft lists it: KeyString, and in an
-// endpoints map the range of buckets, "10.96.0.10 . 80 . 0-32767".
+// endpoints map the range of keys, "131072-163839".
 func (s *Set) ElementKeyText(e Element) string {
 	t := s.KeyString(e.Key)
 	if s.Endpoints != 0 && len(e.Key) > 0 && e.End != e.Key[len(e.Key)-1].Int {
