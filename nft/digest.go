@@ -176,6 +176,29 @@ type LoadedRules struct {
 	// Foreign: the chain has a policy other than accept or flags nftproxy
 	// never sets; it cannot stand for any chain nftproxy wants.
 	Foreign bool
+	// Slots are the endpoints-map slots the chain's DNATMap rules draw
+	// from, in rule order: whoever assigns slots can keep them across a
+	// restart (and the rules and elements then stay as they are).
+	Slots []EndpointsSlot
+}
+
+// EndpointsSlot is a slot of an endpoints map, as a DNATMap phrase uses it.
+type EndpointsSlot struct {
+	Map  string
+	Slot uint16
+}
+
+// dnatMapSlots returns the slots of the DNATMap phrases of rules.
+func dnatMapSlots(rules []Rule) []EndpointsSlot {
+	var out []EndpointsSlot
+	for _, r := range rules {
+		for _, p := range r.Phrases {
+			if d, ok := p.(DNATMap); ok {
+				out = append(out, EndpointsSlot{Map: d.Map, Slot: d.Slot})
+			}
+		}
+	}
+	return out
 }
 
 // Holds reports whether the loaded chain holds exactly these rules.

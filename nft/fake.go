@@ -117,7 +117,7 @@ func (fk *Fake) Load(_ context.Context, f Family) (*Ruleset, error) {
 	rs := cur.Clone()
 	for name, c := range rs.Chains {
 		d, ok := fk.digests[f][name]
-		c.Loaded = &LoadedRules{Count: len(c.Rules), Digest: d, HasDigest: ok}
+		c.Loaded = &LoadedRules{Count: len(c.Rules), Digest: d, HasDigest: ok, Slots: dnatMapSlots(c.Rules)}
 		c.Rules = nil
 	}
 	for _, s := range rs.Sets {

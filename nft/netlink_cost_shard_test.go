@@ -93,7 +93,9 @@ func shapeSRuleset(f Family, perMap int, svcs []testService) *Ruleset {
 	return rs
 }
 
-func slotMapName(proto uint8, i int) string { return fmt.Sprintf("endpoints-%s-%d", ProtoName(proto), i) }
+func slotMapName(proto uint8, i int) string {
+	return fmt.Sprintf("endpoints-%s-%d", ProtoName(proto), i)
+}
 
 // slotOf is the endpoints map and slot of Service s.
 func slotOf(perMap int, s testService) (string, uint16) {

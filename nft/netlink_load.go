@@ -191,13 +191,17 @@ func (n *Netlink) loadRules(rs *Ruleset) error {
 			e.str(unix.NFTA_RULE_CHAIN, name)
 		}
 		if err := n.dump(unix.NFT_MSG_GETRULE, rs.Family, req, func(attrs []byte) error {
-			if c.Loaded.Count == 0 {
-				forEachAttr(attrs, func(typ uint16, data []byte) {
-					if typ == unix.NFTA_RULE_USERDATA {
-						c.Loaded.Digest, c.Loaded.HasDigest = ruleDigest(data)
+			first := c.Loaded.Count == 0
+			forEachAttr(attrs, func(typ uint16, data []byte) {
+				switch {
+				case typ == unix.NFTA_RULE_USERDATA && first:
+					c.Loaded.Digest, c.Loaded.HasDigest = ruleDigest(data)
+				case typ == unix.NFTA_RULE_EXPRESSIONS:
+					if s, ok := exprsSlot(data); ok {
+						c.Loaded.Slots = append(c.Loaded.Slots, s)
 					}
-				})
-			}
+				}
+			})
 			c.Loaded.Count++
 			return nil
 		}); err != nil {
@@ -208,6 +212,48 @@ func (n *Netlink) loadRules(rs *Ruleset) error {
 		}
 	}
 	return nil
+}
+
+// exprsSlot finds the endpoints slot of a rule's expressions: a numgen
+// random mod EndpointBuckets whose offset starts a slot, then a lookup,
+// as lowerDNATMap writes them.
+func exprsSlot(exprs []byte) (EndpointsSlot, bool) {
+	var s EndpointsSlot
+	numgen, found := false, false
+	forEachAttr(exprs, func(_ uint16, expr []byte) {
+		var name, data []byte
+		forEachAttr(expr, func(t uint16, d []byte) {
+			switch t {
+			case unix.NFTA_EXPR_NAME:
+				name = d
+			case unix.NFTA_EXPR_DATA:
+				data = d
+			}
+		})
+		switch cstr(name) {
+		case "numgen":
+			mod, offset := uint32(0), uint32(0)
+			forEachAttr(data, func(t uint16, d []byte) {
+				switch t {
+				case unix.NFTA_NG_MODULUS:
+					mod = be32(d)
+				case unix.NFTA_NG_OFFSET:
+					offset = be32(d)
+				}
+			})
+			numgen = mod == EndpointBuckets && offset%EndpointBuckets == 0 && offset/EndpointBuckets < EndpointsSlots
+			s.Slot = uint16(offset / EndpointBuckets)
+		case "lookup":
+			if numgen && !found {
+				forEachAttr(data, func(t uint16, d []byte) {
+					if t == unix.NFTA_LOOKUP_SET {
+						s.Map, found = cstr(d), true
+					}
+				})
+			}
+		}
+	})
+	return s, found
 }
 
 // decodeChain decodes a NEWCHAIN of a chain dump; nil if the chain is not

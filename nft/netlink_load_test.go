@@ -55,6 +55,8 @@ func TestNetlinkLoadRoundTrip(t *testing.T) {
 					t.Errorf("chain %s: loaded base %+v (foreign %v), want %+v", name, have.Base, have.Loaded.Foreign, want.Base)
 				case !have.Loaded.Holds(f, want.Rules):
 					t.Errorf("chain %s: loaded %+v does not hold its %d rules", name, *have.Loaded, len(want.Rules))
+				case !slices.Equal(have.Loaded.Slots, dnatMapSlots(want.Rules)):
+					t.Errorf("chain %s: loaded slots %v, want %v", name, have.Loaded.Slots, dnatMapSlots(want.Rules))
 				}
 			}
 			if len(got.Sets) != len(rs.Sets) || len(got.Chains) != len(rs.Chains) {
