@@ -34,7 +34,7 @@ var (
 // benchFragment is the fragment of Service i: bench/svc-i, ClusterIP port
 // http 80/TCP, endpoints on 8080 from 10.128.0.0/9; gen > 0 moves the first
 // endpoint to 10.200.0.0/16 + gen.
-func benchFragment(sz benchSize, i, gen int) *nft.Fragment {
+func benchFragment(slots *ruleset.Slots, sz benchSize, i, gen int) *nft.Fragment {
 	name := model.ServiceName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)}
 	k := uint32(10<<24|96<<16) + uint32(i+10)
 	svc := &model.Service{Name: name,
@@ -51,23 +51,27 @@ func benchFragment(sz benchSize, i, gen int) *nft.Fragment {
 			Addr:  netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}),
 			Ready: true, Serving: true, NodeName: fmt.Sprintf("node-%d", n%100)})
 	}
-	return ruleset.ServiceFragment(benchCfg, model.ServicePorts(nft.IPv4, benchNode, svc, []*model.EndpointSlice{es}))
+	return ruleset.ServiceFragment(benchCfg, model.ServicePorts(nft.IPv4, benchNode, svc, []*model.EndpointSlice{es}), slots)
 }
 
 // benchEditor has every Service's fragment; frags are returned for
 // single changes.
-func benchEditor(sz benchSize) (*nft.Editor, []*nft.Fragment) {
+func benchEditor(sz benchSize) (*nft.Editor, []*nft.Fragment, *ruleset.Slots) {
 	ed := nft.NewEditor(nft.IPv4)
 	for _, s := range ruleset.Sets(nft.IPv4) {
 		ed.AddSet(s)
 	}
 	ed.Replace(nil, ruleset.Base(benchCfg, nft.IPv4))
+	slots := ruleset.NewSlots()
 	frags := make([]*nft.Fragment, sz.Services)
 	for i := range frags {
-		frags[i] = benchFragment(sz, i, 0)
+		frags[i] = benchFragment(slots, sz, i, 0)
+		for _, m := range slots.NewMaps(nft.IPv4) {
+			ed.AddSet(m)
+		}
 		ed.Replace(nil, frags[i])
 	}
-	return ed, frags
+	return ed, frags, slots
 }
 
 // BenchmarkEncodeFullSync encodes the full-sync transaction (table reset
@@ -76,7 +80,7 @@ func benchEditor(sz benchSize) (*nft.Editor, []*nft.Fragment) {
 func BenchmarkEncodeFullSync(b *testing.B) {
 	for _, sz := range benchSizes {
 		b.Run(sz.String(), func(b *testing.B) {
-			ed, _ := benchEditor(sz)
+			ed, _, _ := benchEditor(sz)
 			tx := ed.Transaction()
 			var n, msgs int
 			b.ReportAllocs()
@@ -97,11 +101,11 @@ func BenchmarkEncodeFullSync(b *testing.B) {
 func BenchmarkEncodeSingleChange(b *testing.B) {
 	for _, sz := range benchSizes {
 		b.Run(sz.String(), func(b *testing.B) {
-			ed, frags := benchEditor(sz)
+			ed, frags, slots := benchEditor(sz)
 			ed.Transaction()
 			ed.Commit()
 			i := sz.Services / 2
-			ed.Replace(frags[i], benchFragment(sz, i, 1))
+			ed.Replace(frags[i], benchFragment(slots, sz, i, 1))
 			tx := ed.Transaction()
 			var n int
 			b.ReportAllocs()
@@ -122,7 +126,7 @@ func BenchmarkEncodeSingleChange(b *testing.B) {
 func BenchmarkFakeApplyFullSync(b *testing.B) {
 	for _, sz := range benchSizes {
 		b.Run(sz.String(), func(b *testing.B) {
-			ed, _ := benchEditor(sz)
+			ed, _, _ := benchEditor(sz)
 			tx := ed.Transaction()
 			b.ReportAllocs()
 			for b.Loop() {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -78,7 +79,8 @@ type familyState struct {
 	cfg      ruleset.Config
 	node     model.Node // what the programmed service ports were derived with
 	services map[model.ServiceName]programmed
-	ports    int // service ports programmed
+	ports    int            // service ports programmed
+	slots    *ruleset.Slots // endpoints-map slots of the programmed chains
 	lastFull time.Time
 
 	// loaded: the editor's first transaction diffs against the table read
@@ -297,6 +299,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 		}
 		fs.loaded = loaded != nil
 		fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, map[model.ServiceName]programmed{}, 0
+		fs.slots = seedSlots(f, loaded)
 		fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
 		fs.noLocalInternal, fs.noLocalExternal = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
 		for _, set := range ruleset.Sets(f) {
@@ -336,6 +339,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 		}
 	}
 	fs.editor.Commit()
+	fs.slots.Commit()
 	fromKernel := fs.loaded
 	fs.loaded, fs.noLoad = false, false
 	if full {
@@ -354,6 +358,30 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	p.cleanConntrack(ctx, f, fs, before)
 	p.syncHealthChecks(f, fs)
 	return nil
+}
+
+// seedSlots returns the slot table of a full sync: the slots the chains
+// read back from the kernel use, so that they and their ranges stay.
+func seedSlots(f nft.Family, loaded *nft.Ruleset) *ruleset.Slots {
+	slots := ruleset.NewSlots()
+	if loaded == nil {
+		return slots
+	}
+	names := make([]string, 0, len(loaded.Chains))
+	for name, c := range loaded.Chains {
+		if c.Loaded != nil && len(c.Loaded.Slots) == 1 {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names) // a conflict is settled the same way every time
+	for _, name := range names {
+		if !slots.Seed(name, loaded.Chains[name].Loaded.Slots[0]) {
+			klog.V(2).InfoS("Chain read back holds an endpoints slot that cannot be kept", "ipFamily", f.IPFamily(),
+				"chain", name, "slot", loaded.Chains[name].Loaded.Slots[0])
+		}
+	}
+	slots.Settle()
+	return slots
 }
 
 // loadTable reads the family's table back from the kernel, for a full sync
@@ -394,7 +422,10 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 			}
 		}
 		if ports = model.ServicePorts(f, fs.node, svc, slices); len(ports) > 0 {
-			frag = ruleset.ServiceFragment(fs.cfg, ports)
+			frag = ruleset.ServiceFragment(fs.cfg, ports, fs.slots)
+			for _, m := range fs.slots.NewMaps(f) {
+				fs.editor.AddSet(m)
+			}
 		}
 	}
 	p.syncHealthCheck(fs, name, svc, ports)
@@ -416,8 +447,9 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 	}
 	var oldFrag *nft.Fragment
 	if len(old.ports) > 0 {
-		oldFrag = ruleset.ServiceFragment(oldCfg, old.ports)
+		oldFrag = ruleset.ServiceFragment(oldCfg, old.ports, fs.slots)
 	}
+	fs.slots.ReleaseGone(oldFrag, frag)
 	fs.editor.Replace(oldFrag, frag)
 	if frag == nil {
 		delete(fs.services, name)

@@ -103,21 +103,32 @@ var (
 )
 
 // Build returns the complete desired ruleset of a family: the base objects
-// and the fragment of the given service ports. The proxier builds the same
-// ruleset Service by Service (see proxier.syncFamily); Build is for tests
-// and tools.
+// and the fragment of the given service ports, with slots assigned in
+// their order. The proxier builds the same ruleset Service by Service (see
+// proxier.syncFamily); Build is for tests and tools.
 func Build(cfg Config, f nft.Family, ports []model.ServicePortState) *nft.Ruleset {
+	return BuildSlots(cfg, f, ports, NewSlots())
+}
+
+// BuildSlots is Build with the slots of an earlier build: the chains that
+// already have one keep it.
+func BuildSlots(cfg Config, f nft.Family, ports []model.ServicePortState, slots *Slots) *nft.Ruleset {
 	ed := nft.NewEditor(f)
 	for _, s := range Sets(f) {
 		ed.AddSet(s)
 	}
+	fr := ServiceFragment(cfg, ports, slots)
+	for _, s := range slots.Maps(f) {
+		ed.AddSet(s)
+	}
 	ed.Replace(nil, Base(cfg, f))
-	ed.Replace(nil, ServiceFragment(cfg, ports))
+	ed.Replace(nil, fr)
 	return ed.Ruleset()
 }
 
 // Sets are the sets and maps every node has. Their definitions never
-// change while nftproxy runs.
+// change while nftproxy runs. The endpoints maps come with the slots
+// handed out (Slots.Maps).
 func Sets(f nft.Family) []*nft.Set {
 	addr := f.AddrType()
 	vipKey := []nft.DataType{addr, nft.TypeInetProto, nft.TypeInetService}
@@ -224,20 +235,23 @@ func servicesRules(cfg Config, nodePortGuards [][]nft.Phrase) []nft.Rule {
 // the ClusterIP; per port, the chains that DNAT to its endpoints, with the
 // map elements that dispatch ClusterIP, external IP and NodePort traffic to
 // them; or, when there is no endpoint to go to, the elements that reject
-// or drop that traffic.
-func ServiceFragment(cfg Config, ports []model.ServicePortState) *nft.Fragment {
+// or drop that traffic. A chain that picks endpoints through an endpoints
+// map gets its slot from slots (which assigns one if it has none: add
+// slots.Maps to the table).
+func ServiceFragment(cfg Config, ports []model.ServicePortState, slots *Slots) *nft.Fragment {
 	fr := &nft.Fragment{}
 	for i := range ports {
-		portFragment(fr, cfg, &ports[i])
+		portFragment(fr, cfg, &ports[i], slots)
 	}
 	return fr
 }
 
 // portBuilder adds the objects of one service port to a fragment.
 type portBuilder struct {
-	fr  *nft.Fragment
-	cfg Config
-	sp  *model.ServicePortState
+	fr    *nft.Fragment
+	cfg   Config
+	sp    *model.ServicePortState
+	slots *Slots
 }
 
 func (b portBuilder) element(set string, e nft.Element) {
@@ -266,8 +280,8 @@ var (
 
 func gotoChain(name string) *nft.Verdict { return &nft.Verdict{Kind: nft.VerdictGoto, Chain: name} }
 
-func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState) {
-	b := portBuilder{fr: fr, cfg: cfg, sp: sp}
+func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState, slots *Slots) {
+	b := portBuilder{fr: fr, cfg: cfg, sp: sp, slots: slots}
 	comment := sp.Name.String()
 	b.element(setClusterIPs, nft.Element{Key: []nft.Datum{nft.Addr(sp.ClusterIP)}})
 	hairpins(b, sp.Endpoints)
@@ -289,13 +303,13 @@ func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState) {
 	var clusterChain, localChain string
 	cluster := func() string {
 		if clusterChain == "" {
-			clusterChain = b.chain(kindService, b.pick(sp.Endpoints)...)
+			clusterChain = b.pickChain(kindService, sp.Endpoints)
 		}
 		return clusterChain
 	}
 	local := func() string {
 		if localChain == "" && len(sp.LocalEndpoints) > 0 {
-			localChain = b.chain(kindLocal, b.pick(sp.LocalEndpoints)...)
+			localChain = b.pickChain(kindLocal, sp.LocalEndpoints)
 		}
 		return localChain
 	}
@@ -391,14 +405,33 @@ func hairpins(b portBuilder, endpoints []netip.AddrPort) {
 	}
 }
 
-// pick returns the rules that send a connection to one of the endpoints:
-// a DNAT cascade, or with session affinity, a jump to the endpoint the
-// client used last, if it is still among them, else a cascade of jumps to
-// endpoint chains that DNAT and remember the client.
-func (b portBuilder) pick(endpoints []netip.AddrPort) []nft.Rule {
-	if b.sp.AffinityTimeout <= 0 {
-		return dnatCascade(b.sp.Name.Protocol, endpoints)
+// pickChain adds the chain of this kind that sends a connection to one of
+// the endpoints and returns its name. Without session affinity it is one
+// rule, a DNAT through the chain's slot of an endpoints map, whose ranges
+// of buckets go to the endpoints:
+//
+//	meta l4proto tcp dnat ip to numgen random mod 65536 offset 131072 map @endpoints-tcp-0
+//
+// so that an endpoint change is element work only: no rule changes, which
+// would make the kernel validate the whole table (see nft.DNATMap). With
+// session affinity: a jump to the endpoint the client used last, if it is
+// still among them, else a cascade of jumps to endpoint chains that DNAT
+// and remember the client.
+func (b portBuilder) pickChain(kind string, endpoints []netip.AddrPort) string {
+	name := ChainName(kind, b.sp.Name)
+	if b.sp.AffinityTimeout > 0 {
+		return b.chain(kind, b.affinityRules(endpoints)...)
 	}
+	proto := b.sp.Name.Protocol
+	m, slot := b.slots.Slot(name, proto)
+	for _, e := range nft.EndpointsElements(slot, endpoints) {
+		b.element(m, e)
+	}
+	return b.chain(kind, rule(nft.DNATMap{Proto: proto, Map: m, Slot: slot}))
+}
+
+// affinityRules: see pickChain.
+func (b portBuilder) affinityRules(endpoints []netip.AddrPort) []nft.Rule {
 	var sticky []nft.Rule
 	cascade := make([]nft.Rule, len(endpoints))
 	for i, ep := range endpoints {
@@ -446,31 +479,6 @@ func addrType(a netip.Addr) nft.DataType {
 		return nft.IPv4.AddrType()
 	}
 	return nft.IPv6.AddrType()
-}
-
-// dnatCascade picks one of n endpoints uniformly at random per connection:
-//
-//	meta l4proto tcp numgen random mod 3 0 dnat to 10.244.1.11:8080
-//	meta l4proto tcp numgen random mod 2 0 dnat to 10.244.1.12:8080
-//	meta l4proto tcp dnat to 10.244.1.13:8080
-//
-// Rule i is taken with probability 1/(n-i) once the rules before it were
-// not, so every endpoint gets 1/n. Upstream kube-proxy writes one rule with
-// `numgen random mod n map { … }` instead, but each such anonymous map costs
-// the kernel a walk of the whole transaction (and of the table's set list)
-// when it is bound: a 10,000-Service cold start took 21 s in the kernel that
-// way and 0.63 s as cascades (nft.TestNetlinkColdStart10k). New connections
-// walk at most n short rules; established ones never enter the chain.
-func dnatCascade(proto uint8, endpoints []netip.AddrPort) []nft.Rule {
-	rules := make([]nft.Rule, len(endpoints))
-	for i, ep := range endpoints {
-		p := []nft.Phrase{nft.MatchL4Proto{Proto: proto}}
-		if left := len(endpoints) - i; left > 1 {
-			p = append(p, nft.MatchRandom{Mod: uint32(left)})
-		}
-		rules[i] = nft.Rule{Phrases: append(p, nft.DNAT{To: ep})}
-	}
-	return rules
 }
 
 func rule(p ...nft.Phrase) nft.Rule { return nft.Rule{Phrases: p} }

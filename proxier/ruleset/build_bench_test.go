@@ -54,20 +54,23 @@ func benchPorts(sz benchSize) [][]model.ServicePortState {
 	return out
 }
 
-func benchFragments(ports [][]model.ServicePortState) []*nft.Fragment {
+func benchFragments(ports [][]model.ServicePortState, slots *Slots) []*nft.Fragment {
 	out := make([]*nft.Fragment, len(ports))
 	for i, p := range ports {
-		out[i] = ServiceFragment(testConfig, p)
+		out[i] = ServiceFragment(testConfig, p, slots)
 	}
 	return out
 }
 
 // benchEditor is the editor of a full sync: the sets, the base chains and
 // every fragment.
-func benchEditor(frags []*nft.Fragment) *nft.Editor {
+func benchEditor(frags []*nft.Fragment, slots *Slots) *nft.Editor {
 	ed := nft.NewEditor(nft.IPv4)
 	for _, s := range Sets(nft.IPv4) {
 		ed.AddSet(s)
+	}
+	for _, m := range slots.Maps(nft.IPv4) {
+		ed.AddSet(m)
 	}
 	ed.Replace(nil, Base(testConfig, nft.IPv4))
 	for _, fr := range frags {
@@ -88,8 +91,9 @@ func BenchmarkServiceFragment(b *testing.B) {
 			ports := benchPorts(sz)
 			b.ReportAllocs()
 			for b.Loop() {
+				slots := NewSlots()
 				for _, p := range ports {
-					benchFragSink = ServiceFragment(testConfig, p)
+					benchFragSink = ServiceFragment(testConfig, p, slots)
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(sz.Services), "ns/service")
@@ -103,10 +107,11 @@ func BenchmarkServiceFragment(b *testing.B) {
 func BenchmarkEditorFullBuild(b *testing.B) {
 	for _, sz := range benchSizes {
 		b.Run(sz.String(), func(b *testing.B) {
-			frags := benchFragments(benchPorts(sz))
+			slots := NewSlots()
+			frags := benchFragments(benchPorts(sz), slots)
 			b.ReportAllocs()
 			for b.Loop() {
-				benchTxSink = benchEditor(frags).Transaction()
+				benchTxSink = benchEditor(frags, slots).Transaction()
 			}
 			b.ReportMetric(float64(len(benchTxSink.Ops)), "ops")
 		})
@@ -121,8 +126,9 @@ func BenchmarkEditorFullBuild(b *testing.B) {
 func BenchmarkSingleChange(b *testing.B) {
 	for _, sz := range benchSizes {
 		b.Run(sz.String(), func(b *testing.B) {
-			frags := benchFragments(benchPorts(sz))
-			ed := benchEditor(frags)
+			slots := NewSlots()
+			frags := benchFragments(benchPorts(sz), slots)
+			ed := benchEditor(frags, slots)
 			ed.Transaction()
 			ed.Commit()
 			ops := 0
@@ -132,7 +138,7 @@ func BenchmarkSingleChange(b *testing.B) {
 				gen++
 				i := gen * 7919 % sz.Services
 				svc, slices := benchService(sz, i, gen)
-				fr := ServiceFragment(testConfig, model.ServicePorts(nft.IPv4, benchNode, svc, slices))
+				fr := ServiceFragment(testConfig, model.ServicePorts(nft.IPv4, benchNode, svc, slices), slots)
 				ed.Replace(frags[i], fr)
 				frags[i] = fr
 				tx := ed.Transaction()

@@ -102,28 +102,36 @@ func TestResyncIsEmpty(t *testing.T) {
 }
 
 // TestChangesCostTheirSize: moving one endpoint, adding and removing a
-// service each touch a handful of objects, whatever the number of services.
+// service each touch a handful of objects, whatever the number of
+// services; moving endpoints touches elements only.
 func TestChangesCostTheirSize(t *testing.T) {
 	for _, n := range []int{10, 1000} {
 		st := bigState(n)
 		fk := nft.NewFake()
-		committed := Build(testConfig, nft.IPv4, st)
+		slots := NewSlots()
+		committed := BuildSlots(testConfig, nft.IPv4, st, slots)
 		apply(t, fk, nil, committed)
 
 		st[n/2].Endpoints = []netip.AddrPort{ap("10.244.9.9:8080")}
-		desired := Build(testConfig, nft.IPv4, st)
+		desired := BuildSlots(testConfig, nft.IPv4, st, slots)
 		tx := apply(t, fk, committed, desired)
-		// flush + add rule of one chain, hairpin: 5 old out, 1 new in.
-		if got := tx.Changes(); got != 2+5+1 {
+		// Ranges and hairpin: 5 old out, 1 new in, each.
+		if got := tx.Changes(); got != 5+1+5+1 {
 			t.Errorf("n=%d: endpoint change touched %d objects: %+v", n, got, tx.Ops)
+		}
+		for _, op := range tx.Ops {
+			if op.Kind != nft.OpAddElements && op.Kind != nft.OpDeleteElements {
+				t.Errorf("n=%d: endpoint change: %s", n, op.Kind)
+			}
 		}
 		committed = desired
 
 		st = st[1:]
-		desired = Build(testConfig, nft.IPv4, st)
+		desired = BuildSlots(testConfig, nft.IPv4, st, slots)
 		tx = apply(t, fk, committed, desired)
-		// cluster-ips, service-ips, 5 hairpin elements out; chain flushed and deleted.
-		if got := tx.Changes(); got != 1+1+5+2 {
+		// cluster-ips, service-ips, 5 hairpin elements and 5 ranges out;
+		// chain flushed and deleted.
+		if got := tx.Changes(); got != 1+1+5+5+2 {
 			t.Errorf("n=%d: service removal touched %d objects: %+v", n, got, tx.Ops)
 		}
 	}
