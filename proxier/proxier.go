@@ -325,6 +325,9 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 		before[name] = fs.services[name].ports
 		p.syncService(f, fs, name, oldCfg)
 	}
+	if full {
+		fs.slots.ReleaseUnclaimed()
+	}
 	tx := fs.editor.Transaction()
 	if !tx.Empty() {
 		if err := backend.Apply(ctx, tx); err != nil {

@@ -34,6 +34,7 @@ type Slots struct {
 	free     map[uint8][]int // released and committed: reusable, smallest last
 	released []slotIndex     // since the last Commit
 	shown    map[uint8]int   // per protocol: maps NewMaps returned
+	seeded   map[string]bool // seeded chains no Slot call asked for yet
 }
 
 type slotIndex struct {
@@ -46,7 +47,7 @@ func NewSlots() *Slots { return newSlots(SlotsPerMap) }
 
 func newSlots(perMap int) *Slots {
 	return &Slots{perMap: perMap, byChain: map[string]slotIndex{}, used: map[uint8]int{}, free: map[uint8][]int{},
-		shown: map[uint8]int{}}
+		shown: map[uint8]int{}, seeded: map[string]bool{}}
 }
 
 // EndpointsMapName is the name of endpoints map i of a protocol.
@@ -57,6 +58,7 @@ func EndpointsMapName(proto uint8, i int) string {
 // Slot returns the endpoints map and slot of a chain that picks endpoints
 // of proto, assigning one if it has none.
 func (s *Slots) Slot(chain string, proto uint8) (string, uint16) {
+	delete(s.seeded, chain)
 	si, ok := s.byChain[chain]
 	if !ok || si.proto != proto {
 		si = slotIndex{proto: proto, index: s.take(proto)}
@@ -147,8 +149,19 @@ func (s *Slots) Seed(chain string, es nft.EndpointsSlot) bool {
 		}
 	}
 	s.byChain[chain] = si
+	s.seeded[chain] = true
 	s.used[proto] = max(s.used[proto], si.index+1)
 	return true
+}
+
+// ReleaseUnclaimed releases the slots of seeded chains that no Slot call
+// asked for: chains read back that the table no longer has (their ranges
+// go with them). Call it once every fragment of the sync is built.
+func (s *Slots) ReleaseUnclaimed() {
+	for chain := range s.seeded {
+		s.Release(chain)
+	}
+	clear(s.seeded)
 }
 
 // Settle makes the slots below each protocol's highest seeded one that no
