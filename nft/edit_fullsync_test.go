@@ -54,3 +54,75 @@ func TestFullRewriteIsDiffFromEmpty(t *testing.T) {
 		t.Errorf("%d ops in a slice of capacity %d: the count is wrong", len(got.Ops), cap(got.Ops))
 	}
 }
+
+// TestElementKeyIsKeyString: the Editor's element keys are KeyString's,
+// for every data type, in concatenations, and for the odd datums:
+// the zero address, an IPv4-mapped and a zoned IPv6 address, an unknown
+// protocol, more fields than types.
+func TestElementKeyIsKeyString(t *testing.T) {
+	types := []DataType{TypeVerdict, TypeInteger, TypeIPv4Addr, TypeIPv6Addr, TypeInetProto, TypeInetService, TypeMark}
+	datums := []Datum{
+		{}, Int(0), Int(6), Int(17), Int(132), Int(200), Int(65535), Int(1 << 31), Int(^uint32(0)),
+		Addr(netip.MustParseAddr("10.96.0.1")), Addr(netip.MustParseAddr("0.0.0.0")),
+		Addr(netip.MustParseAddr("fd00::1")), Addr(netip.MustParseAddr("::ffff:10.0.0.1")),
+		Addr(netip.MustParseAddr("fe80::1%eth0")), Addr(netip.MustParseAddr("2001:db8:ffff:ffff:ffff:ffff:ffff:ffff")),
+		{Addr: netip.MustParseAddr("10.0.0.2"), Int: 80},
+	}
+	rng := rand.New(rand.NewSource(3))
+	for n := 0; n < 20000; n++ {
+		s := &Set{Name: "s"}
+		for i := rng.Intn(5); i > 0; i-- {
+			s.Key = append(s.Key, types[rng.Intn(len(types))])
+		}
+		var key []Datum
+		for i := rng.Intn(len(s.Key) + 2); i > 0; i-- {
+			key = append(key, datums[rng.Intn(len(datums))])
+		}
+		if got, want := elementKey(s, key), s.KeyString(key); got != want {
+			t.Fatalf("key %v of %s: elementKey %q, KeyString %q", key, s.TypeString(), got, want)
+		}
+	}
+}
+
+// TestEditorCountsHolders: an element held by several fragments stays
+// until the last one releases it, and releasing an element nobody holds
+// changes nothing.
+func TestEditorCountsHolders(t *testing.T) {
+	ed := NewEditor(IPv4)
+	ed.AddSet(&Set{Name: "ips", Key: []DataType{TypeIPv4Addr}})
+	fr := func(b byte) *Fragment {
+		return &Fragment{Elements: []SetElement{{"ips", Element{Key: []Datum{Addr(netip.AddrFrom4([4]byte{10, 0, 0, b}))}}}}}
+	}
+	has := func(key string) bool { _, ok := ed.Ruleset().Sets["ips"].Elements[key]; return ok }
+	ed.Replace(nil, fr(1))
+	ed.Replace(nil, fr(1))
+	ed.Replace(nil, fr(1))
+	ed.Replace(fr(2), nil) // not held
+	ed.Transaction()
+	ed.Commit()
+	for i := 0; i < 2; i++ {
+		ed.Replace(fr(1), nil)
+		if !has("10.0.0.1") {
+			t.Fatalf("element gone after %d of 3 holders released it", i+1)
+		}
+		if tx := ed.Transaction(); !tx.Empty() {
+			t.Fatalf("%d of 3 holders released an element: %+v", i+1, tx.Ops)
+		}
+		ed.Commit()
+	}
+	ed.Replace(fr(1), nil)
+	if has("10.0.0.1") {
+		t.Fatal("element kept after its last holder released it")
+	}
+	if tx := ed.Transaction(); tx.Changes() != 1 || tx.Ops[0].Kind != OpDeleteElements {
+		t.Fatalf("last holder released an element: %+v", tx.Ops)
+	}
+	ed.Commit()
+	ed.Replace(nil, fr(1))
+	if tx := ed.Transaction(); tx.Changes() != 1 || tx.Ops[0].Kind != OpAddElements {
+		t.Fatalf("element held again: %+v", tx.Ops)
+	}
+	if len(ed.shared) != 0 {
+		t.Fatalf("holders left counted: %v", ed.shared)
+	}
+}
