@@ -2,6 +2,7 @@ package nft
 
 import (
 	"reflect"
+	"slices"
 	"sort"
 )
 
@@ -39,7 +40,7 @@ func Diff(committed, desired *Ruleset) *Transaction {
 		if old, ok := committed.Sets[name]; ok {
 			have = old.Elements
 		}
-		for _, k := range unionKeys(have, want.Elements) {
+		for _, k := range changedKeys(want, have) {
 			c.element(want, elementOrNil(have, k), elementOrNil(want.Elements, k))
 		}
 	}
@@ -59,6 +60,27 @@ func unionKeys[V any](a, b map[string]V) []string {
 	}
 	for k := range a {
 		if _, ok := b[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// changedKeys returns, sorted, the keys of the elements of set want that
+// are not in have or differ from have's, and of those of have that want
+// lacks: the keys changes.element records something for. Sorting only
+// these, not every key of both, keeps a diff against the table read back
+// from the kernel, where few elements change, from sorting them all.
+func changedKeys(want *Set, have map[string]Element) []string {
+	var keys []string
+	for k, w := range want.Elements {
+		if h, ok := have[k]; !ok || !sameElement(want, h, w) {
+			keys = append(keys, k)
+		}
+	}
+	for k := range have {
+		if _, ok := want.Elements[k]; !ok {
 			keys = append(keys, k)
 		}
 	}
@@ -182,5 +204,14 @@ func rulesEqual(f Family, a, b []Rule) bool {
 // sameElement reports whether two elements with the same key are the same:
 // value, comment, and in an endpoints map the end of the range.
 func sameElement(s *Set, a, b Element) bool {
-	return a.Comment == b.Comment && a.End == b.End && s.ValueString(a) == s.ValueString(b)
+	if a.Comment != b.Comment || a.End != b.End {
+		return false
+	}
+	// Equal values have the same text; the text, which allocates, is
+	// only written for values that are not equal field by field.
+	if a.Verdict != nil && b.Verdict != nil && *a.Verdict == *b.Verdict ||
+		a.Verdict == nil && b.Verdict == nil && slices.Equal(a.Data, b.Data) {
+		return true
+	}
+	return s.ValueString(a) == s.ValueString(b)
 }

@@ -4,6 +4,7 @@ import (
 	"math/rand"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -162,5 +163,111 @@ func BenchmarkFullRewrite(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		fullRewrite(rs)
+	}
+}
+
+// diffAllKeys is Diff as it was before changedKeys: every key of both
+// sets, sorted, goes through changes.element.
+func diffAllKeys(committed, desired *Ruleset) *Transaction {
+	c := newChanges(desired.Family)
+	for _, name := range desired.SortedSetNames() {
+		if _, ok := committed.Sets[name]; !ok {
+			c.newSets = append(c.newSets, desired.Sets[name])
+		}
+	}
+	for _, name := range unionKeys(committed.Chains, desired.Chains) {
+		c.chain(committed.Chains[name], desired.Chains[name])
+	}
+	for _, name := range desired.SortedSetNames() {
+		want := desired.Sets[name]
+		var have map[string]Element
+		if old, ok := committed.Sets[name]; ok {
+			have = old.Elements
+		}
+		for _, k := range unionKeys(have, want.Elements) {
+			c.element(want, elementOrNil(have, k), elementOrNil(want.Elements, k))
+		}
+	}
+	for _, name := range committed.SortedSetNames() {
+		if _, ok := desired.Sets[name]; !ok {
+			c.goneSets = append(c.goneSets, committed.Sets[name])
+		}
+	}
+	return c.transaction()
+}
+
+// TestDiffSortsOnlyChanges: Diff, which sorts only the keys of elements
+// that changed, makes the transaction it made when it sorted every key,
+// for elements added, removed, and changed in value, comment or range.
+func TestDiffSortsOnlyChanges(t *testing.T) {
+	rng := rand.New(rand.NewSource(4))
+	for round := 0; round < 20; round++ {
+		committed := fullSyncRuleset(t)
+		desired := fullSyncRuleset(t)
+		for _, s := range []*Ruleset{committed, desired} {
+			for _, set := range s.Sets {
+				for k, e := range set.Elements {
+					switch rng.Intn(40) {
+					case 0:
+						delete(set.Elements, k)
+					case 1:
+						e.Comment += "x"
+					case 2:
+						if e.Verdict != nil {
+							e.Verdict = &Verdict{Kind: VerdictGoto, Chain: "other"}
+						}
+					case 3:
+						if len(e.Data) > 0 {
+							e.Data = []Datum{e.Data[0], Int(9090)}
+						}
+					case 4:
+						e.End++
+					case 5: // equal value, not the same pointer or slice
+						if e.Verdict != nil {
+							v := *e.Verdict
+							e.Verdict = &v
+						}
+						e.Data = slices.Clone(e.Data)
+					}
+					set.Elements[k] = e
+				}
+			}
+		}
+		desired.Sets["ips"].Elements["10.1.1.1"] = Element{Key: []Datum{Addr(netip.MustParseAddr("10.1.1.1"))}}
+		got, want := Diff(committed, desired), diffAllKeys(committed, desired)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("round %d: Diff differs from a diff of every key:\n got %+v\nwant %+v", round, got.Ops, want.Ops)
+		}
+		if got.Changes() == 0 {
+			t.Fatalf("round %d: nothing changed", round)
+		}
+	}
+}
+
+// TestSameElementIsSameText: comparing values field by field first
+// decides as comparing their text does.
+func TestSameElementIsSameText(t *testing.T) {
+	a4, b4 := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	values := []Element{
+		{}, {Verdict: &Verdict{Kind: VerdictDrop}}, {Verdict: &Verdict{Kind: VerdictDrop}},
+		{Verdict: &Verdict{Kind: VerdictGoto, Chain: "a"}}, {Verdict: &Verdict{Kind: VerdictGoto, Chain: "b"}},
+		{Verdict: &Verdict{Kind: VerdictJump, Chain: "a"}},
+		{Data: []Datum{Addr(a4), Int(80)}}, {Data: []Datum{Addr(a4), Int(80)}}, {Data: []Datum{Addr(b4), Int(80)}},
+		{Data: []Datum{Addr(a4), Int(81)}}, {Data: []Datum{Addr(a4)}}, {Data: []Datum{}},
+		{Data: []Datum{{Addr: a4, Int: 7}, Int(80)}}, // Int unused in an address field: same text
+		{Data: []Datum{Addr(a4), Int(80)}, Comment: "c"}, {Data: []Datum{Addr(a4), Int(80)}, End: 3},
+	}
+	for _, s := range []*Set{
+		{Key: []DataType{TypeInteger}, Data: []DataType{TypeIPv4Addr, TypeInetService}},
+		{Key: []DataType{TypeIPv4Addr}, Data: []DataType{TypeVerdict}},
+	} {
+		for _, a := range values {
+			for _, b := range values {
+				want := a.Comment == b.Comment && a.End == b.End && s.ValueString(a) == s.ValueString(b)
+				if got := sameElement(s, a, b); got != want {
+					t.Errorf("sameElement(%+v, %+v) = %v, the text says %v", a, b, got, want)
+				}
+			}
+		}
 	}
 }
