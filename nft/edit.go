@@ -70,6 +70,11 @@ func NewEditor(f Family) *Editor {
 func NewEditorFrom(f Family, loaded *Ruleset) *Editor {
 	e := NewEditor(f)
 	e.loaded = loaded
+	if loaded != nil {
+		// The desired table is most often the one read back: sized as
+		// it, the maps do not grow (and rehash) chain by chain.
+		e.rs.Chains = make(map[string]*Chain, len(loaded.Chains))
+	}
 	return e
 }
 
@@ -85,11 +90,16 @@ func (e *Editor) AddSet(s *Set) {
 	e.putSet(s)
 }
 
-// putSet adds an empty copy of s's definition.
+// putSet adds an empty copy of s's definition, with room for the elements
+// of the set read back, if any (see NewEditorFrom).
 func (e *Editor) putSet(s *Set) {
 	e.touchSet(s.Name)
+	size := 0
+	if e.reset && e.loaded != nil && e.loaded.Sets[s.Name] != nil {
+		size = len(e.loaded.Sets[s.Name].Elements)
+	}
 	e.rs.AddSet(&Set{Name: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Dynamic: s.Dynamic,
-		Size: s.Size, Comment: s.Comment, Endpoints: s.Endpoints, Elements: map[string]Element{}})
+		Size: s.Size, Comment: s.Comment, Endpoints: s.Endpoints, Elements: make(map[string]Element, size)})
 }
 
 // The touch functions record before-images, which only an incremental
