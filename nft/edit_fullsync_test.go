@@ -57,7 +57,7 @@ func TestFullRewriteIsDiffFromEmpty(t *testing.T) {
 	}
 }
 
-// TestElementKeyIsKeyString: the Editor's element keys are KeyString's,
+// TestElementKeyIsKeyString: element keys (KeyString, elementKey) are nft's text (tupleText),
 // for every data type, in concatenations, and for the odd datums:
 // the zero address, an IPv4-mapped and a zoned IPv6 address, an unknown
 // protocol, more fields than types.
@@ -80,8 +80,8 @@ func TestElementKeyIsKeyString(t *testing.T) {
 		for i := rng.Intn(len(s.Key) + 2); i > 0; i-- {
 			key = append(key, datums[rng.Intn(len(datums))])
 		}
-		if got, want := elementKey(s, key), s.KeyString(key); got != want {
-			t.Fatalf("key %v of %s: elementKey %q, KeyString %q", key, s.TypeString(), got, want)
+		if got, want := elementKey(s, key), tupleText(s.Key, key); got != want {
+			t.Fatalf("key %v of %s: elementKey %q, nft's text %q", key, s.TypeString(), got, want)
 		}
 	}
 }

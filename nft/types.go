@@ -306,7 +306,8 @@ func tupleText(types []DataType, ds []Datum) string {
 // KeyString is the nft text of an element key; it identifies the element.
 // In an endpoints map an element is identified by the first key of its
 // range (ranges cannot overlap).
-func (s *Set) KeyString(key []Datum) string { return tupleText(s.Key, key) }
+// It is built by elementKey, the fast equivalent of tupleText.
+func (s *Set) KeyString(key []Datum) string { return elementKey(s, key) }
 
 // ElementKeyText is the element's key as nft lists it: KeyString, and in an
 // endpoints map the range of keys, "131072-163839".
