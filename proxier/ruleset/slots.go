@@ -30,11 +30,12 @@ const SlotsPerMap = 64
 type Slots struct {
 	perMap   int
 	byChain  map[string]slotIndex
-	used     map[uint8]int   // per protocol: indexes handed out so far (maps exist below it)
-	free     map[uint8][]int // released and committed: reusable, smallest last
-	released []slotIndex     // since the last Commit
-	shown    map[uint8]int   // per protocol: maps NewMaps returned
-	seeded   map[string]bool // seeded chains no Slot call asked for yet
+	used     map[uint8]int        // per protocol: indexes handed out so far (maps exist below it)
+	free     map[uint8][]int      // released and committed: reusable, smallest last
+	released []slotIndex          // since the last Commit
+	shown    map[uint8]int        // per protocol: maps NewMaps returned
+	seeded   map[string]bool      // seeded chains no Slot call asked for yet
+	names    map[slotIndex]string // map names, one string per map (index: the map's)
 }
 
 type slotIndex struct {
@@ -47,7 +48,7 @@ func NewSlots() *Slots { return newSlots(SlotsPerMap) }
 
 func newSlots(perMap int) *Slots {
 	return &Slots{perMap: perMap, byChain: map[string]slotIndex{}, used: map[uint8]int{}, free: map[uint8][]int{},
-		shown: map[uint8]int{}, seeded: map[string]bool{}}
+		shown: map[uint8]int{}, seeded: map[string]bool{}, names: map[slotIndex]string{}}
 }
 
 // EndpointsMapName is the name of endpoints map i of a protocol.
@@ -64,7 +65,18 @@ func (s *Slots) Slot(chain string, proto uint8) (string, uint16) {
 		si = slotIndex{proto: proto, index: s.take(proto)}
 		s.byChain[chain] = si
 	}
-	return EndpointsMapName(proto, si.index/s.perMap), uint16(si.index % s.perMap)
+	return s.mapName(proto, si.index/s.perMap), uint16(si.index % s.perMap)
+}
+
+// mapName is EndpointsMapName, shared by every chain of the map.
+func (s *Slots) mapName(proto uint8, i int) string {
+	k := slotIndex{proto, i}
+	n, ok := s.names[k]
+	if !ok {
+		n = EndpointsMapName(proto, i)
+		s.names[k] = n
+	}
+	return n
 }
 
 func (s *Slots) take(proto uint8) int {
