@@ -99,25 +99,36 @@ func (s *Slots) Release(chain string) {
 	}
 }
 
-// ReleaseGone releases the slots of the chains of old that are not in now
-// (either may be nil): a Service's chains that its new fragment no longer
-// has.
+// ReleaseGone releases the slots of the chains of old that now (either
+// may be nil) no longer has, or has without an endpoints-map rule (the
+// Service switched to session affinity).
 func (s *Slots) ReleaseGone(old, now *nft.Fragment) {
 	if old == nil {
 		return
 	}
 	for _, c := range old.Chains {
-		if _, ok := s.byChain[c.Name]; !ok || now != nil && hasChain(now, c.Name) {
+		if _, ok := s.byChain[c.Name]; !ok || usesSlot(now, c.Name) {
 			continue
 		}
 		s.Release(c.Name)
 	}
 }
 
-func hasChain(fr *nft.Fragment, name string) bool {
+// usesSlot reports whether fr has the chain with a DNATMap rule.
+func usesSlot(fr *nft.Fragment, name string) bool {
+	if fr == nil {
+		return false
+	}
 	for _, c := range fr.Chains {
-		if c.Name == name {
-			return true
+		if c.Name != name {
+			continue
+		}
+		for _, r := range c.Rules {
+			for _, p := range r.Phrases {
+				if _, ok := p.(nft.DNATMap); ok {
+					return true
+				}
+			}
 		}
 	}
 	return false

@@ -2,7 +2,10 @@ package ruleset
 
 import (
 	"net/netip"
+	"slices"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -125,5 +128,25 @@ func TestCanonicalSlots(t *testing.T) {
 	c := Build(testConfig, nft.IPv4, st)
 	if CanonicalSlots(a).Dump() == CanonicalSlots(c).Dump() {
 		t.Error("an endpoint change is lost in the canonical form")
+	}
+}
+
+// TestReleaseGone: a chain that goes, or stops picking through its slot
+// (session affinity), gives the slot up; one that stays keeps it.
+func TestReleaseGone(t *testing.T) {
+	st := bigState(3)
+	slots := NewSlots()
+	old := ServiceFragment(testConfig, st, slots)
+	st[1].AffinityTimeout = 3 * time.Hour
+	now := ServiceFragment(testConfig, st[1:], slots) // st[0] gone, st[1] sticky, st[2] as it was
+	slots.ReleaseGone(old, now)
+	slots.Commit()
+	var got []slotOf
+	for i := range 3 {
+		got = append(got, slot(slots, "new-"+strconv.Itoa(i), nft.ProtoTCP))
+	}
+	want := []slotOf{{"endpoints-tcp-0", 0}, {"endpoints-tcp-0", 1}, {"endpoints-tcp-0", 3}}
+	if !slices.Equal(got, want) {
+		t.Errorf("slots after the release: %v, want %v", got, want)
 	}
 }
