@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"strconv"
+	"strings"
 
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -35,6 +37,7 @@ type Slots struct {
 	released []slotIndex          // since the last Commit
 	shown    map[uint8]int        // per protocol: maps NewMaps returned
 	seeded   map[string]bool      // seeded chains no Slot call asked for yet
+	held     map[slotIndex]bool   // slots seeded since the last Settle
 	names    map[slotIndex]string // map names, one string per map (index: the map's)
 }
 
@@ -48,7 +51,7 @@ func NewSlots() *Slots { return newSlots(SlotsPerMap) }
 
 func newSlots(perMap int) *Slots {
 	return &Slots{perMap: perMap, byChain: map[string]slotIndex{}, used: map[uint8]int{}, free: map[uint8][]int{},
-		shown: map[uint8]int{}, seeded: map[string]bool{}, names: map[slotIndex]string{}}
+		shown: map[uint8]int{}, seeded: map[string]bool{}, held: map[slotIndex]bool{}, names: map[slotIndex]string{}}
 }
 
 // EndpointsMapName is the name of endpoints map i of a protocol.
@@ -154,27 +157,35 @@ func (s *Slots) Commit() {
 // another chain holds. Seed every loaded chain before any Slot call, then
 // call Settle.
 func (s *Slots) Seed(chain string, es nft.EndpointsSlot) bool {
-	var proto uint8
-	var m int
-	for _, p := range []uint8{nft.ProtoTCP, nft.ProtoUDP, nft.ProtoSCTP} {
-		if n, err := fmt.Sscanf(es.Map, "endpoints-"+nft.ProtoName(p)+"-%d", &m); err == nil && n == 1 && EndpointsMapName(p, m) == es.Map {
-			proto = p
-			break
-		}
-	}
-	if proto == 0 || int(es.Slot) >= s.perMap {
+	proto, m, ok := parseMapName(es.Map)
+	if !ok || int(es.Slot) >= s.perMap {
 		return false
 	}
 	si := slotIndex{proto: proto, index: m*s.perMap + int(es.Slot)}
-	for _, other := range s.byChain {
-		if other == si {
-			return false
-		}
+	if s.held[si] {
+		return false
 	}
+	s.held[si] = true
 	s.byChain[chain] = si
 	s.seeded[chain] = true
 	s.used[proto] = max(s.used[proto], si.index+1)
 	return true
+}
+
+// parseMapName inverts EndpointsMapName.
+func parseMapName(name string) (proto uint8, i int, ok bool) {
+	for _, p := range []uint8{nft.ProtoTCP, nft.ProtoUDP, nft.ProtoSCTP} {
+		rest, found := strings.CutPrefix(name, "endpoints-"+nft.ProtoName(p)+"-")
+		if !found {
+			continue
+		}
+		i, err := strconv.Atoi(rest)
+		if err != nil || i < 0 || EndpointsMapName(p, i) != name {
+			return 0, 0, false
+		}
+		return p, i, true
+	}
+	return 0, 0, false
 }
 
 // ReleaseUnclaimed releases the slots of seeded chains that no Slot call
@@ -190,19 +201,16 @@ func (s *Slots) ReleaseUnclaimed() {
 // Settle makes the slots below each protocol's highest seeded one that no
 // chain holds reusable.
 func (s *Slots) Settle() {
-	held := map[slotIndex]bool{}
-	for _, si := range s.byChain {
-		held[si] = true
-	}
 	for proto, n := range s.used {
 		var f []int
 		for i := n - 1; i >= 0; i-- {
-			if !held[slotIndex{proto, i}] {
+			if !s.held[slotIndex{proto, i}] {
 				f = append(f, i)
 			}
 		}
 		s.free[proto] = f
 	}
+	clear(s.held)
 }
 
 // Maps returns the endpoints maps of family f that hold the slots handed
@@ -264,16 +272,9 @@ func CanonicalSlots(rs *nft.Ruleset) *nft.Ruleset {
 		}
 	}
 	sort.Slice(users, func(i, j int) bool { return users[i].chain < users[j].chain })
-	endpoints := make([][]nft.Element, len(users))
+	endpoints := make([][]netip.AddrPort, len(users))
 	for i, u := range users {
-		if m := out.Sets[u.d.Map]; m != nil {
-			for _, e := range m.Elements {
-				if e.Key[0].Int/nft.EndpointBuckets == uint32(u.d.Slot) {
-					endpoints[i] = append(endpoints[i], e)
-				}
-			}
-		}
-		sort.Slice(endpoints[i], func(a, b int) bool { return endpoints[i][a].Key[0].Int < endpoints[i][b].Key[0].Int })
+		endpoints[i] = nft.SlotEndpoints(out.Sets[u.d.Map], u.d.Slot)
 	}
 	for name, s := range out.Sets {
 		if s.Endpoints != 0 {
@@ -292,11 +293,7 @@ func CanonicalSlots(rs *nft.Ruleset) *nft.Ruleset {
 		for _, s := range slots.NewMaps(rs.Family) {
 			out.AddSet(s)
 		}
-		eps := make([]netip.AddrPort, len(endpoints[i]))
-		for j, e := range endpoints[i] {
-			eps[j] = netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int))
-		}
-		for _, e := range nft.EndpointsElements(slot, eps) {
+		for _, e := range nft.EndpointsElements(slot, endpoints[i]) {
 			out.AddElement(m, e)
 		}
 	}
