@@ -1,10 +1,12 @@
 package nft
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 )
 
 // Endpoints maps: a Service's endpoints as elements of a map, so that an
@@ -89,6 +91,30 @@ func EndpointsElements(slot uint16, endpoints []netip.AddrPort) []Element {
 	return out
 }
 
+// SlotEndpoints returns the endpoints an endpoints map (nil: none) holds
+// for a slot, in the order of their ranges of buckets: what
+// EndpointsElements was given.
+func SlotEndpoints(s *Set, slot uint16) []netip.AddrPort {
+	if s == nil {
+		return nil
+	}
+	var found []Element
+	for _, e := range s.Elements {
+		if rangeSlot(e) == uint32(slot) {
+			found = append(found, e)
+		}
+	}
+	slices.SortFunc(found, func(a, b Element) int { return cmp.Compare(a.Key[0].Int, b.Key[0].Int) })
+	out := make([]netip.AddrPort, len(found))
+	for i, e := range found {
+		out[i] = netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int))
+	}
+	return out
+}
+
+// rangeSlot is the slot an endpoints map element belongs to.
+func rangeSlot(e Element) uint32 { return e.Key[0].Int / EndpointBuckets }
+
 // bucketRange is the range of buckets of endpoint j of n.
 func bucketRange(j, n int) (lo, hi uint32) {
 	return uint32(j * EndpointBuckets / n), uint32((j+1)*EndpointBuckets/n - 1)
@@ -125,8 +151,8 @@ func checkRange(s *Set, e Element) error {
 		}
 		return nil
 	}
-	lo := e.Key[0].Int
-	if lo > e.End || lo/EndpointBuckets != e.End/EndpointBuckets || lo/EndpointBuckets >= EndpointsSlots {
+	lo, slot := e.Key[0].Int, rangeSlot(e)
+	if lo > e.End || slot != e.End/EndpointBuckets || slot >= EndpointsSlots {
 		return fmt.Errorf("element %s of endpoints map %q: keys %d-%d, want lo ≤ hi in one slot below %d",
 			s.KeyString(e.Key), s.Name, lo, e.End, EndpointsSlots)
 	}

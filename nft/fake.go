@@ -420,28 +420,28 @@ func setReferrer(rs *Ruleset, f Family, name string) string {
 	for _, c := range rs.Chains {
 		for _, r := range c.Rules {
 			for _, p := range r.Phrases {
-				switch p := p.(type) {
-				case MatchSet:
-					if p.Set == name {
-						return fmt.Sprintf("rule %q in chain %q", r.Text(f), c.Name)
-					}
-				case VmapLookup:
-					if p.Map == name {
-						return fmt.Sprintf("rule %q in chain %q", r.Text(f), c.Name)
-					}
-				case DNATMap:
-					if p.Map == name {
-						return fmt.Sprintf("rule %q in chain %q", r.Text(f), c.Name)
-					}
-				case VmapAddrBits:
-					if p.Map == name {
-						return fmt.Sprintf("rule %q in chain %q", r.Text(f), c.Name)
-					}
+				if set, ok := phraseSet(p); ok && set == name {
+					return fmt.Sprintf("rule %q in chain %q", r.Text(f), c.Name)
 				}
 			}
 		}
 	}
 	return ""
+}
+
+// phraseSet is the named set or map a phrase looks up, if any.
+func phraseSet(p Phrase) (string, bool) {
+	switch p := p.(type) {
+	case MatchSet:
+		return p.Set, true
+	case VmapLookup:
+		return p.Map, true
+	case DNATMap:
+		return p.Map, true
+	case VmapAddrBits:
+		return p.Map, true
+	}
+	return "", false
 }
 
 // Clone returns a deep copy of the ruleset (rules are immutable values and
@@ -474,9 +474,6 @@ func serviceRanges(s *Set) map[uint32][]Element {
 	}
 	return m
 }
-
-// rangeSlot is the slot an endpoints map element belongs to.
-func rangeSlot(e Element) uint32 { return e.Key[0].Int / EndpointBuckets }
 
 // checkOverlap fails, as the rbtree does (EEXIST), if e overlaps an
 // element other than itself, and records e in ranges. Ranges never cross

@@ -292,27 +292,6 @@ func (b *batch) costRule(chain string, exprs func(e *encoder)) {
 	b.end(m)
 }
 
-// costByteorderHton: [ byteorder reg <dreg> = hton(reg <sreg>, size, len) ]
-func (e *encoder) costByteorderHton(sreg, dreg, size, n uint32) {
-	el, d := e.beginExpr("byteorder")
-	e.u32(unix.NFTA_BYTEORDER_SREG, sreg)
-	e.u32(unix.NFTA_BYTEORDER_DREG, dreg)
-	e.u32(unix.NFTA_BYTEORDER_OP, unix.NFT_BYTEORDER_HTON)
-	e.u32(unix.NFTA_BYTEORDER_LEN, n)
-	e.u32(unix.NFTA_BYTEORDER_SIZE, size)
-	e.endExpr(el, d)
-}
-
-// costLookupData: [ lookup reg <sreg> set <set> dreg <dreg> ] (a data map).
-func (e *encoder) costLookupData(sreg, dreg uint32, set string, setID uint32) {
-	el, d := e.beginExpr("lookup")
-	e.u32(unix.NFTA_LOOKUP_SREG, sreg)
-	e.u32(unix.NFTA_LOOKUP_DREG, dreg)
-	e.str(unix.NFTA_LOOKUP_SET, set)
-	e.u32(unix.NFTA_LOOKUP_SET_ID, setID)
-	e.endExpr(el, d)
-}
-
 // costPerServiceRule is the fixed rule of design g, which nft writes for
 //
 //	meta l4proto tcp dnat ip to numgen random mod 65536 map @<set>
@@ -325,8 +304,8 @@ func costPerServiceRule(set string, setID uint32) func(e *encoder) {
 		e.metaLoad(unix.NFT_META_L4PROTO, reg1)
 		e.cmp(unix.NFT_CMP_EQ, reg1, []byte{ProtoTCP})
 		e.numgenRandom(reg1, costBuckets)
-		e.costByteorderHton(reg1, reg1, 4, 4)
-		e.costLookupData(reg1, reg1, set, setID)
+		e.byteorderHton(reg1, reg1, 4, 4)
+		e.lookupData(reg1, reg1, set, setID)
 		e.dnat(uint32(IPv4), reg1, slotReg(1), unix.NF_NAT_RANGE_PROTO_SPECIFIED)
 	}
 }
@@ -347,8 +326,8 @@ func costGlobalRule(set string, setID uint32) func(e *encoder) {
 		e.metaLoad(unix.NFT_META_L4PROTO, slotReg(1))
 		e.payloadLoad(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, slotReg(2))
 		e.numgenRandom(slotReg(3), costBuckets)
-		e.costByteorderHton(slotReg(3), slotReg(3), 4, 4)
-		e.costLookupData(reg1, reg1, set, setID)
+		e.byteorderHton(slotReg(3), slotReg(3), 4, 4)
+		e.lookupData(reg1, reg1, set, setID)
 		e.dnat(uint32(IPv4), reg1, slotReg(1), unix.NF_NAT_RANGE_PROTO_SPECIFIED)
 	}
 }

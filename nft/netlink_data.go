@@ -248,29 +248,23 @@ func byteorder(ts []DataType) uint32 {
 //
 // An endpoints map is declared with `typeof` (endpointsUserdata).
 func setUserdata(f Family, s *Set) ([]byte, error) {
+	var ud []byte
 	if s.Endpoints != 0 {
-		ud := endpointsUserdata(f, s.Endpoints)
-		if s.Comment != "" {
-			c, err := udataString(udataSetComment, s.Comment)
-			if err != nil {
-				return nil, err
-			}
-			ud = append(ud, c...)
+		ud = endpointsUserdata(f, s.Endpoints)
+	} else {
+		ud = udataU32(nil, udataSetKeyByteorder, byteorder(s.Key))
+		if s.IsMap() {
+			ud = udataU32(ud, udataSetDataByteorder, byteorder(s.Data))
 		}
-		return ud, nil
-	}
-	ud := udataU32(nil, udataSetKeyByteorder, byteorder(s.Key))
-	if s.IsMap() {
-		ud = udataU32(ud, udataSetDataByteorder, byteorder(s.Data))
-	}
-	if len(s.Key) > 1 {
-		var typeof []byte
-		typeof = udataU32(typeof, udataTypeofExpr, exprConcat)
-		typeof = udataTLV(typeof, udataTypeofData, nil)
-		ud = udataTLV(ud, udataSetKeyTypeof, typeof)
-	}
-	if s.IsMap() {
-		ud = udataU32(ud, udataSetDataInterval, 0)
+		if len(s.Key) > 1 {
+			var typeof []byte
+			typeof = udataU32(typeof, udataTypeofExpr, exprConcat)
+			typeof = udataTLV(typeof, udataTypeofData, nil)
+			ud = udataTLV(ud, udataSetKeyTypeof, typeof)
+		}
+		if s.IsMap() {
+			ud = udataU32(ud, udataSetDataInterval, 0)
+		}
 	}
 	if s.Comment != "" {
 		c, err := udataString(udataSetComment, s.Comment)

@@ -203,7 +203,7 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 			if st.pkt.Proto != p.Proto {
 				return "", false
 			}
-			targets := endpointsOf(rs.Sets[p.Map], p.Slot)
+			targets := SlotEndpoints(rs.Sets[p.Map], p.Slot)
 			if len(targets) == 0 {
 				return "", false
 			}
@@ -245,26 +245,6 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 		}
 	}
 	return "", false
-}
-
-// endpointsOf returns the endpoints an endpoints map holds for a slot, in
-// the order of their ranges of buckets.
-func endpointsOf(s *Set, slot uint16) []netip.AddrPort {
-	if s == nil {
-		return nil
-	}
-	var found []Element
-	for _, e := range s.Elements {
-		if rangeSlot(e) == uint32(slot) {
-			found = append(found, e)
-		}
-	}
-	sort.Slice(found, func(i, j int) bool { return found[i].Key[0].Int < found[j].Key[0].Int })
-	out := make([]netip.AddrPort, len(found))
-	for i, e := range found {
-		out[i] = netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int))
-	}
-	return out
 }
 
 // dnatTarget is the destination of the rule's DNAT phrase, if it has one.
