@@ -95,20 +95,32 @@ func (c *cluster) service(name string, port int32, dualStack bool, protos ...v1.
 	for _, p := range protos {
 		svc.Spec.Ports = append(svc.Spec.Ports, v1.ServicePort{Name: strings.ToLower(string(p)), Port: port, Protocol: p})
 	}
-	if dualStack {
-		pol := v1.IPFamilyPolicyRequireDualStack
-		svc.Spec.IPFamilyPolicy = &pol
-		svc.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
-	}
-	got, err := c.client.CoreV1().Services(c.ns).Create(context.Background(), svc, metav1.CreateOptions{})
-	if err != nil {
-		c.t.Fatalf("create service %s: %v", name, err)
-	}
+	got := createService(c.t, c.client, svc, dualStack, nil)
 	var ips []netip.Addr
 	for _, s := range got.Spec.ClusterIPs {
 		ips = append(ips, netip.MustParseAddr(s))
 	}
 	return ips
+}
+
+// createService creates svc, dual-stack (IPv4 first) if asked, after
+// mutate (nil: none) had its say, and returns what the API server made of
+// it (allocated ClusterIPs, nodePort, healthCheckNodePort).
+func createService(t testing.TB, client kubernetes.Interface, svc *v1.Service, dualStack bool, mutate func(*v1.Service)) *v1.Service {
+	t.Helper()
+	if dualStack {
+		pol := v1.IPFamilyPolicyRequireDualStack
+		svc.Spec.IPFamilyPolicy = &pol
+		svc.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+	}
+	if mutate != nil {
+		mutate(svc)
+	}
+	got, err := client.CoreV1().Services(svc.Namespace).Create(context.Background(), svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create service %s: %v", svc.Name, err)
+	}
+	return got
 }
 
 // endpoints writes the EndpointSlice(s) of a Service: the pods' addresses of

@@ -174,19 +174,7 @@ func (d *diffBed) create(name string, typ v1.ServiceType, dual, udp bool, mutate
 	if udp {
 		svc.Spec.Ports = append(svc.Spec.Ports, v1.ServicePort{Name: "udp", Port: 80, Protocol: v1.ProtocolUDP})
 	}
-	if dual {
-		pol := v1.IPFamilyPolicyRequireDualStack
-		svc.Spec.IPFamilyPolicy = &pol
-		svc.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
-	}
-	if mutate != nil {
-		mutate(svc)
-	}
-	got, err := d.client.CoreV1().Services(d.ns).Create(context.Background(), svc, metav1.CreateOptions{})
-	if err != nil {
-		d.t.Fatalf("create service %s: %v", name, err)
-	}
-	return got
+	return createService(d.t, d.client, svc, dual, mutate)
 }
 
 // slices writes one EndpointSlice per family of the Service: the pods (ready,

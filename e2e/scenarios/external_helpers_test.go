@@ -41,19 +41,7 @@ func (c *cluster) extCreate(name string, typ v1.ServiceType, dualStack bool, mut
 		Spec: v1.ServiceSpec{Type: typ,
 			Ports: []v1.ServicePort{{Name: "tcp", Port: 80, Protocol: v1.ProtocolTCP}}},
 	}
-	if dualStack {
-		pol := v1.IPFamilyPolicyRequireDualStack
-		svc.Spec.IPFamilyPolicy = &pol
-		svc.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
-	}
-	if mutate != nil {
-		mutate(svc)
-	}
-	got, err := c.client.CoreV1().Services(c.ns).Create(context.Background(), svc, metav1.CreateOptions{})
-	if err != nil {
-		c.t.Fatalf("create service %s: %v", name, err)
-	}
-	return got
+	return createService(c.t, c.client, svc, dualStack, mutate)
 }
 
 // extUpdate changes a Service's spec (retrying on conflicts).
