@@ -50,8 +50,17 @@ type Interface interface {
 	// or SCTP frontend), decides with Stale and deletes what is stale.
 	// isNodePortAddr may be nil (see Stale). On error, Result still
 	// counts what was done.
-	Reconcile(ctx context.Context, family Family, previous, current Frontends, isNodePortAddr func(netip.Addr) bool) (Result, error)
+	//
+	// current is called twice: before the dump, for the protocols, and
+	// after it, for the decision. A caller that commits rules while a
+	// Reconcile runs returns, the second time, the frontends of those
+	// rules too, so that a flow they created in the meantime is not
+	// judged by the older ones.
+	Reconcile(ctx context.Context, family Family, previous Frontends, current func() Frontends, isNodePortAddr func(netip.Addr) bool) (Result, error)
 }
+
+// Fixed returns current frontends that do not change during a Reconcile.
+func Fixed(current Frontends) func() Frontends { return func() Frontends { return current } }
 
 // Result describes one Reconcile.
 type Result struct {

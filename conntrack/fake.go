@@ -82,12 +82,12 @@ func (f *Fake) FailNextReconcile(err error) {
 }
 
 // Reconcile implements Interface.
-func (f *Fake) Reconcile(ctx context.Context, family Family, previous, current Frontends, isNodePortAddr func(netip.Addr) bool) (Result, error) {
+func (f *Fake) Reconcile(ctx context.Context, family Family, previous Frontends, current func() Frontends, isNodePortAddr func(netip.Addr) bool) (Result, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	call := FakeReconcile{Family: family, Previous: previous, Current: current}
+	call := FakeReconcile{Family: family, Previous: previous, Current: current()}
 	defer func() { f.reconciles = append(f.reconciles, call) }()
-	protos := protocols(previous, current)
+	protos := protocols(previous, call.Current)
 	if len(protos) == 0 {
 		return call.Result, nil
 	}
@@ -105,7 +105,8 @@ func (f *Fake) Reconcile(ctx context.Context, family Family, previous, current F
 			dumped = append(dumped, fl)
 		}
 	}
-	call.Deleted = Stale(dumped, previous, current, isNodePortAddr)
+	call.Current = current() // as a dump would: after reading the flows
+	call.Deleted = Stale(dumped, previous, call.Current, isNodePortAddr)
 	f.flows = slices.DeleteFunc(f.flows, func(fl Flow) bool { return slices.Contains(call.Deleted, fl) })
 	call.Result = Result{Dumped: len(dumped), Stale: len(call.Deleted), Deleted: len(call.Deleted)}
 	return call.Result, nil

@@ -19,7 +19,7 @@ func TestFakeMatchesStale(t *testing.T) {
 				all, stale, prev, cur, other = all6, stale6, prev6, cur6, all4
 			}
 			w := world{family: family}
-			res, err := fake.Reconcile(context.Background(), family, prev, cur, w.isNodePortAddr)
+			res, err := fake.Reconcile(context.Background(), family, prev, Fixed(cur), w.isNodePortAddr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -60,7 +60,7 @@ func TestFake(t *testing.T) {
 	ctx := context.Background()
 
 	// Without UDP or SCTP frontends, nothing is dumped.
-	res, err := fake.Reconcile(ctx, IPv4, Frontends{tcp: nil}, Frontends{tcp: nil}, nil)
+	res, err := fake.Reconcile(ctx, IPv4, Frontends{tcp: nil}, Fixed(Frontends{tcp: nil}), nil)
 	if err != nil || res != (Result{}) {
 		t.Errorf("TCP only: %+v, %v", res, err)
 	}
@@ -68,13 +68,13 @@ func TestFake(t *testing.T) {
 	boom := errors.New("boom")
 	fake.FailNextReconcile(boom)
 	prev, cur := Frontends{svc: eps(w.ep(1), w.ep(2))}, Frontends{svc: eps(w.ep(2))}
-	if _, err := fake.Reconcile(ctx, IPv4, prev, cur, nil); !errors.Is(err, boom) {
+	if _, err := fake.Reconcile(ctx, IPv4, prev, Fixed(cur), nil); !errors.Is(err, boom) {
 		t.Errorf("FailNextReconcile: %v", err)
 	}
 	if n := len(fake.Flows(IPv4)); n != 2 {
 		t.Errorf("failed reconcile deleted flows: %d left", n)
 	}
-	res, err = fake.Reconcile(ctx, IPv4, prev, cur, nil)
+	res, err = fake.Reconcile(ctx, IPv4, prev, Fixed(cur), nil)
 	if err != nil || res.Dumped != 2 || res.Deleted != 1 {
 		t.Errorf("reconcile: %+v, %v", res, err)
 	}

@@ -102,9 +102,9 @@ func NewNetlink(opts NetlinkOptions) (*Netlink, error) {
 // kubeproxy_conntrack_reconciler_sync_duration_seconds and
 // kubeproxy_conntrack_reconciler_deleted_entries_total when it did anything
 // (callers must not observe them again).
-func (n *Netlink) Reconcile(ctx context.Context, family Family, previous, current Frontends, isNodePortAddr func(netip.Addr) bool) (Result, error) {
+func (n *Netlink) Reconcile(ctx context.Context, family Family, previous Frontends, current func() Frontends, isNodePortAddr func(netip.Addr) bool) (Result, error) {
 	start := time.Now()
-	protos := protocols(previous, current)
+	protos := protocols(previous, current())
 	if len(protos) == 0 {
 		return Result{}, nil
 	}
@@ -122,7 +122,7 @@ func (n *Netlink) Reconcile(ctx context.Context, family Family, previous, curren
 	return res, nil
 }
 
-func (n *Netlink) reconcile(ctx context.Context, family Family, protos []uint8, previous, current Frontends, isNodePortAddr func(netip.Addr) bool) (Result, error) {
+func (n *Netlink) reconcile(ctx context.Context, family Family, protos []uint8, previous Frontends, current func() Frontends, isNodePortAddr func(netip.Addr) bool) (Result, error) {
 	var res Result
 	s, err := n.open()
 	if err != nil {
@@ -136,7 +136,7 @@ func (n *Netlink) reconcile(ctx context.Context, family Family, protos []uint8, 
 		return res, err
 	}
 	t = time.Now()
-	stale := Stale(flows, previous, current, isNodePortAddr)
+	stale := Stale(flows, previous, current(), isNodePortAddr)
 	res.Decide, res.Stale = time.Since(t), len(stale)
 	t = time.Now()
 	res.Deleted, err = s.delete(ctx, stale, n.opts.DeleteBatch)

@@ -34,7 +34,7 @@ func TestReconcile100k(t *testing.T) {
 	t.Logf("loaded %d flows with conntrack -R in %v", n, time.Since(start))
 	nl := ns.netlink(t)
 
-	res, err := nl.Reconcile(reconcileCtx(t), IPv4, previous, current, nil)
+	res, err := nl.Reconcile(reconcileCtx(t), IPv4, previous, Fixed(current), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestReconcile100k(t *testing.T) {
 	}
 	t.Logf("filtered dump matching none of the %d flows (the kernel's walk): %v", n-stale, time.Since(start).Round(time.Microsecond))
 
-	again, err := nl.Reconcile(reconcileCtx(t), IPv4, previous, current, nil)
+	again, err := nl.Reconcile(reconcileCtx(t), IPv4, previous, Fixed(current), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestReconcileKernel(t *testing.T) {
 		}
 	}
 
-	res, err := nl.Reconcile(reconcileCtx(t), IPv4, prev4, cur4, w4.isNodePortAddr)
+	res, err := nl.Reconcile(reconcileCtx(t), IPv4, prev4, Fixed(cur4), w4.isNodePortAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestReconcileKernel(t *testing.T) {
 		t.Errorf("IPv6 flows after the IPv4 reconcile:%s", diff)
 	}
 
-	res, err = nl.Reconcile(reconcileCtx(t), IPv6, prev6, cur6, w6.isNodePortAddr)
+	res, err = nl.Reconcile(reconcileCtx(t), IPv6, prev6, Fixed(cur6), w6.isNodePortAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func TestReconcileRealFlows(t *testing.T) {
 				t.Fatal(err)
 			}
 			deletedBefore, syncsBefore := reconcileMetrics(t, family)
-			res, err := nl.Reconcile(reconcileCtx(t), family, previous, current, nil)
+			res, err := nl.Reconcile(reconcileCtx(t), family, previous, Fixed(current), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -328,7 +328,7 @@ func TestReconcileCancelled(t *testing.T) {
 	ns.load(t, []Flow{w.nat(1, ap(fe.Addr, 53), w.ep(1))})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := ns.netlink(t).Reconcile(ctx, IPv4, nil, Frontends{fe: eps(w.ep(2))}, nil)
+	_, err := ns.netlink(t).Reconcile(ctx, IPv4, nil, Fixed(Frontends{fe: eps(w.ep(2))}), nil)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("err %v, want context.Canceled", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"reflect"
+	"sync"
 
 	"k8s.io/klog/v2"
 
@@ -12,39 +13,150 @@ import (
 	"github.com/nftproxy/nftproxy/proxier/model"
 )
 
-// cleanConntrack deletes the conntrack flows that the sync just made stale:
-// UDP and SCTP flows to a frontend of a changed Service that point at an
-// endpoint that no longer serves it (or at no endpoint, created while it
-// had none), and flows to frontends that are gone. It looks only at the
+// cleanConntrack hands the conntrack cleanup of a sync to the cleaner:
+// the UDP and SCTP flows to a frontend of a changed Service that point at
+// an endpoint that no longer serves it (or at no endpoint, created while
+// it had none), and flows to frontends that are gone. It looks only at the
 // Services whose UDP or SCTP ports changed, and does nothing (not even a
 // dump) when there is none. before holds the affected Services' ports as
 // they were programmed before the sync.
-func (p *Proxier) cleanConntrack(ctx context.Context, f nft.Family, fs *familyState, before map[model.ServiceName][]model.ServicePortState) {
+//
+// The cleanup runs outside the sync loop (conntrackCleaner): a dump of a
+// large table takes a quarter of a second at 100,000 flows, and a change
+// to another Service must not wait for it. Deleting flows late is safe:
+// until then, a stale flow keeps sending to its old endpoint, which is
+// what it did before the sync too.
+func (p *Proxier) cleanConntrack(f nft.Family, fs *familyState, before map[model.ServiceName][]model.ServicePortState) {
 	if p.deps.Conntrack == nil {
 		return
 	}
-	previous, current := conntrack.Frontends{}, conntrack.Frontends{}
+	previous, current := conntrack.Frontends{}, map[model.ServiceName]conntrack.Frontends{}
 	for name, old := range before {
 		now := fs.services[name].ports
 		if reflect.DeepEqual(old, now) || !hasDatagramPort(old) && !hasDatagramPort(now) {
 			continue
 		}
 		addFrontends(previous, old)
-		addFrontends(current, now)
+		cur := conntrack.Frontends{}
+		addFrontends(cur, now)
+		current[name] = cur
 	}
-	if len(previous) == 0 && len(current) == 0 {
+	if len(current) == 0 {
 		return
 	}
+	p.cleaner.enqueue(f, previous, current, nodePortAddrMatcher(fs))
+}
+
+// conntrackCleaner runs the conntrack cleanups of the syncs, one at a
+// time, in a goroutine of its own. Cleanups that pile up while one runs
+// are merged, per family, into one: the frontends any of them had before
+// (a frontend that came and went between two cleanups is still looked
+// for) and each Service's frontends as of its latest sync.
+type conntrackCleaner struct {
+	ct   conntrack.Interface
+	wake chan struct{}
+
+	mu      sync.Mutex
+	pending map[nft.Family]*cleanup
+	running bool // a cleanup is under way (for tests: idle)
+}
+
+// cleanup is the merged work of one family.
+type cleanup struct {
+	previous       conntrack.Frontends
+	current        map[model.ServiceName]conntrack.Frontends
+	isNodePortAddr func(netip.Addr) bool
+}
+
+func newConntrackCleaner(ct conntrack.Interface) *conntrackCleaner {
+	return &conntrackCleaner{ct: ct, wake: make(chan struct{}, 1), pending: map[nft.Family]*cleanup{}}
+}
+
+func (c *conntrackCleaner) enqueue(f nft.Family, previous conntrack.Frontends, current map[model.ServiceName]conntrack.Frontends, isNodePortAddr func(netip.Addr) bool) {
+	c.mu.Lock()
+	w := c.pending[f]
+	if w == nil {
+		w = &cleanup{previous: conntrack.Frontends{}, current: map[model.ServiceName]conntrack.Frontends{}}
+		c.pending[f] = w
+	}
+	for fe, eps := range previous {
+		w.previous[fe] = append(w.previous[fe], eps...)
+	}
+	for name, fes := range current {
+		w.current[name] = fes
+	}
+	w.isNodePortAddr = isNodePortAddr
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run does the cleanups until ctx is done.
+func (c *conntrackCleaner) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		}
+		c.mu.Lock()
+		work := c.pending
+		c.pending = map[nft.Family]*cleanup{}
+		c.running = len(work) > 0
+		c.mu.Unlock()
+		for f, w := range work {
+			c.clean(ctx, f, w)
+		}
+		c.mu.Lock()
+		c.running = false
+		c.mu.Unlock()
+	}
+}
+
+func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) {
+	// The frontends the flows are judged by: the cleanup's, and those of
+	// the syncs that committed since it was taken (queued for the next
+	// cleanup). A flow to an endpoint that serves again in a newer sync
+	// may have been created by its rules: the next cleanup judges it.
+	current := func() conntrack.Frontends {
+		out := conntrack.Frontends{}
+		add := func(svcs map[model.ServiceName]conntrack.Frontends) {
+			for _, fes := range svcs {
+				for fe, eps := range fes {
+					out[fe] = append(out[fe], eps...)
+				}
+			}
+		}
+		add(w.current)
+		c.mu.Lock()
+		if newer := c.pending[f]; newer != nil {
+			add(newer.current)
+		}
+		c.mu.Unlock()
+		return out
+	}
 	// The metrics are the backend's to observe (conntrack.Netlink does).
-	res, err := p.deps.Conntrack.Reconcile(ctx, conntrack.Family(f), previous, current, nodePortAddrMatcher(fs))
+	res, err := c.ct.Reconcile(ctx, conntrack.Family(f), w.previous, current, w.isNodePortAddr)
 	if err != nil {
+		if ctx.Err() != nil {
+			return // stopping
+		}
 		// The rules are right; only old flows linger. Log and go on: the
 		// next change of these Services tries again.
 		klog.ErrorS(err, "Conntrack cleanup failed", "ipFamily", f.IPFamily(), "deleted", res.Deleted)
 		return
 	}
-	klog.V(2).InfoS("Conntrack cleaned", "ipFamily", f.IPFamily(), "frontends", len(current), "dumped", res.Dumped,
-		"deleted", res.Deleted, "elapsed", res.Elapsed)
+	klog.V(2).InfoS("Conntrack cleaned", "ipFamily", f.IPFamily(), "services", len(w.current),
+		"dumped", res.Dumped, "deleted", res.Deleted, "elapsed", res.Elapsed)
+}
+
+// idle reports whether no cleanup is queued or running.
+func (c *conntrackCleaner) idle() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending) == 0 && !c.running
 }
 
 func hasDatagramPort(ports []model.ServicePortState) bool {

@@ -76,6 +76,81 @@ func TestConntrackCleanedAfterUDPChange(t *testing.T) {
 	waitFor(t, "the deleted Service's flow to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 1 })
 }
 
+// heldConntrack holds every Reconcile until the test releases it.
+type heldConntrack struct {
+	*conntrack.Fake
+	started, release chan struct{}
+}
+
+func (h *heldConntrack) Reconcile(ctx context.Context, family conntrack.Family, previous conntrack.Frontends, current func() conntrack.Frontends, isNodePortAddr func(netip.Addr) bool) (conntrack.Result, error) {
+	h.started <- struct{}{}
+	select {
+	case <-h.release:
+	case <-ctx.Done():
+		return conntrack.Result{}, ctx.Err()
+	}
+	return h.Fake.Reconcile(ctx, family, previous, current, isNodePortAddr)
+}
+
+// TestConntrackCleanupDoesNotHoldSyncs: while a conntrack cleanup runs
+// (held here; a dump of 100,000 flows takes a quarter of a second), other
+// changes are programmed. The cleanups queued meanwhile run as one, with
+// every Service as of its latest sync: flows to endpoints that served in
+// between are deleted, the flow to the current one stays.
+func TestConntrackCleanupDoesNotHoldSyncs(t *testing.T) {
+	f20 := udpFlow("10.244.1.5:40000", "10.96.0.53:53", "10.244.1.20:5353")
+	f21 := udpFlow("10.244.1.5:40001", "10.96.0.53:53", "10.244.1.21:5353")
+	f22 := udpFlow("10.244.1.5:40002", "10.96.0.53:53", "10.244.1.22:5353")
+	f23 := udpFlow("10.244.1.5:40003", "10.96.0.53:53", "10.244.1.23:5353")
+	ct := &heldConntrack{Fake: conntrack.NewFake(f20), started: make(chan struct{}, 8), release: make(chan struct{})}
+	h := startWith(t, func(d *Deps) { d.Conntrack = ct },
+		service("kube-system", "dns", "10.96.0.53", 53, v1.ProtocolUDP),
+		slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, "10.244.1.20"),
+		service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
+	udp := tcp("10.96.0.53", 53)
+	udp.Proto = nft.ProtoUDP
+	h.eventually(udp, nft.VerdictAccept, "10.244.1.20:5353")
+	<-ct.started // the first sync's cleanup
+	ct.release <- struct{}{}
+	waitFor(t, "the first cleanup", func() bool { return len(ct.Reconciles()) == 1 })
+
+	ctx := context.Background()
+	moveDNS := func(ip string) {
+		t.Helper()
+		es := slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, ip)
+		if _, err := h.client.DiscoveryV1().EndpointSlices("kube-system").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		h.eventually(udp, nft.VerdictAccept, ip+":5353")
+	}
+	moveDNS("10.244.1.21")
+	<-ct.started // held
+	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
+	moveDNS("10.244.1.22")
+	moveDNS("10.244.1.23")
+	if h.p.cleaner.idle() {
+		t.Fatal("the cleaner is idle while a cleanup is held")
+	}
+	ct.Add(f21, f22, f23)
+	ct.release <- struct{}{} // the cleanup of the move to .21: f20 goes
+	<-ct.started             // the moves to .22 and .23, merged
+	if n := len(ct.Reconciles()); n != 2 {
+		t.Fatalf("%d cleanups ran, want 2: the queued ones must be merged", n)
+	}
+	ct.release <- struct{}{}
+	waitFor(t, "the cleaner to be idle", h.p.cleaner.idle)
+	if got := ct.Flows(conntrack.IPv4); !reflect.DeepEqual(got, []conntrack.Flow{f23}) {
+		t.Errorf("flows left %+v, want only the one to the current endpoint", got)
+	}
+	if n := len(ct.Reconciles()); n != 3 {
+		t.Errorf("%d cleanups ran, want 3", n)
+	}
+}
+
 // TestNodePortFollowsNodeObject: with --nodeport-addresses=primary the
 // NodePort answers on the Node object's InternalIP, and moves with it.
 func TestNodePortFollowsNodeObject(t *testing.T) {

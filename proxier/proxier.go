@@ -53,6 +53,7 @@ type Proxier struct {
 	deps     Deps
 	trackers watch.Trackers
 	runner   *runner.Runner
+	cleaner  *conntrackCleaner // nil without Deps.Conntrack
 
 	mu              sync.Mutex
 	apiServiceCIDRs []netip.Prefix // from ServiceCIDR objects; none: use Config.ServiceCIDRs
@@ -112,6 +113,9 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 	for f := range deps.NFT {
 		p.families[f] = &familyState{}
 	}
+	if deps.Conntrack != nil {
+		p.cleaner = newConntrackCleaner(deps.Conntrack)
+	}
 	p.runner = runner.New(runner.Config{MinInterval: cfg.MinSyncPeriod, MaxInterval: cfg.SyncPeriod,
 		RetryMin: 100 * time.Millisecond, RetryMax: cfg.SyncPeriod}, p.sync)
 	return p, nil
@@ -150,6 +154,9 @@ func (p *Proxier) Run(ctx context.Context) error {
 		return err
 	}
 	klog.InfoS("Informers synced, starting sync loop", "services", p.trackers.Services.Pending())
+	if p.cleaner != nil {
+		go p.cleaner.run(ctx)
+	}
 	p.runner.Run(ctx)
 	return nil
 }
@@ -358,7 +365,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	p.recordSync(f, fs, full, time.Since(start), tx)
 	klog.V(2).InfoS("Synced", "ipFamily", fam, "full", full, "fromKernel", fromKernel, "servicePorts", fs.ports,
 		"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", time.Since(start))
-	p.cleanConntrack(ctx, f, fs, before)
+	p.cleanConntrack(f, fs, before)
 	p.syncHealthChecks(f, fs)
 	return nil
 }
