@@ -142,3 +142,35 @@ func TestEditorSharedElementSurvivesOneOwner(t *testing.T) {
 		t.Fatalf("shared element deleted while still needed; ops %+v", tx.Ops)
 	}
 }
+
+// TestEditorReserveKeepsWhatIsThere: Reserve and ReserveChains make room
+// only in an empty set or chain table; what an editor holds stays, and a
+// table built after reserving is the one built without.
+func TestEditorReserveKeepsWhatIsThere(t *testing.T) {
+	build := func(reserve bool) *Ruleset {
+		ed := NewEditor(IPv4)
+		for _, s := range editorSets() {
+			ed.AddSet(s)
+		}
+		if reserve {
+			ed.ReserveChains(10)
+			ed.Reserve("ips", 100)
+			ed.Reserve("no-such-set", 100)
+		}
+		ed.Replace(nil, svcFragment(1, []int{7, 8}))
+		if reserve {
+			ed.ReserveChains(10)
+			ed.Reserve("ips", 100)
+			ed.Reserve("dispatch", 100)
+		}
+		ed.Replace(nil, svcFragment(2, []int{9}))
+		return ed.Ruleset()
+	}
+	got, want := build(true), build(false)
+	if Diff(want, got).Changes() != 0 || got.Dump() != want.Dump() {
+		t.Errorf("reserving changed the table:\n%s\nwant\n%s", got.Dump(), want.Dump())
+	}
+	if n := len(got.Sets["ips"].Elements); n != 3 {
+		t.Errorf("ips holds %d elements, want 3", n)
+	}
+}

@@ -82,6 +82,9 @@ type familyState struct {
 	services map[model.ServiceName]programmed
 	ports    int            // service ports programmed
 	slots    *ruleset.Slots // endpoints-map slots of the programmed chains
+	// reserve: the sizes the last full sync into an empty table reserved
+	// room for (zero after one diffed against the table read back).
+	reserve  ruleset.Counts
 	lastFull time.Time
 
 	// loaded: the editor's first transaction diffs against the table read
@@ -224,7 +227,13 @@ func (p *Proxier) sync(ctx context.Context) error {
 // changes (idempotent: after a failed sync the same changes come again) and
 // returns the Services they affect.
 func (p *Proxier) record(svcs watch.ServiceChanges, slices watch.SliceChanges) map[model.ServiceName]bool {
-	affected := map[model.ServiceName]bool{}
+	affected := make(map[model.ServiceName]bool, len(svcs.Changed)+len(slices.Changed))
+	if len(p.services) == 0 && len(p.sliceSvc) == 0 {
+		// The first checkout holds every object: no growing map by map.
+		p.services = make(map[model.ServiceName]*model.Service, len(svcs.Changed))
+		p.slicesBySvc = make(map[model.ServiceName][]*model.EndpointSlice, len(svcs.Changed))
+		p.sliceSvc = make(map[model.SliceKey]model.ServiceName, len(slices.Changed))
+	}
 	for k, c := range svcs.Changed {
 		if c.Deleted {
 			delete(p.services, k)
@@ -305,12 +314,17 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 			loaded = p.loadTable(ctx, f, backend)
 		}
 		fs.loaded = loaded != nil
-		fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, map[model.ServiceName]programmed{}, 0
+		fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, make(map[model.ServiceName]programmed, len(p.services)), 0
 		fs.slots = seedSlots(f, loaded)
 		fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
 		fs.noLocalInternal, fs.noLocalExternal = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
 		for _, set := range ruleset.Sets(f) {
 			fs.editor.AddSet(set)
+		}
+		fs.reserve = ruleset.Counts{}
+		if loaded == nil {
+			fs.reserve = p.counts(f)
+			ruleset.Reserve(fs.editor, fs.reserve)
 		}
 	}
 	if full || !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node) {
@@ -368,6 +382,29 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	p.cleanConntrack(f, fs, before)
 	p.syncHealthChecks(f, fs)
 	return nil
+}
+
+// counts returns how many Services of family f there are, with how many
+// ports, and how many endpoint ports their EndpointSlices hold: the sizes
+// a full sync into an empty table reserves (ruleset.Reserve).
+func (p *Proxier) counts(f nft.Family) ruleset.Counts {
+	var c ruleset.Counts
+	for _, svc := range p.services {
+		for _, ip := range svc.ClusterIPs {
+			if f.Contains(ip) {
+				c.Services++
+				c.Ports += len(svc.Ports)
+			}
+		}
+	}
+	for _, slices := range p.slicesBySvc {
+		for _, es := range slices {
+			if es.Family == f {
+				c.Endpoints += len(es.Endpoints) * len(es.Ports)
+			}
+		}
+	}
+	return c
 }
 
 // seedSlots returns the slot table of a full sync: the slots the chains
@@ -435,6 +472,7 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 			frag = ruleset.ServiceFragment(fs.cfg, ports, fs.slots)
 			for _, m := range fs.slots.NewMaps(f) {
 				fs.editor.AddSet(m)
+				fs.editor.Reserve(m.Name, fs.reserve.MapElements())
 			}
 		}
 	}

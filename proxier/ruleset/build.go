@@ -147,6 +147,29 @@ func Sets(f nft.Family) []*nft.Set {
 	}
 }
 
+// Counts are the sizes a full sync into an empty table reserves room for
+// (Reserve): Services, their ports, and endpoint ports in all. They are
+// estimates: too few only leaves some growth.
+type Counts struct{ Services, Ports, Endpoints int }
+
+// MapElements is the room to reserve in a new endpoints map: its slots
+// times the endpoints per port.
+func (c Counts) MapElements() int {
+	if c.Ports == 0 {
+		return 0
+	}
+	return SlotsPerMap * ((c.Endpoints + c.Ports - 1) / c.Ports)
+}
+
+// Reserve makes room in e for the chains and shared sets of a table of
+// the given size (see nft.Editor.Reserve).
+func Reserve(e *nft.Editor, c Counts) {
+	e.ReserveChains(c.Ports)
+	e.Reserve(setClusterIPs, c.Services)
+	e.Reserve(mapServiceIPs, c.Ports)
+	e.Reserve(setHairpinConnections, c.Endpoints)
+}
+
 // Base returns the chains every node has, whatever its Services: the base
 // chains hooking into netfilter and the chains they dispatch to.
 func Base(cfg Config, f nft.Family) *nft.Fragment {
