@@ -166,8 +166,10 @@ func (n *Netlink) Apply(ctx context.Context, tx *Transaction) error {
 		msgFlags = flagAck
 	}
 	first := n.nextSeqs(0)
+	buf := &batchBuffer{}
+	defer buf.release()
 	b, err := encodeTransaction(tx, batchOptions{firstSeq: first, msgFlags: msgFlags,
-		endFlags: flagAck})
+		endFlags: flagAck, buffer: buf.get})
 	if err != nil {
 		return wrap(err)
 	}
@@ -209,6 +211,40 @@ func (n *Netlink) Apply(ctx context.Context, tx *Transaction) error {
 		return wrap(err)
 	}
 	return nil
+}
+
+// offHeapBatch is the size from which a batch is encoded into memory of
+// its own (batchBuffer) instead of the Go heap.
+const offHeapBatch = 1 << 20
+
+// batchBuffer holds a large batch outside the Go heap, in an anonymous
+// mapping unmapped as soon as Apply is done with it. In the heap, the
+// batch of a full sync (10 MiB at 10,000 Services of 5 endpoints, 140 MiB
+// at 100,000 of 10) counted twice toward the peak: as live memory while
+// the sync's other data is live too, and in the heap goal the collector
+// then grows to (GOGC). Nothing may keep a slice of it after Apply: the
+// batch's bytes are only sent.
+type batchBuffer struct{ region []byte }
+
+func (bb *batchBuffer) get(n int) []byte {
+	if n < offHeapBatch {
+		return make([]byte, 0, n)
+	}
+	r, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return make([]byte, 0, n) // the heap will do
+	}
+	bb.region = r
+	return r[:0]
+}
+
+// release unmaps the region. A batch that outgrew it was moved to the
+// heap by append; the region is unmapped all the same.
+func (bb *batchBuffer) release() {
+	if bb.region != nil {
+		_ = unix.Munmap(bb.region)
+		bb.region = nil
+	}
 }
 
 // nextSeqs reserves count sequence numbers and returns the first. Numbers

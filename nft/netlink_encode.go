@@ -153,12 +153,19 @@ type batchOptions struct {
 	firstSeq uint32
 	msgFlags uint16 // added to every nf_tables message (flagAck: ACK-every-message mode)
 	endFlags uint16 // added to BATCH_END
+	// buffer, if set, returns the buffer to encode into: length 0,
+	// capacity n (sizeHint). Default: make.
+	buffer func(n int) []byte
 }
 
 // newBatch returns an empty batch for tx with room for its messages (most
 // ops write one).
 func newBatch(tx *Transaction, o batchOptions) *batch {
-	return &batch{enc: encoder{b: make([]byte, 0, sizeHint(tx))}, family: tx.Family, firstSeq: o.firstSeq,
+	alloc := o.buffer
+	if alloc == nil {
+		alloc = func(n int) []byte { return make([]byte, 0, n) }
+	}
+	return &batch{enc: encoder{b: alloc(sizeHint(tx))}, family: tx.Family, firstSeq: o.firstSeq,
 		owners: make([]int, 0, len(tx.Ops)+2), msgFlags: o.msgFlags, setIDs: map[string]uint32{}}
 }
 

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -324,5 +325,41 @@ func TestSequenceNumbersSkipZero(t *testing.T) {
 		if first == 0 || first > 1<<31 || n.seq != first+10 {
 			t.Errorf("from %d: first %d, next %d", seq, first, n.seq)
 		}
+	}
+}
+
+// TestBatchBufferOffHeap: a batch encoded into an anonymous mapping is the
+// batch encoded into the heap, also when it outgrows the mapping (append
+// moves it to the heap; the mapping is unmapped all the same).
+func TestBatchBufferOffHeap(t *testing.T) {
+	tx := Diff(nil, shapeSRuleset(IPv4, 64, makeServices(IPv4, 3000, 5)))
+	heap, err := encodeTransaction(tx, batchOptions{firstSeq: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(heap.enc.b) < 2*offHeapBatch {
+		t.Fatalf("a batch of %d bytes does not test a mapping of half its size", len(heap.enc.b))
+	}
+	for _, tc := range []struct {
+		name  string
+		scale func(n int) int
+	}{{"room", func(n int) int { return n }}, {"outgrown", func(n int) int { return n / 2 }}} {
+		t.Run(tc.name, func(t *testing.T) {
+			bb := &batchBuffer{}
+			b, err := encodeTransaction(tx, batchOptions{firstSeq: 1, buffer: func(n int) []byte { return bb.get(tc.scale(n)) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bb.region == nil {
+				t.Fatal("no mapping for a batch this size")
+			}
+			if !bytes.Equal(b.enc.b, heap.enc.b) {
+				t.Errorf("batches differ: %d and %d bytes", len(b.enc.b), len(heap.enc.b))
+			}
+			bb.release()
+			if bb.region != nil {
+				t.Error("release left the mapping")
+			}
+		})
 	}
 }
