@@ -4,10 +4,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -16,70 +14,36 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
 )
 
 // testNS is a fresh network namespace for one kernel test, with its own
-// conntrack table. The root namespace is never touched: every socket of a
-// test is opened in ns.
-type testNS struct {
-	name string
-	fd   int
-}
+// conntrack table (netnstest.New, nftproxy-ct-<random>, needing root, `ip`
+// and `conntrack`; the latter only to build and check tables, never in the
+// product). The root namespace is never touched: every socket of a test
+// is opened in ns.
+type testNS struct{ *netnstest.NS }
 
-// requireKernel skips a test that needs root and the `ip` and `conntrack`
-// tools (the latter only to build and check tables, never in the product).
-func requireKernel(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("kernel test: needs root")
-	}
-	for _, tool := range []string{"ip", "conntrack"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("kernel test: needs %s: %v", tool, err)
-		}
-	}
-}
-
-// newTestNS creates a namespace named nftproxy-ct-<random>, removed when
-// the test ends, however it ends.
 func newTestNS(t testing.TB) *testNS {
 	t.Helper()
-	requireKernel(t)
-	name := fmt.Sprintf("nftproxy-ct-%08x", rand.Uint32())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns delete %s: %v: %s", name, err, out)
-		}
-	})
-	f, err := os.Open("/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return &testNS{name: name, fd: int(f.Fd())}
+	return &testNS{netnstest.New(t, "nftproxy-ct", "conntrack")}
 }
 
 // run runs a command inside the namespace and returns its stdout.
 func (ns *testNS) run(t testing.TB, stdin string, args ...string) string {
 	t.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.name}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	out, err := ns.Run(stdin, args...)
 	if err != nil {
-		t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, stderr.String())
+		t.Fatal(err)
 	}
-	return string(out)
+	return out
 }
 
 // netlink opens a Netlink on the namespace, without metrics.
 func (ns *testNS) netlink(t testing.TB) *Netlink {
 	t.Helper()
-	n, err := NewNetlink(NetlinkOptions{NetNSFd: ns.fd, NoMetrics: true})
+	n, err := NewNetlink(NetlinkOptions{NetNSFd: ns.Fd, NoMetrics: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +182,7 @@ func (ns *testNS) socketInNS(t testing.TB, domain, typ, proto int) int {
 		t.Fatal(err)
 	}
 	defer orig.Close()
-	if err := unix.Setns(ns.fd, unix.CLONE_NEWNET); err != nil {
+	if err := unix.Setns(ns.Fd, unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
 		t.Fatal(err)
 	}

@@ -178,7 +178,7 @@ func TestDelete(t *testing.T) {
 				flows = append(flows, w.nat(i, ap(w.cip(1), 53), w.ep(1)))
 			}
 			ns.load(t, flows)
-			nl, err := NewNetlink(NetlinkOptions{NetNSFd: ns.fd, DeleteBatch: batch, NoMetrics: true})
+			nl, err := NewNetlink(NetlinkOptions{NetNSFd: ns.Fd, DeleteBatch: batch, NoMetrics: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -259,7 +259,7 @@ func TestReconcileRealFlows(t *testing.T) {
 			previous := Frontends{w.fe(svc1.Addr(), 53): eps(w.ep(1), w.ep(2)), w.fe(svc2.Addr(), 53): eps(w.ep(2))}
 			current := Frontends{w.fe(svc1.Addr(), 53): eps(w.ep(2))}
 			// With metrics, as in the product.
-			nl, err := NewNetlink(NetlinkOptions{NetNSFd: ns.fd})
+			nl, err := NewNetlink(NetlinkOptions{NetNSFd: ns.Fd})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -345,7 +345,7 @@ func TestDumpWithoutKernelFilter(t *testing.T) {
 	all, stale, prev, cur := kernelWorld(t, IPv4)
 	ns.load(t, all)
 	for _, noFilter := range []bool{false, true} {
-		nl, err := NewNetlink(NetlinkOptions{NetNSFd: ns.fd, NoMetrics: true, noKernelFilter: noFilter})
+		nl, err := NewNetlink(NetlinkOptions{NetNSFd: ns.Fd, NoMetrics: true, noKernelFilter: noFilter})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -235,11 +235,11 @@ func TestApplySysctlsInNamespace(t *testing.T) {
 		// A thread of its own, never returned to the runtime: it dies
 		// with this goroutine, in whatever namespace it is.
 		runtime.LockOSThread()
-		if err := unix.Setns(ns.fd, unix.CLONE_NEWNET); err != nil {
+		if err := unix.Setns(ns.Fd, unix.CLONE_NEWNET); err != nil {
 			done <- err
 			return
 		}
-		if err := sameNetNS(ns.fd); err != nil {
+		if err := sameNetNS(ns.Fd); err != nil {
 			done <- err
 			return
 		}

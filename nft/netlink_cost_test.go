@@ -476,7 +476,7 @@ func TestNetlinkCostDataPath(t *testing.T) {
 		setup = append(setup, []string{"addr", "add", ep.Addr().String() + "/32", "dev", "lo"})
 	}
 	for _, args := range setup {
-		if out, err := exec.Command("ip", append([]string{"-n", ns.name}, args...)...).CombinedOutput(); err != nil {
+		if out, err := exec.Command("ip", append([]string{"-n", ns.Name}, args...)...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %v: %v: %s", args, err, out)
 		}
 	}
@@ -544,7 +544,7 @@ func TestNetlinkCostDataPath(t *testing.T) {
 
 	hits := func(vip netip.Addr, conns int) map[string]int {
 		got := map[string]int{}
-		err := costInNetNS(ns.fd, func() error {
+		err := costInNetNS(ns.Fd, func() error {
 			for range conns {
 				c, err := net.DialTimeout("tcp", netip.AddrPortFrom(vip, 80).String(), 2*time.Second)
 				if err != nil {
@@ -565,7 +565,7 @@ func TestNetlinkCostDataPath(t *testing.T) {
 		}
 		return got
 	}
-	if err := costInNetNS(ns.fd, func() error {
+	if err := costInNetNS(ns.Fd, func() error {
 		for _, ep := range eps {
 			l, err := net.Listen("tcp", ep.String())
 			if err != nil {

@@ -1,70 +1,28 @@
 package nft
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/netip"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
 )
 
-// testNS is a fresh network namespace for one kernel test. The root
-// namespace is never touched: every Netlink of a test is opened on ns.fd.
-type testNS struct {
-	name string
-	fd   int
-}
+// testNS is a fresh network namespace for one kernel test (netnstest.New,
+// nftproxy-t-<random>, needing root, `ip` and `nft`). The root namespace
+// is never touched: every Netlink of a test is opened on ns.Fd.
+type testNS struct{ *netnstest.NS }
 
-// requireKernel skips a test that needs root, `ip` and `nft`.
-func requireKernel(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("kernel test: needs root")
-	}
-	for _, tool := range []string{"ip", "nft"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("kernel test: needs %s: %v", tool, err)
-		}
-	}
-}
-
-// newTestNS creates a namespace named nftproxy-t-<random>, removed when the
-// test ends, however it ends.
 func newTestNS(t testing.TB) *testNS {
 	t.Helper()
-	requireKernel(t)
-	name := fmt.Sprintf("nftproxy-t-%08x", rand.Uint32())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns delete %s: %v: %s", name, err, out)
-		}
-	})
-	f, err := os.Open("/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return &testNS{name: name, fd: int(f.Fd())}
+	return &testNS{netnstest.New(t, "nftproxy-t", "nft")}
 }
 
 // nft runs nft in the namespace with optional stdin.
 func (ns *testNS) nft(stdin string, args ...string) (string, error) {
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.name, "nft"}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var out, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &stderr
-	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("nft %s: %v: %s", strings.Join(args, " "), err, stderr.String())
-	}
-	return out.String(), nil
+	return ns.Run(stdin, append([]string{"nft"}, args...)...)
 }
 
 func (ns *testNS) mustNft(t testing.TB, stdin string, args ...string) string {
@@ -85,7 +43,7 @@ func (ns *testNS) list(t testing.TB, f Family) string {
 // netlink opens a Netlink on the namespace, closed when the test ends.
 func (ns *testNS) netlink(t testing.TB) *Netlink {
 	t.Helper()
-	n, err := NewNetlink(NetlinkOptions{NetNSFd: ns.fd})
+	n, err := NewNetlink(NetlinkOptions{NetNSFd: ns.Fd})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -246,11 +246,9 @@ func (b *Bed) cleanup(failed bool) {
 			}
 		}
 		os.Remove(filepath.Join(ownerDir, b.Prefix))
-		switch {
-		case b.Dir == "":
-		case b.opts.LogDir != "":
-			os.RemoveAll(filepath.Join(b.Dir, "etcd")) // logs are elsewhere; drop the bulk
-		default:
+		if b.Dir != "" {
+			// Certificates, kubeconfigs and etcd's data: nothing to keep
+			// (logs, when kept, are in opts.LogDir).
 			os.RemoveAll(b.Dir)
 		}
 	})

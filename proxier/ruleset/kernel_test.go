@@ -2,12 +2,9 @@ package ruleset
 
 import (
 	"context"
-	"fmt"
-	"math/rand/v2"
-	"os"
-	"os/exec"
 	"testing"
 
+	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -15,28 +12,14 @@ import (
 // fresh network namespace, through the netlink backend, and checks that
 // `nft list` decompiles every rule back to exactly what Dump says.
 func TestKernelListsGoldens(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kernel test: needs root")
-	}
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("kernel test: needs nft")
-	}
+	netnstest.Require(t, "nft")
 	for name, rs := range map[string]*nft.Ruleset{
 		"basic":    Build(testConfig, nft.IPv4, testState()),
 		"features": Build(featureConfig(), nft.IPv4, featureState()),
 	} {
 		t.Run(name, func(t *testing.T) {
-			ns := fmt.Sprintf("nftproxy-rs-%08x", rand.Uint32())
-			if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-				t.Fatalf("ip netns add: %v: %s", err, out)
-			}
-			t.Cleanup(func() { exec.Command("ip", "netns", "delete", ns).Run() })
-			f, err := os.Open("/run/netns/" + ns)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			nl, err := nft.NewNetlink(nft.NetlinkOptions{NetNSFd: int(f.Fd())})
+			ns := netnstest.New(t, "nftproxy-rs", "nft")
+			nl, err := nft.NewNetlink(nft.NetlinkOptions{NetNSFd: ns.Fd})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -44,11 +27,11 @@ func TestKernelListsGoldens(t *testing.T) {
 			if err := nl.Apply(context.Background(), nft.Diff(nil, rs)); err != nil {
 				t.Fatal(err)
 			}
-			out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "table", "ip", nft.TableName).CombinedOutput()
+			out, err := ns.Run("", "nft", "list", "table", "ip", nft.TableName)
 			if err != nil {
-				t.Fatalf("nft list: %v: %s", err, out)
+				t.Fatal(err)
 			}
-			if got := nft.Canonical(string(out)); got != rs.Dump() {
+			if got := nft.Canonical(out); got != rs.Dump() {
 				t.Errorf("kernel lists:\n%s\nwant:\n%s", got, rs.Dump())
 			}
 		})
