@@ -134,7 +134,7 @@ func Sets(f nft.Family) []*nft.Set {
 	vipKey := []nft.DataType{addr, nft.TypeInetProto, nft.TypeInetService}
 	portKey := []nft.DataType{nft.TypeInetProto, nft.TypeInetService}
 	verdict := []nft.DataType{nft.TypeVerdict}
-	return []*nft.Set{
+	sets := []*nft.Set{
 		{Name: setClusterIPs, Key: []nft.DataType{addr}, Comment: "Active ClusterIPs"},
 		{Name: mapServiceIPs, Key: vipKey, Data: verdict, Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
 		{Name: mapServiceNodePorts, Key: portKey, Data: verdict, Comment: "NodePort traffic"},
@@ -142,9 +142,14 @@ func Sets(f nft.Family) []*nft.Set {
 			Comment: "services with no endpoints: reject, or drop when only a Local policy has none"},
 		{Name: mapNoEndpointNodePorts, Key: portKey, Data: verdict, Comment: "NodePorts with no endpoints: reject"},
 		{Name: mapFirewallIPs, Key: vipKey, Data: verdict, Comment: "LoadBalancer IPs with loadBalancerSourceRanges"},
-		{Name: setHairpinConnections, Key: []nft.DataType{addr, addr, nft.TypeInetProto, nft.TypeInetService},
-			Comment: "endpoint connections to itself through its service"},
 	}
+	sets = append(sets, &nft.Set{Name: mapHairpinShards, Key: []nft.DataType{addr}, Data: verdict,
+		Comment: "hairpin connections: the shard of the endpoint's address"})
+	for i := range uint32(hairpinShards) {
+		sets = append(sets, &nft.Set{Name: hairpinSet(i), Key: []nft.DataType{addr, addr, nft.TypeInetProto, nft.TypeInetService},
+			Comment: "endpoint connections to itself through its service"})
+	}
+	return sets
 }
 
 // Counts are the sizes a full sync into an empty table reserves room for
@@ -167,7 +172,9 @@ func Reserve(e *nft.Editor, c Counts) {
 	e.ReserveChains(c.Ports)
 	e.Reserve(setClusterIPs, c.Services)
 	e.Reserve(mapServiceIPs, c.Ports)
-	e.Reserve(setHairpinConnections, c.Endpoints)
+	for i := range uint32(hairpinShards) {
+		e.Reserve(hairpinSet(i), c.Endpoints/hairpinShards)
+	}
 }
 
 // Base returns the chains every node has, whatever its Services: the base
@@ -201,7 +208,12 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 	chain(chainServices, servicesRules(cfg, guards)...)
 	chain(chainMasquerading,
 		rule(nft.MatchMarkBits{Mask: cfg.MasqueradeMark}, nft.ToggleMarkBits{Bits: cfg.MasqueradeMark}, nft.Masquerade{}),
-		rule(nft.MatchCtStatusDNAT{}, nft.MatchSet{Fields: hairpinKey, Set: setHairpinConnections}, nft.Masquerade{}))
+		rule(nft.MatchCtStatusDNAT{}, nft.VmapAddrBits{Field: nft.FieldDstAddr, Bits: hairpinShardBits, Map: mapHairpinShards}))
+	for i := range uint32(hairpinShards) {
+		chain(hairpinChain(i), rule(nft.MatchSet{Fields: hairpinKey, Set: hairpinSet(i)}, nft.Masquerade{}))
+		fr.Elements = append(fr.Elements, nft.SetElement{Set: mapHairpinShards, Element: nft.Element{
+			Key: []nft.Datum{nft.Addr(nft.LowBitsAddr(f, i))}, Verdict: gotoChain(hairpinChain(i))}})
+	}
 	chain(chainServiceEndpointCheck, rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapNoEndpointServices}))
 	var nodePortCheck []nft.Rule
 	for _, g := range guards {
@@ -422,7 +434,7 @@ func firewall(b portBuilder) {
 // as the source and answer itself directly.
 func hairpins(b portBuilder, endpoints []netip.AddrPort) {
 	for _, ep := range endpoints {
-		b.element(setHairpinConnections, nft.Element{Key: []nft.Datum{
+		b.element(hairpinSet(hairpinShard(ep.Addr())), nft.Element{Key: []nft.Datum{
 			nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(ep.Port())),
 		}})
 	}
