@@ -60,9 +60,18 @@ const (
 )
 
 // hairpinSet and hairpinChain are shard i's set of connections and the
-// chain that masquerades them.
-func hairpinSet(i uint32) string   { return "hairpin-connections-" + strconv.Itoa(int(i)) }
-func hairpinChain(i uint32) string { return "hairpin-check-" + strconv.Itoa(int(i)) }
+// chain that masquerades them (named once: a full sync asks for a set's
+// name per endpoint).
+func hairpinSet(i uint32) string   { return hairpinNames.sets[i] }
+func hairpinChain(i uint32) string { return hairpinNames.chains[i] }
+
+var hairpinNames = func() (n struct{ sets, chains [hairpinShards]string }) {
+	for i := range hairpinShards {
+		n.sets[i] = "hairpin-connections-" + strconv.Itoa(i)
+		n.chains[i] = "hairpin-check-" + strconv.Itoa(i)
+	}
+	return n
+}()
 
 // hairpinShard is the shard of an endpoint's hairpin connections.
 func hairpinShard(a netip.Addr) uint32 { return nft.AddrLowBits(a, hairpinShardBits) }
