@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/nftproxy/nftproxy/metrics"
+	"github.com/nftproxy/nftproxy/nft/nlsock"
 )
 
 // Netlink reconciles the kernel's conntrack table over ctnetlink.
@@ -187,18 +188,12 @@ func (n *Netlink) open() (*session, error) {
 	// A dump datagram is at most 32 KiB (netlink_dump caps its skb), an
 	// ACK datagram one ACK: 64 KiB never truncates.
 	s := &session{conn: conn, rbuf: make([]byte, 64<<10), noKernelFilter: n.opts.noKernelFilter}
-	// Extended ACKs name the failing attribute; capped ACKs do not copy
-	// our request back.
-	for _, o := range []netlink.ConnOption{netlink.ExtendedAcknowledge, netlink.CapAcknowledge} {
-		if err := conn.SetOption(o, true); err != nil {
-			s.close()
-			return nil, fmt.Errorf("conntrack netlink socket option %d: %w", o, err)
-		}
+	if err := nlsock.Acks(conn); err != nil {
+		s.close()
+		return nil, err
 	}
-	// The FORCE variants ignore net.core.[rw]mem_max (we hold
-	// CAP_NET_ADMIN).
 	for _, o := range []struct{ opt, size int }{{unix.SO_RCVBUFFORCE, rcvbuf}, {unix.SO_SNDBUFFORCE, sndbuf}} {
-		if err := s.setsockopt(o.opt, o.size); err != nil {
+		if err := nlsock.SetBuffer(conn, o.opt, o.size); err != nil {
 			s.close()
 			return nil, err
 		}
@@ -207,23 +202,6 @@ func (n *Netlink) open() (*session, error) {
 }
 
 func (s *session) close() { _ = s.conn.Close() }
-
-func (s *session) setsockopt(opt, value int) error {
-	rc, err := s.conn.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, value)
-	}); err != nil {
-		return err
-	}
-	if serr != nil {
-		return fmt.Errorf("setsockopt(%d, %d): %w", opt, value, serr)
-	}
-	return nil
-}
 
 // nextSeqs reserves count sequence numbers and returns the first (never 0).
 func (s *session) nextSeqs(count int) uint32 {

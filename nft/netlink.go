@@ -10,6 +10,8 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nft/nlsock"
 )
 
 // Netlink applies transactions to the kernel: each Transaction becomes one
@@ -87,43 +89,20 @@ func NewNetlink(opts NetlinkOptions) (*Netlink, error) {
 		return nil, fmt.Errorf("open nftables netlink socket: %w", err)
 	}
 	n := &Netlink{conn: conn}
-	// Extended ACKs name the failing attribute; capped ACKs do not copy a
-	// failing (possibly 60 KiB) message back to us.
-	for _, o := range []netlink.ConnOption{netlink.ExtendedAcknowledge, netlink.CapAcknowledge} {
-		if err := conn.SetOption(o, true); err != nil {
-			conn.Close()
-			return nil, fmt.Errorf("netlink socket option %d: %w", o, err)
-		}
-	}
-	if err := n.setBuffer(unix.SO_RCVBUFFORCE, rcvbuf); err != nil {
+	if err := nlsock.Acks(conn); err != nil {
 		conn.Close()
 		return nil, err
 	}
-	if err := n.setBuffer(unix.SO_SNDBUFFORCE, initialSndbuf); err != nil {
+	if err := nlsock.SetBuffer(conn, unix.SO_RCVBUFFORCE, rcvbuf); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if err := nlsock.SetBuffer(conn, unix.SO_SNDBUFFORCE, initialSndbuf); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	n.sndbuf = initialSndbuf
 	return n, nil
-}
-
-// setBuffer sets a socket buffer size; the FORCE variants ignore
-// net.core.[rw]mem_max (we hold CAP_NET_ADMIN).
-func (n *Netlink) setBuffer(opt, size int) error {
-	rc, err := n.conn.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, size)
-	}); err != nil {
-		return err
-	}
-	if serr != nil {
-		return fmt.Errorf("setsockopt(%d, %d): %w", opt, size, serr)
-	}
-	return nil
 }
 
 // Close closes the socket.
@@ -263,7 +242,7 @@ func (n *Netlink) nextSeqs(count int) uint32 {
 // the batch would not fit.
 func (n *Netlink) send(buf []byte) error {
 	if need := len(buf) + 64<<10; need > n.sndbuf {
-		if err := n.setBuffer(unix.SO_SNDBUFFORCE, need); err != nil {
+		if err := nlsock.SetBuffer(n.conn, unix.SO_SNDBUFFORCE, need); err != nil {
 			return err
 		}
 		n.sndbuf = need

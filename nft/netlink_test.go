@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nft/nlsock"
 )
 
 // checkListing checks a kernel listing against the ruleset: equal to Dump
@@ -341,7 +343,7 @@ func TestNetlinkAckStrategies(t *testing.T) {
 			if ackEvery {
 				n.ackEvery = true
 				// One ACK skb per message: 20k ACKs overflow 8 MiB.
-				if err := n.setBuffer(unix.SO_RCVBUFFORCE, 256<<20); err != nil {
+				if err := nlsock.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, 256<<20); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -496,7 +498,7 @@ func TestNetlinkErrorFlood(t *testing.T) {
 	rs := everyPhraseRuleset(IPv4)
 	apply(t, n, Diff(nil, rs))
 	before := ns.list(t, IPv4)
-	if err := n.setBuffer(unix.SO_RCVBUFFORCE, 32<<10); err != nil {
+	if err := nlsock.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, 32<<10); err != nil {
 		t.Fatal(err)
 	}
 	tx := &Transaction{Family: IPv4}
@@ -514,7 +516,7 @@ func TestNetlinkErrorFlood(t *testing.T) {
 	if after := ns.list(t, IPv4); after != before {
 		t.Error("failed batch changed the table")
 	}
-	if err := n.setBuffer(unix.SO_RCVBUFFORCE, rcvbuf); err != nil {
+	if err := nlsock.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, rcvbuf); err != nil {
 		t.Fatal(err)
 	}
 	next := realisticRuleset(IPv4, makeServices(IPv4, 5, 2))
