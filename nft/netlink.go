@@ -43,6 +43,7 @@ type Netlink struct {
 	// ackEvery asks for an ACK on every message, as google/nftables does;
 	// tests set it to compare the two ways.
 	ackEvery bool
+	opts     NetlinkOptions // what it was opened with (Load opens a second socket)
 }
 
 var _ Interface = (*Netlink)(nil)
@@ -88,7 +89,7 @@ func NewNetlink(opts NetlinkOptions) (*Netlink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open nftables netlink socket: %w", err)
 	}
-	n := &Netlink{conn: conn}
+	n := &Netlink{conn: conn, opts: opts}
 	if err := nlsock.Acks(conn); err != nil {
 		conn.Close()
 		return nil, err
@@ -165,7 +166,8 @@ func (n *Netlink) Apply(ctx context.Context, tx *Transaction) error {
 	}
 	// The kernel runs the batch inside sendmsg, which cannot be
 	// interrupted; a cancellation stops the wait for the replies.
-	stop := context.AfterFunc(ctx, func() { n.conn.SetReadDeadline(time.Unix(1, 0)) })
+	conn := n.conn // Close may clear n.conn while this runs
+	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
 	sent := time.Now()
 	if err := n.send(b.enc.b); err != nil {

@@ -65,10 +65,11 @@ func (n *Netlink) Load(ctx context.Context, f Family) (*Ruleset, error) {
 	if err := n.conn.SetDeadline(deadline); err != nil {
 		return nil, wrap(err)
 	}
-	stop := context.AfterFunc(ctx, func() { n.conn.SetReadDeadline(time.Unix(1, 0)) })
+	conn := n.conn // Close may clear n.conn while this runs
+	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
 	for attempt := 1; ; attempt++ {
-		rs, err := n.loadOnce(f)
+		rs, err := n.loadOnce(ctx, deadline, f)
 		if err == nil {
 			return rs, nil
 		}
@@ -82,12 +83,12 @@ func (n *Netlink) Load(ctx context.Context, f Family) (*Ruleset, error) {
 }
 
 // loadOnce reads the table once, between two generation reads.
-func (n *Netlink) loadOnce(f Family) (*Ruleset, error) {
+func (n *Netlink) loadOnce(ctx context.Context, deadline time.Time, f Family) (*Ruleset, error) {
 	gen, err := n.generation()
 	if err != nil {
 		return nil, err
 	}
-	rs, err := n.loadDumps(f)
+	rs, err := n.loadDumps(ctx, deadline, f)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +100,7 @@ func (n *Netlink) loadOnce(f Family) (*Ruleset, error) {
 	return rs, nil
 }
 
-func (n *Netlink) loadDumps(f Family) (*Ruleset, error) {
+func (n *Netlink) loadDumps(ctx context.Context, deadline time.Time, f Family) (*Ruleset, error) {
 	found, usable := false, false
 	err := n.dump(unix.NFT_MSG_GETTABLE, f, nil, func(attrs []byte) error {
 		var name []byte
@@ -134,9 +135,6 @@ func (n *Netlink) loadDumps(f Family) (*Ruleset, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("dump chains: %w", err)
 	}
-	if err := n.loadRules(rs); err != nil {
-		return nil, fmt.Errorf("dump rules: %w", err)
-	}
 	tableAttr := func(typ uint16) func(*encoder) {
 		return func(e *encoder) { e.str(typ, TableName) }
 	}
@@ -148,68 +146,154 @@ func (n *Netlink) loadDumps(f Family) (*Ruleset, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("dump sets: %w", err)
 	}
-	for _, name := range rs.SortedSetNames() {
-		s := rs.Sets[name]
-		if s.Dynamic || s.Key == nil {
-			continue // filled by the packet path, or not ours to read
-		}
-		req := func(e *encoder) {
-			e.str(unix.NFTA_SET_ELEM_LIST_TABLE, TableName)
-			e.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
-		}
-		var ends []uint32
-		if err := n.dump(unix.NFT_MSG_GETSETELEM, f, req, func(attrs []byte) error {
-			return decodeElements(f, s, attrs, &ends)
-		}); err != nil {
-			return nil, fmt.Errorf("dump elements of set %s: %w", s.Name, err)
-		}
-		if s.Endpoints != 0 {
-			if err := closeRanges(s, ends); err != nil {
-				return nil, fmt.Errorf("elements of set %s: %w", s.Name, err)
+	// The rules and the elements are read by two sockets at once: the
+	// kernel does a dump's work in the reader's context, so the second
+	// socket puts it on the other core. Each job touches its own objects
+	// (a chain's Loaded, a set's elements). The largest sets go first.
+	jobs := n.loadJobs(rs)
+	queue := make(chan func(*Netlink) error, len(jobs))
+	for _, j := range jobs {
+		queue <- j
+	}
+	close(queue)
+	work := func(on *Netlink) error {
+		for j := range queue {
+			if err := j(on); err != nil {
+				for range queue { // drain: the other worker stops too
+				}
+				return err
 			}
 		}
+		return nil
+	}
+	helped := make(chan error, 1)
+	if other, stop, err := n.loadHelper(ctx, deadline); err == nil {
+		go func() {
+			defer other.Close()
+			defer stop()
+			helped <- work(other)
+		}()
+	} else {
+		helped <- nil // no second socket: this one does it all
+	}
+	err = work(n)
+	if herr := <-helped; err == nil {
+		err = herr
+	}
+	if err != nil {
+		return nil, err
 	}
 	return rs, nil
 }
 
-// loadRules counts the rules of every chain and takes the digest from the
-// first, with one dump per chain. A dump of the whole table costs the
+// loadJobs are the dumps that fill in rs once its chains and sets are
+// known: each set's elements (but the dynamic sets'), the largest kinds
+// first, and each chain's rules (see loadRules).
+func (n *Netlink) loadJobs(rs *Ruleset) []func(*Netlink) error {
+	f := rs.Family
+	var jobs []func(*Netlink) error
+	names := rs.SortedSetNames()
+	// Plain sets (hash tables, read back in O(n²)) before the endpoints
+	// maps, many small ones.
+	slices.SortStableFunc(names, func(a, b string) int {
+		return cmpBool(rs.Sets[a].Endpoints != 0, rs.Sets[b].Endpoints != 0)
+	})
+	for _, name := range names {
+		s := rs.Sets[name]
+		if s.Dynamic || s.Key == nil {
+			continue // filled by the packet path, or not ours to read
+		}
+		jobs = append(jobs, func(n *Netlink) error {
+			req := func(e *encoder) {
+				e.str(unix.NFTA_SET_ELEM_LIST_TABLE, TableName)
+				e.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
+			}
+			var ends []uint32
+			if err := n.dump(unix.NFT_MSG_GETSETELEM, f, req, func(attrs []byte) error {
+				return decodeElements(f, s, attrs, &ends)
+			}); err != nil {
+				return fmt.Errorf("dump elements of set %s: %w", s.Name, err)
+			}
+			if s.Endpoints != 0 {
+				if err := closeRanges(s, ends); err != nil {
+					return fmt.Errorf("elements of set %s: %w", s.Name, err)
+				}
+			}
+			return nil
+		})
+	}
+	chains := make([]string, 0, len(rs.Chains))
+	for name := range rs.Chains {
+		chains = append(chains, name)
+	}
+	sort.Strings(chains)
+	for _, name := range chains {
+		c := rs.Chains[name]
+		jobs = append(jobs, func(n *Netlink) error {
+			if err := n.loadRules(f, c); err != nil {
+				return fmt.Errorf("dump rules: %w", err)
+			}
+			return nil
+		})
+	}
+	return jobs
+}
+
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// loadHelper opens a second socket on the same namespace for Load, with
+// Load's deadline and cancellation.
+func (n *Netlink) loadHelper(ctx context.Context, deadline time.Time) (*Netlink, func() bool, error) {
+	other, err := NewNetlink(n.opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := other.conn.SetDeadline(deadline); err != nil {
+		other.Close()
+		return nil, nil, err
+	}
+	conn := other.conn // not other.conn at call time: Close clears it
+	return other, context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Unix(1, 0)) }), nil
+}
+
+// loadRules counts the rules of chain c and takes the digest from the
+// first, with a dump of its own. A dump of the whole table costs the
 // kernel O(rules²): every resumed dump callback walks the table's rules
 // from the first to where it stopped (490 ms for 50,000 rules, 32 KiB per
 // callback); per chain it is linear (about 25 µs for a chain of 5 rules,
 // most of it the kernel serialising their expressions).
-func (n *Netlink) loadRules(rs *Ruleset) error {
-	names := make([]string, 0, len(rs.Chains))
-	for name := range rs.Chains {
-		names = append(names, name)
+func (n *Netlink) loadRules(f Family, c *Chain) error {
+	req := func(e *encoder) {
+		e.str(unix.NFTA_RULE_TABLE, TableName)
+		e.str(unix.NFTA_RULE_CHAIN, c.Name)
 	}
-	sort.Strings(names)
-	for _, name := range names {
-		c := rs.Chains[name]
-		req := func(e *encoder) {
-			e.str(unix.NFTA_RULE_TABLE, TableName)
-			e.str(unix.NFTA_RULE_CHAIN, name)
-		}
-		if err := n.dump(unix.NFT_MSG_GETRULE, rs.Family, req, func(attrs []byte) error {
-			first := c.Loaded.Count == 0
-			forEachAttr(attrs, func(typ uint16, data []byte) {
-				switch {
-				case typ == unix.NFTA_RULE_USERDATA && first:
-					c.Loaded.Digest, c.Loaded.HasDigest = ruleDigest(data)
-				case typ == unix.NFTA_RULE_EXPRESSIONS:
-					if s, ok := exprsSlot(data); ok {
-						c.Loaded.Slots = append(c.Loaded.Slots, s)
-					}
+	if err := n.dump(unix.NFT_MSG_GETRULE, f, req, func(attrs []byte) error {
+		first := c.Loaded.Count == 0
+		forEachAttr(attrs, func(typ uint16, data []byte) {
+			switch {
+			case typ == unix.NFTA_RULE_USERDATA && first:
+				c.Loaded.Digest, c.Loaded.HasDigest = ruleDigest(data)
+			case typ == unix.NFTA_RULE_EXPRESSIONS:
+				if s, ok := exprsSlot(data); ok {
+					c.Loaded.Slots = append(c.Loaded.Slots, s)
 				}
-			})
-			c.Loaded.Count++
-			return nil
-		}); err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("%w: chain %s is gone", errLoadRaced, name)
 			}
-			return fmt.Errorf("chain %s: %w", name, err)
+		})
+		c.Loaded.Count++
+		return nil
+	}); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("%w: chain %s is gone", errLoadRaced, c.Name)
 		}
+		return fmt.Errorf("chain %s: %w", c.Name, err)
 	}
 	return nil
 }
