@@ -4,11 +4,18 @@
 package netnstest
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"os/signal"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -32,18 +39,33 @@ func Require(t testing.TB, tools ...string) {
 	}
 }
 
-// New creates a namespace named <prefix>-<random>, removed when the test
-// ends, however it ends (failure, panic and Ctrl-C of `go test` included:
-// t.Cleanup runs on all of them but SIGKILL). It skips the test unless
-// Require(t, tools...) holds.
+// New creates a namespace named <prefix>-<pid>-<random>, removed when the
+// test ends (t.Cleanup) or when the test process gets SIGINT or SIGTERM
+// (Ctrl-C of `go test`). What a process killed otherwise left behind (a
+// panic in another goroutine, SIGKILL, a timeout) is removed by the next
+// New in any test process, and by `go run ./e2e/cmd/sweep`: the pid in
+// the name tells whose it was. It skips the test unless Require(t,
+// tools...) holds.
 func New(t testing.TB, prefix string, tools ...string) *NS {
 	t.Helper()
 	Require(t, tools...)
-	name := fmt.Sprintf("%s-%08x", prefix, rand.Uint32())
+	once.Do(func() {
+		if removed, err := Sweep(); err != nil || len(removed) > 0 {
+			t.Logf("netnstest: removed leftovers %v (errors: %v)", removed, err)
+		}
+		onSignal()
+	})
+	name := fmt.Sprintf("%s-%d-%08x", prefix, os.Getpid(), rand.Uint32())
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
 	}
+	live.Lock()
+	live.names[name] = true
+	live.Unlock()
 	t.Cleanup(func() {
+		live.Lock()
+		delete(live.names, name)
+		live.Unlock()
 		if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
 			t.Errorf("ip netns delete %s: %v: %s", name, err, out)
 		}
@@ -54,6 +76,63 @@ func New(t testing.TB, prefix string, tools ...string) *NS {
 	}
 	t.Cleanup(func() { f.Close() })
 	return &NS{Name: name, Fd: int(f.Fd())}
+}
+
+var (
+	once sync.Once
+	live = struct {
+		sync.Mutex
+		names map[string]bool
+	}{names: map[string]bool{}}
+)
+
+// onSignal deletes this process's namespaces on SIGINT or SIGTERM, then
+// exits: without it, Ctrl-C ends the test binary at once, cleanups unrun.
+func onSignal() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		sig := <-sigs
+		live.Lock()
+		for name := range live.names {
+			exec.Command("ip", "netns", "delete", name).Run()
+		}
+		live.Unlock()
+		os.Exit(128 + int(sig.(syscall.Signal)))
+	}()
+}
+
+// owned matches the names New gives: nftproxy-…-<pid>-<8 hex digits>.
+var owned = regexp.MustCompile(`^nftproxy-[a-z]+-([0-9]+)-[0-9a-f]{8}$`)
+
+// Sweep deletes the namespaces New created in processes that are gone,
+// and returns their names.
+func Sweep() ([]string, error) {
+	entries, err := os.ReadDir("/run/netns")
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		m := owned.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		pid, _ := strconv.Atoi(m[1])
+		if pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
+			continue // its process is alive (or the pid is reused: left alone)
+		}
+		if out, err := exec.Command("ip", "netns", "delete", e.Name()).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("ip netns delete %s: %v: %s", e.Name(), err, out))
+			continue
+		}
+		removed = append(removed, e.Name())
+	}
+	return removed, errors.Join(errs...)
 }
 
 // Run runs a command inside the namespace with stdin and returns its
