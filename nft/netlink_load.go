@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sort"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -150,7 +149,7 @@ func (n *Netlink) loadDumps(ctx context.Context, deadline time.Time, f Family) (
 	// kernel does a dump's work in the reader's context, so the second
 	// socket puts it on the other core. Each job touches its own objects
 	// (a chain's Loaded, a set's elements). The largest sets go first.
-	jobs := n.loadJobs(rs)
+	jobs := loadJobs(rs)
 	queue := make(chan func(*Netlink) error, len(jobs))
 	for _, j := range jobs {
 		queue <- j
@@ -187,50 +186,25 @@ func (n *Netlink) loadDumps(ctx context.Context, deadline time.Time, f Family) (
 }
 
 // loadJobs are the dumps that fill in rs once its chains and sets are
-// known: each set's elements (but the dynamic sets'), the largest kinds
-// first, and each chain's rules (see loadRules).
-func (n *Netlink) loadJobs(rs *Ruleset) []func(*Netlink) error {
+// known: each set's elements (but the dynamic sets'), the plain sets
+// (hash tables, read back in O(n²)) before the endpoints maps (many small
+// ones), then each chain's rules (see loadRules).
+func loadJobs(rs *Ruleset) []func(*Netlink) error {
 	f := rs.Family
 	var jobs []func(*Netlink) error
-	names := rs.SortedSetNames()
-	// Plain sets (hash tables, read back in O(n²)) before the endpoints
-	// maps, many small ones.
-	slices.SortStableFunc(names, func(a, b string) int {
-		return cmpBool(rs.Sets[a].Endpoints != 0, rs.Sets[b].Endpoints != 0)
-	})
-	for _, name := range names {
-		s := rs.Sets[name]
-		if s.Dynamic || s.Key == nil {
-			continue // filled by the packet path, or not ours to read
+	for _, maps := range []bool{false, true} {
+		for _, name := range rs.SortedSetNames() {
+			s := rs.Sets[name]
+			if s.Dynamic || s.Key == nil || (s.Endpoints != 0) != maps {
+				continue // filled by the packet path, not ours to read, or not in this pass
+			}
+			jobs = append(jobs, func(on *Netlink) error { return on.loadElements(f, s) })
 		}
-		jobs = append(jobs, func(n *Netlink) error {
-			req := func(e *encoder) {
-				e.str(unix.NFTA_SET_ELEM_LIST_TABLE, TableName)
-				e.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
-			}
-			var ends []uint32
-			if err := n.dump(unix.NFT_MSG_GETSETELEM, f, req, func(attrs []byte) error {
-				return decodeElements(f, s, attrs, &ends)
-			}); err != nil {
-				return fmt.Errorf("dump elements of set %s: %w", s.Name, err)
-			}
-			if s.Endpoints != 0 {
-				if err := closeRanges(s, ends); err != nil {
-					return fmt.Errorf("elements of set %s: %w", s.Name, err)
-				}
-			}
-			return nil
-		})
 	}
-	chains := make([]string, 0, len(rs.Chains))
-	for name := range rs.Chains {
-		chains = append(chains, name)
-	}
-	sort.Strings(chains)
-	for _, name := range chains {
+	for _, name := range sortedKeys(rs.Chains) {
 		c := rs.Chains[name]
-		jobs = append(jobs, func(n *Netlink) error {
-			if err := n.loadRules(f, c); err != nil {
+		jobs = append(jobs, func(on *Netlink) error {
+			if err := on.loadRules(f, c); err != nil {
 				return fmt.Errorf("dump rules: %w", err)
 			}
 			return nil
@@ -239,14 +213,25 @@ func (n *Netlink) loadJobs(rs *Ruleset) []func(*Netlink) error {
 	return jobs
 }
 
-func cmpBool(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case a:
-		return 1
+// loadElements reads the elements of set s, closing the ranges of an
+// endpoints map.
+func (n *Netlink) loadElements(f Family, s *Set) error {
+	req := func(e *encoder) {
+		e.str(unix.NFTA_SET_ELEM_LIST_TABLE, TableName)
+		e.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
 	}
-	return -1
+	var ends []uint32
+	if err := n.dump(unix.NFT_MSG_GETSETELEM, f, req, func(attrs []byte) error {
+		return decodeElements(f, s, attrs, &ends)
+	}); err != nil {
+		return fmt.Errorf("dump elements of set %s: %w", s.Name, err)
+	}
+	if s.Endpoints != 0 {
+		if err := closeRanges(s, ends); err != nil {
+			return fmt.Errorf("elements of set %s: %w", s.Name, err)
+		}
+	}
+	return nil
 }
 
 // loadHelper opens a second socket on the same namespace for Load, with
