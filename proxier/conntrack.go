@@ -79,9 +79,7 @@ func (c *conntrackCleaner) enqueue(f nft.Family, previous conntrack.Frontends, c
 		w = &cleanup{previous: conntrack.Frontends{}, current: map[model.ServiceName]conntrack.Frontends{}}
 		c.pending[f] = w
 	}
-	for fe, eps := range previous {
-		w.previous[fe] = append(w.previous[fe], eps...)
-	}
+	mergeFrontends(w.previous, previous)
 	for name, fes := range current {
 		w.current[name] = fes
 	}
@@ -122,17 +120,14 @@ func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) 
 	// may have been created by its rules: the next cleanup judges it.
 	current := func() conntrack.Frontends {
 		out := conntrack.Frontends{}
-		add := func(svcs map[model.ServiceName]conntrack.Frontends) {
-			for _, fes := range svcs {
-				for fe, eps := range fes {
-					out[fe] = append(out[fe], eps...)
-				}
-			}
+		for _, fes := range w.current {
+			mergeFrontends(out, fes)
 		}
-		add(w.current)
 		c.mu.Lock()
 		if newer := c.pending[f]; newer != nil {
-			add(newer.current)
+			for _, fes := range newer.current {
+				mergeFrontends(out, fes)
+			}
 		}
 		c.mu.Unlock()
 		return out
@@ -150,6 +145,13 @@ func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) 
 	}
 	klog.V(2).InfoS("Conntrack cleaned", "ipFamily", f.IPFamily(), "services", len(w.current),
 		"dumped", res.Dumped, "deleted", res.Deleted, "elapsed", res.Elapsed)
+}
+
+// mergeFrontends adds src's frontends and their endpoints to dst.
+func mergeFrontends(dst, src conntrack.Frontends) {
+	for fe, eps := range src {
+		dst[fe] = append(dst[fe], eps...)
+	}
 }
 
 // idle reports whether no cleanup is queued or running.

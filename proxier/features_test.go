@@ -31,13 +31,12 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Fatalf("timed out waiting for %s", what)
 }
 
-// TestConntrackCleanedAfterUDPChange: moving a UDP Service to a new backend
-// deletes the flow still DNATed to the old one; a TCP change does not even
-// dump the table; deleting the Service deletes its flows.
-func TestConntrackCleanedAfterUDPChange(t *testing.T) {
-	stale := udpFlow("10.244.1.5:40000", "10.96.0.53:53", "10.244.1.20:5353")
-	other := udpFlow("10.244.1.5:40001", "10.96.0.99:53", "10.244.1.30:5353")
-	ct := conntrack.NewFake(stale, other)
+// startDNSAndWeb starts a proxier with ct as its conntrack backend, a UDP
+// Service kube-system/dns (10.96.0.53:53, one endpoint 10.244.1.20:5353)
+// and a TCP Service default/web without endpoints, and waits until dns is
+// programmed. It returns the packet a client sends to dns.
+func startDNSAndWeb(t *testing.T, ct conntrack.Interface) (*harness, nft.Packet) {
+	t.Helper()
 	h := startWith(t, func(d *Deps) { d.Conntrack = ct },
 		service("kube-system", "dns", "10.96.0.53", 53, v1.ProtocolUDP),
 		slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, "10.244.1.20"),
@@ -45,6 +44,19 @@ func TestConntrackCleanedAfterUDPChange(t *testing.T) {
 	udp := tcp("10.96.0.53", 53)
 	udp.Proto = nft.ProtoUDP
 	h.eventually(udp, nft.VerdictAccept, "10.244.1.20:5353")
+	return h, udp
+}
+
+// TestConntrackCleanedAfterUDPChange: moving a UDP Service to a new backend
+// deletes the flow still DNATed to the old one; a TCP change does not even
+// dump the table; deleting the Service deletes its flows.
+func TestConntrackCleanedAfterUDPChange(t *testing.T) {
+	stale := udpFlow("10.244.1.5:40000", "10.96.0.53:53", "10.244.1.20:5353")
+	other := udpFlow("10.244.1.5:40001", "10.96.0.99:53", "10.244.1.30:5353")
+	ct := conntrack.NewFake(stale, other)
+	h, _ := startDNSAndWeb(t, ct)
+	// The cleanup runs beside the sync loop: wait for the first sync's.
+	waitFor(t, "the first sync's cleanup", func() bool { return len(ct.Reconciles()) == 1 })
 	if got := ct.Flows(conntrack.IPv4); len(got) != 2 {
 		t.Fatalf("the first sync deleted flows that were not stale: %v", got)
 	}
@@ -67,6 +79,10 @@ func TestConntrackCleanedAfterUDPChange(t *testing.T) {
 	waitFor(t, "the stale flow to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 1 })
 	if got := ct.Flows(conntrack.IPv4)[0]; got != other {
 		t.Errorf("deleted the wrong flow; left %+v", got)
+	}
+	// A cleanup the TCP change had queued would have run before this one.
+	if n := len(ct.Reconciles()); n != calls+1 {
+		t.Errorf("%d cleanups after the TCP and the UDP change, want 1 (the UDP one)", n-calls)
 	}
 
 	ct.Add(udpFlow("10.244.1.5:40002", "10.96.0.53:53", "10.244.1.21:5353"))
@@ -103,13 +119,7 @@ func TestConntrackCleanupDoesNotHoldSyncs(t *testing.T) {
 	f22 := udpFlow("10.244.1.5:40002", "10.96.0.53:53", "10.244.1.22:5353")
 	f23 := udpFlow("10.244.1.5:40003", "10.96.0.53:53", "10.244.1.23:5353")
 	ct := &heldConntrack{Fake: conntrack.NewFake(f20), started: make(chan struct{}, 8), release: make(chan struct{})}
-	h := startWith(t, func(d *Deps) { d.Conntrack = ct },
-		service("kube-system", "dns", "10.96.0.53", 53, v1.ProtocolUDP),
-		slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, "10.244.1.20"),
-		service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
-	udp := tcp("10.96.0.53", 53)
-	udp.Proto = nft.ProtoUDP
-	h.eventually(udp, nft.VerdictAccept, "10.244.1.20:5353")
+	h, udp := startDNSAndWeb(t, ct)
 	<-ct.started // the first sync's cleanup
 	ct.release <- struct{}{}
 	waitFor(t, "the first cleanup", func() bool { return len(ct.Reconciles()) == 1 })
