@@ -36,12 +36,12 @@ func Diff(committed, desired *Ruleset) *Transaction {
 	}
 	for _, name := range desired.SortedSetNames() {
 		want := desired.Sets[name]
-		var have map[string]Element
+		have := &Elements{}
 		if old, ok := committed.Sets[name]; ok {
-			have = old.Elements
+			have = &old.Elements
 		}
 		for _, k := range changedKeys(want, have) {
-			c.element(want, elementOrNil(have, k), elementOrNil(want.Elements, k))
+			c.element(want, have.at(k), want.Elements.at(k))
 		}
 	}
 	for _, name := range committed.SortedSetNames() {
@@ -72,15 +72,15 @@ func unionKeys[V any](a, b map[string]V) []string {
 // lacks: the keys changes.element records something for. Sorting only
 // these, not every key of both, keeps a diff against the table read back
 // from the kernel, where few elements change, from sorting them all.
-func changedKeys(want *Set, have map[string]Element) []string {
+func changedKeys(want *Set, have *Elements) []string {
 	var keys []string
-	for k, w := range want.Elements {
-		if h, ok := have[k]; !ok || !sameElement(want, h, w) {
+	for k, w := range want.Elements.m {
+		if h, ok := have.m[k]; !ok || !samePacked(want, k, h, w) {
 			keys = append(keys, k)
 		}
 	}
-	for k := range have {
-		if _, ok := want.Elements[k]; !ok {
+	for k := range have.m {
+		if _, ok := want.Elements.m[k]; !ok {
 			keys = append(keys, k)
 		}
 	}
@@ -88,23 +88,15 @@ func changedKeys(want *Set, have map[string]Element) []string {
 	return keys
 }
 
-func elementOrNil(m map[string]Element, k string) *Element {
-	if e, ok := m[k]; ok {
-		return &e
-	}
-	return nil
-}
-
 // fullRewrite resets the table and writes the whole ruleset: the
 // operations Diff makes from an empty table, in the same order, after
-// OpResetTable, but each set's elements in the order of its map: the
-// kernel does not care, and sorting the keys was a tenth of a full sync
-// (46 ms at 10k Services of 5 endpoints, 1.65 s at 100k of 10). Nothing is
-// compared, so it does not go through changes: the operations and each
-// set's elements are written once into slices of their final size. On the
-// 120k elements of 10k Services (BenchmarkFullRewrite) this took the
-// transaction from 110 to 78 ms and from 52 to 12 MB with sorting, and
-// then, without it, to 15 ms and 10 MB.
+// OpResetTable, but each set's elements added by one op that names them
+// all (Op.AllElements), encoded in the order of the set's map: the kernel
+// does not care, sorting the keys was a tenth of a full sync (46 ms at 10k
+// Services of 5 endpoints, 1.65 s at 100k of 10), and a copy of the
+// elements was 12 MB at 10k. Nothing is compared, so it does not go
+// through changes: the operations are written once into a slice of its
+// final size.
 func fullRewrite(desired *Ruleset) *Transaction {
 	setNames := desired.SortedSetNames()
 	chainNames := sortedKeys(desired.Chains)
@@ -116,7 +108,7 @@ func fullRewrite(desired *Ruleset) *Transaction {
 		}
 	}
 	for _, s := range desired.Sets {
-		if len(s.Elements) > 0 {
+		if s.Elements.Len() > 0 {
 			n++
 		}
 	}
@@ -146,14 +138,9 @@ func fullRewrite(desired *Ruleset) *Transaction {
 	}
 	for _, name := range setNames {
 		s := desired.Sets[name]
-		if len(s.Elements) == 0 {
-			continue
+		if s.Elements.Len() > 0 {
+			tx.add(Op{Kind: OpAddElements, Set: s, AllElements: true})
 		}
-		els := make([]Element, 0, len(s.Elements))
-		for _, e := range s.Elements {
-			els = append(els, e)
-		}
-		tx.add(Op{Kind: OpAddElements, Set: s, Elements: els})
 	}
 	return tx
 }
@@ -216,4 +203,16 @@ func sameElement(s *Set, a, b Element) bool {
 		return true
 	}
 	return s.ValueString(a) == s.ValueString(b)
+}
+
+// samePacked is sameElement for two packed values of the element with
+// packed key k: equal values are compared without unpacking them.
+func samePacked(s *Set, k string, a, b packedElement) bool {
+	if a.comment != b.comment || a.end != b.end {
+		return false
+	}
+	if a.data == b.data && (a.verdict == b.verdict || a.verdict != nil && b.verdict != nil && *a.verdict == *b.verdict) {
+		return true
+	}
+	return sameElement(s, unpackElement(k, a), unpackElement(k, b))
 }

@@ -208,7 +208,7 @@ func TestDecodeInvertsEncode(t *testing.T) {
 				if !ok || !reflect.DeepEqual(key, s.Key) {
 					t.Errorf("%s: key types %v decoded as %v", s.Name, s.Key, key)
 				}
-				for _, e := range s.Elements {
+				for e := range s.Elements.All() {
 					b, err := encodeKey(f, s, e.Key)
 					if err != nil {
 						t.Fatal(err)

@@ -64,9 +64,9 @@ func (r *Ruleset) dumpSet(s *Set) string {
 	if s.Comment != "" {
 		fmt.Fprintf(&b, "\t\tcomment %q\n", s.Comment)
 	}
-	if len(s.Elements) > 0 {
-		elems := make([]string, 0, len(s.Elements))
-		for _, e := range s.Elements {
+	if s.Elements.Len() > 0 {
+		elems := make([]string, 0, s.Elements.Len())
+		for e := range s.Elements.All() {
 			elems = append(elems, s.ElementText(e))
 		}
 		b.WriteString(elementsBlock(elems))

@@ -94,12 +94,12 @@ func (e *Editor) AddSet(s *Set) {
 // of the set read back, if any (see NewEditorFrom).
 func (e *Editor) putSet(s *Set) {
 	e.touchSet(s.Name)
-	size := 0
+	ns := &Set{Name: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Dynamic: s.Dynamic,
+		Size: s.Size, Comment: s.Comment, Endpoints: s.Endpoints}
 	if e.reset && e.loaded != nil && e.loaded.Sets[s.Name] != nil {
-		size = len(e.loaded.Sets[s.Name].Elements)
+		ns.Elements.reserve(e.loaded.Sets[s.Name].Elements.Len())
 	}
-	e.rs.AddSet(&Set{Name: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Dynamic: s.Dynamic,
-		Size: s.Size, Comment: s.Comment, Endpoints: s.Endpoints, Elements: make(map[string]Element, size)})
+	e.rs.AddSet(ns)
 }
 
 // Reserve makes room for n elements in set name, if it has none yet: a
@@ -107,8 +107,8 @@ func (e *Editor) putSet(s *Set) {
 // connections, service IPs) from nothing, rehashing every key on each
 // doubling (about a fifth of the Editor's time at 100,000 Services).
 func (e *Editor) Reserve(name string, n int) {
-	if s, ok := e.rs.Sets[name]; ok && len(s.Elements) == 0 && n > 0 {
-		s.Elements = make(map[string]Element, n)
+	if s, ok := e.rs.Sets[name]; ok {
+		s.Elements.reserve(n)
 	}
 }
 
@@ -180,30 +180,26 @@ func (e *Editor) touchElement(s *Set, k setKey) {
 	if _, seen := e.elemsBefore[k]; seen {
 		return
 	}
-	if el, ok := s.Elements[k.key]; ok {
-		e.elemsBefore[k] = &el
-	} else {
-		e.elemsBefore[k] = nil
-	}
+	e.elemsBefore[k] = s.Elements.at(k.key)
 }
 
 func (e *Editor) hold(se SetElement) {
 	s := e.mustSet(se.Set)
-	k := setKey{se.Set, elementKey(s, se.Element.Key)}
+	k := setKey{se.Set, packKey(se.Element.Key)}
 	e.touchElement(s, k)
 	// The latest holder's value wins. An element that was there already
 	// leaves the length as it was: one map operation, not a lookup and an
 	// insert (a fifth of hold's time).
-	n := len(s.Elements)
-	s.Elements[k.key] = se.Element
-	if len(s.Elements) == n {
+	n := s.Elements.Len()
+	s.Elements.put(k.key, packValue(se.Element))
+	if s.Elements.Len() == n {
 		e.shared[k]++
 	}
 }
 
 func (e *Editor) release(se SetElement) {
 	s := e.mustSet(se.Set)
-	k := setKey{se.Set, elementKey(s, se.Element.Key)}
+	k := setKey{se.Set, packKey(se.Element.Key)}
 	e.touchElement(s, k)
 	switch n := e.shared[k]; {
 	case n > 1:
@@ -211,7 +207,7 @@ func (e *Editor) release(se SetElement) {
 	case n == 1:
 		delete(e.shared, k)
 	default: // the last holder
-		delete(s.Elements, k.key)
+		delete(s.Elements.m, k.key)
 	}
 }
 
@@ -300,7 +296,7 @@ func (e *Editor) Transaction() *Transaction {
 	})
 	for _, k := range keys {
 		s := e.rs.Sets[k.set]
-		c.element(s, e.elemsBefore[k], elementOrNil(s.Elements, k.key))
+		c.element(s, e.elemsBefore[k], s.Elements.at(k.key))
 	}
 	return c.transaction()
 }

@@ -44,16 +44,20 @@ func fullSyncRuleset(t testing.TB) *Ruleset {
 
 // TestFullRewriteIsDiffFromEmpty: fullRewrite, built without changes, is
 // exactly OpResetTable followed by what Diff makes from an empty table,
-// but for the order of each set's elements: fullRewrite writes them as the
-// set's map gives them, where Diff sorts them by key.
+// but that its element ops add every element of their set
+// (Op.AllElements), in the order of the set's map, where Diff lists them
+// sorted by key.
 func TestFullRewriteIsDiffFromEmpty(t *testing.T) {
 	desired := fullSyncRuleset(t)
 	got := fullRewrite(desired)
 	want := Diff(NewRuleset(IPv4), desired)
 	want.Ops = append([]Op{{Kind: OpResetTable}}, want.Ops...)
-	for _, op := range got.Ops {
-		slices.SortFunc(op.Elements, func(a, b Element) int {
-			return strings.Compare(op.Set.KeyString(a.Key), op.Set.KeyString(b.Key))
+	for i, op := range got.Ops {
+		if op.AllElements {
+			got.Ops[i].Elements, got.Ops[i].AllElements = slices.Collect(op.AllOf()), false
+		}
+		slices.SortFunc(got.Ops[i].Elements, func(a, b Element) int {
+			return strings.Compare(packKey(a.Key), packKey(b.Key))
 		})
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -103,7 +107,9 @@ func TestEditorCountsHolders(t *testing.T) {
 	fr := func(b byte) *Fragment {
 		return &Fragment{Elements: []SetElement{{"ips", Element{Key: []Datum{Addr(netip.AddrFrom4([4]byte{10, 0, 0, b}))}}}}}
 	}
-	has := func(key string) bool { _, ok := ed.Ruleset().Sets["ips"].Elements[key]; return ok }
+	has := func(key string) bool {
+		return ed.Ruleset().Sets["ips"].Elements.Has([]Datum{Addr(netip.MustParseAddr(key))})
+	}
 	ed.Replace(nil, fr(1))
 	ed.Replace(nil, fr(1))
 	ed.Replace(nil, fr(1))
@@ -147,7 +153,7 @@ func fullSyncBenchRuleset() *Ruleset {
 	hairpins := rs.AddSet(&Set{Name: "hairpin-connections",
 		Key: []DataType{TypeIPv4Addr, TypeIPv4Addr, TypeInetProto, TypeInetService}})
 	eps := rs.AddSet(NewEndpointsMap(IPv4, "endpoints-tcp-0", ProtoTCP))
-	add := func(s *Set, e Element) { s.Elements[elementKey(s, e.Key)] = e }
+	add := func(s *Set, e Element) { s.Elements.Put(e) }
 	for i := range 10000 {
 		vip := Addr(netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}))
 		add(ips, Element{Key: []Datum{vip}})
@@ -188,12 +194,12 @@ func diffAllKeys(committed, desired *Ruleset) *Transaction {
 	}
 	for _, name := range desired.SortedSetNames() {
 		want := desired.Sets[name]
-		var have map[string]Element
+		have := &Elements{}
 		if old, ok := committed.Sets[name]; ok {
-			have = old.Elements
+			have = &old.Elements
 		}
-		for _, k := range unionKeys(have, want.Elements) {
-			c.element(want, elementOrNil(have, k), elementOrNil(want.Elements, k))
+		for _, k := range unionKeys(have.m, want.Elements.m) {
+			c.element(want, have.at(k), want.Elements.at(k))
 		}
 	}
 	for _, name := range committed.SortedSetNames() {
@@ -214,10 +220,12 @@ func TestDiffSortsOnlyChanges(t *testing.T) {
 		desired := fullSyncRuleset(t)
 		for _, s := range []*Ruleset{committed, desired} {
 			for _, set := range s.Sets {
-				for k, e := range set.Elements {
+				for k, p := range set.Elements.m {
+					e := unpackElement(k, p)
 					switch rng.Intn(40) {
 					case 0:
-						delete(set.Elements, k)
+						delete(set.Elements.m, k)
+						continue
 					case 1:
 						e.Comment += "x"
 					case 2:
@@ -237,11 +245,11 @@ func TestDiffSortsOnlyChanges(t *testing.T) {
 						}
 						e.Data = slices.Clone(e.Data)
 					}
-					set.Elements[k] = e
+					set.Elements.Put(e)
 				}
 			}
 		}
-		desired.Sets["ips"].Elements["10.1.1.1"] = Element{Key: []Datum{Addr(netip.MustParseAddr("10.1.1.1"))}}
+		desired.Sets["ips"].Elements.Put(Element{Key: []Datum{Addr(netip.MustParseAddr("10.1.1.1"))}})
 		got, want := Diff(committed, desired), diffAllKeys(committed, desired)
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("round %d: Diff differs from a diff of every key:\n got %+v\nwant %+v", round, got.Ops, want.Ops)
@@ -289,7 +297,7 @@ func BenchmarkEditorFromLoaded(b *testing.B) {
 	for _, name := range loaded.SortedSetNames() {
 		s := loaded.Sets[name]
 		i := 0
-		for _, e := range s.Elements {
+		for e := range s.Elements.All() {
 			if i%10000 == len(frags) {
 				frags = append(frags, &Fragment{})
 			}

@@ -138,7 +138,7 @@ func TestEditorSharedElementSurvivesOneOwner(t *testing.T) {
 	if err := fk.Apply(context.Background(), tx); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := fk.Ruleset(IPv4).Sets["ips"].Elements["10.244.0.7"]; !ok {
+	if !fk.Ruleset(IPv4).Sets["ips"].Elements.Has([]Datum{Addr(netip.MustParseAddr("10.244.0.7"))}) {
 		t.Fatalf("shared element deleted while still needed; ops %+v", tx.Ops)
 	}
 }
@@ -170,7 +170,7 @@ func TestEditorReserveKeepsWhatIsThere(t *testing.T) {
 	if Diff(want, got).Changes() != 0 || got.Dump() != want.Dump() {
 		t.Errorf("reserving changed the table:\n%s\nwant\n%s", got.Dump(), want.Dump())
 	}
-	if n := len(got.Sets["ips"].Elements); n != 3 {
+	if n := got.Sets["ips"].Elements.Len(); n != 3 {
 		t.Errorf("ips holds %d elements, want 3", n)
 	}
 }

@@ -70,7 +70,7 @@ const EndpointsSlots = 1<<16 - 1
 func NewEndpointsMap(f Family, name string, proto uint8) *Set {
 	at := f.AddrType()
 	return &Set{Name: name, Key: []DataType{TypeInteger},
-		Data: []DataType{at, TypeInetService}, Endpoints: proto, Elements: map[string]Element{}}
+		Data: []DataType{at, TypeInetService}, Endpoints: proto}
 }
 
 // EndpointsElements returns the elements of an endpoints map that send the
@@ -99,7 +99,7 @@ func SlotEndpoints(s *Set, slot uint16) []netip.AddrPort {
 		return nil
 	}
 	var found []Element
-	for _, e := range s.Elements {
+	for e := range s.Elements.All() {
 		if rangeSlot(e) == uint32(slot) {
 			found = append(found, e)
 		}

@@ -205,7 +205,7 @@ func mustLoad(t *testing.T, fk *Fake, f Family) *Ruleset {
 
 func setElements(rs *Ruleset, set string) []SetElement {
 	var out []SetElement
-	for _, e := range rs.Sets[set].Elements {
+	for e := range rs.Sets[set].Elements.All() {
 		out = append(out, SetElement{Set: set, Element: e})
 	}
 	return out

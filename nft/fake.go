@@ -122,7 +122,7 @@ func (fk *Fake) Load(_ context.Context, f Family) (*Ruleset, error) {
 	}
 	for _, s := range rs.Sets {
 		if s.Dynamic {
-			s.Elements = map[string]Element{} // the packet path's, not read
+			s.Elements = Elements{} // the packet path's, not read
 		}
 	}
 	return rs, nil
@@ -205,7 +205,7 @@ func applyOp(rs *Ruleset, f Family, op Op) (*Ruleset, error) {
 			}
 		}
 		s := *op.Set
-		s.Elements = map[string]Element{}
+		s.Elements = Elements{}
 		rs.Sets[s.Name] = &s
 	case OpDeleteSet:
 		if _, ok := rs.Sets[op.Set.Name]; !ok {
@@ -222,13 +222,12 @@ func applyOp(rs *Ruleset, f Family, op Op) (*Ruleset, error) {
 		if !ok {
 			return nil, opErr(unix.ENOENT, "set %q", op.Set.Name)
 		}
-		for _, e := range op.Elements {
-			k := s.KeyString(e.Key)
+		for e := range op.AllOf() {
 			// An endpoints map's element is found by its whole range.
-			if have, ok := s.Elements[k]; !ok || have.End != e.End {
+			if have, ok := s.Elements.Get(e.Key); !ok || have.End != e.End {
 				return nil, opErr(unix.ENOENT, "element %s in set %q", s.ElementKeyText(e), s.Name)
 			}
-			delete(s.Elements, k)
+			s.Elements.Delete(e.Key)
 		}
 	default:
 		return nil, opErr(unix.EINVAL, "unknown op %d", int(op.Kind))
@@ -245,7 +244,7 @@ func addElements(rs *Ruleset, f Family, op Op) error {
 	if s.Endpoints != 0 {
 		ranges = serviceRanges(s)
 	}
-	for _, e := range op.Elements {
+	for e := range op.AllOf() {
 		k := s.KeyString(e.Key)
 		if err := checkTuple(f, s.Key, e.Key); err != nil {
 			return fmt.Errorf("element %s in set %q: %w", k, s.Name, err)
@@ -273,10 +272,10 @@ func addElements(rs *Ruleset, f Family, op Op) error {
 		case e.Verdict != nil || len(e.Data) > 0:
 			return opErr(unix.EINVAL, "element %s of set %q has data", k, s.Name)
 		}
-		if have, ok := s.Elements[k]; ok && !sameElement(s, have, e) {
+		if have, ok := s.Elements.Get(e.Key); ok && !sameElement(s, have, e) {
 			return opErr(unix.EEXIST, "element %s in set %q", k, s.Name)
 		}
-		s.Elements[k] = e
+		s.Elements.Put(e)
 	}
 	return nil
 }
@@ -406,9 +405,9 @@ func chainReferrer(rs *Ruleset, name string) string {
 		}
 	}
 	for _, s := range rs.Sets {
-		for k, e := range s.Elements {
+		for e := range s.Elements.All() {
 			if e.Verdict != nil && e.Verdict.Chain == name {
-				return fmt.Sprintf("element %s of map %q", k, s.Name)
+				return fmt.Sprintf("element %s of map %q", s.KeyString(e.Key), s.Name)
 			}
 		}
 	}
@@ -455,10 +454,7 @@ func (r *Ruleset) Clone() *Ruleset {
 	}
 	for n, s := range r.Sets {
 		sc := *s
-		sc.Elements = make(map[string]Element, len(s.Elements))
-		for k, e := range s.Elements {
-			sc.Elements[k] = e
-		}
+		sc.Elements = s.Elements.Clone()
 		out.Sets[n] = &sc
 	}
 	return out
@@ -468,7 +464,7 @@ func (r *Ruleset) Clone() *Ruleset {
 // whose buckets they cover.
 func serviceRanges(s *Set) map[uint32][]Element {
 	m := make(map[uint32][]Element)
-	for _, e := range s.Elements {
+	for e := range s.Elements.All() {
 		slot := rangeSlot(e)
 		m[slot] = append(m[slot], e)
 	}

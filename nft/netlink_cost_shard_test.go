@@ -219,7 +219,7 @@ func costShapeS(t *testing.T, size, nb, perMap int) {
 	hpElem := Element{Key: []Datum{Addr(sk.backends[0].Addr()), Addr(sk.backends[0].Addr()), tcp, Int(9999)}}
 	add("1 plain set element (hairpin) / delete it",
 		tx(Op{Kind: OpAddElements, Set: hp, Elements: []Element{hpElem}}), tx(Op{Kind: OpDeleteElements, Set: hp, Elements: []Element{hpElem}}))
-	t.Logf("endpoints map %s holds %d ranges", m.Name, len(m.Elements))
+	t.Logf("endpoints map %s holds %d ranges", m.Name, m.Elements.Len())
 
 	if v, err := strconv.ParseBool(os.Getenv("NFTPROXY_COST_LIST")); err == nil && !v {
 		costReport(t, results...)

@@ -57,10 +57,14 @@ func encodeKey(f Family, s *Set, key []Datum) ([]byte, error) {
 }
 
 func encodeTupleOrder(f Family, ts []DataType, ds []Datum, intsBigEndian bool) ([]byte, error) {
+	return encodeTupleTo(make([]byte, 0, tupleLen(ts)), f, ts, ds, intsBigEndian)
+}
+
+// encodeTupleTo is encodeTupleOrder appending to out.
+func encodeTupleTo(out []byte, f Family, ts []DataType, ds []Datum, intsBigEndian bool) ([]byte, error) {
 	if len(ts) != len(ds) {
 		return nil, fmt.Errorf("%d fields for a %d-field type", len(ds), len(ts))
 	}
-	out := make([]byte, 0, tupleLen(ts))
 	for i, t := range ts {
 		start := len(out)
 		var err error

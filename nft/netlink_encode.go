@@ -146,6 +146,7 @@ type batch struct {
 	setIDs    map[string]uint32
 	lastSetID uint32
 	elements  int
+	scratch   elemScratch
 }
 
 // batchOptions are what encodeTransaction needs besides the transaction.
@@ -187,8 +188,15 @@ func sizeHint(tx *Transaction) int {
 			if op.Set.Endpoints != 0 {
 				per += 40 // the range's end: an element of its own
 			}
-			for _, e := range op.Elements {
-				n += per + len(e.Comment)
+			n += per * op.ElementCount()
+			if op.AllElements {
+				for _, p := range op.Set.Elements.m {
+					n += len(p.comment)
+				}
+			} else {
+				for _, e := range op.Elements {
+					n += len(e.Comment)
+				}
 			}
 			n += 64 + len(op.Set.Name)
 		default:
@@ -274,9 +282,9 @@ func (b *batch) addOp(op Op) error {
 	case OpDeleteSet:
 		b.delSet(op.Set.Name)
 	case OpAddElements:
-		return b.setElements(unix.NFT_MSG_NEWSETELEM, op.Set, op.Elements)
+		return b.setElements(unix.NFT_MSG_NEWSETELEM, &op)
 	case OpDeleteElements:
-		return b.setElements(unix.NFT_MSG_DELSETELEM, op.Set, op.Elements)
+		return b.setElements(unix.NFT_MSG_DELSETELEM, &op)
 	default:
 		return fmt.Errorf("unknown op kind %d", int(op.Kind))
 	}

@@ -394,7 +394,7 @@ func decodeSet(f Family, attrs []byte) *Set {
 	var flags, keyType, keyLen, dataType, dataLen uint32
 	var desc []byte
 	foreign := false
-	s := &Set{Elements: map[string]Element{}}
+	s := &Set{}
 	forEachAttr(attrs, func(t uint16, data []byte) {
 		switch t {
 		case unix.NFTA_SET_TABLE:
@@ -560,7 +560,7 @@ func decodeElements(f Family, s *Set, attrs []byte, ends *[]uint32) error {
 				if end {
 					*ends = append(*ends, e.Key[0].Int)
 				} else {
-					s.Elements[s.KeyString(e.Key)] = e
+					s.Elements.Put(e)
 				}
 			}
 		})
@@ -573,16 +573,18 @@ func decodeElements(f Family, s *Set, attrs []byte, ends *[]uint32) error {
 func closeRanges(s *Set, ends []uint32) error {
 	slices.Sort(ends)
 	used := 0
-	for k, e := range s.Elements {
+	for k, p := range s.Elements.m {
+		e := unpackElement(k, p)
 		i, _ := slices.BinarySearch(ends, e.Key[0].Int+1)
 		if i == len(ends) {
-			return fmt.Errorf("range %s has no end", k)
+			return fmt.Errorf("range %s has no end", s.KeyString(e.Key))
 		}
 		e.End = ends[i] - 1
 		if err := checkRange(s, e); err != nil {
 			return err
 		}
-		s.Elements[k] = e
+		p.end = e.End
+		s.Elements.m[k] = p
 		used++
 	}
 	if used != len(ends) {

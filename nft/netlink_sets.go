@@ -93,33 +93,53 @@ func (b *batch) newSet(s *Set) error {
 	return nil
 }
 
-// setElements writes NEWSETELEM or DELSETELEM messages for the elements,
-// as many as needed to keep each element list below maxElemListLen.
-func (b *batch) setElements(msgType uint16, s *Set, elems []Element) error {
-	if len(elems) == 0 {
-		return nil
-	}
-	n := len(elems)
-	if s.Endpoints != 0 {
-		n *= 2 // a range is a start and an end element
-	}
-	vals := make([]elemValue, 0, n)
-	for _, e := range elems {
-		v, err := elementValue(b.family, s, e, msgType == unix.NFT_MSG_NEWSETELEM)
-		if err != nil {
-			return fmt.Errorf("element %s: %w", s.KeyString(e.Key), err)
+// setElements writes NEWSETELEM or DELSETELEM messages for the elements
+// of op, as many as needed to keep each element list below
+// maxElemListLen. Each element is encoded straight into the batch: a full
+// rewrite holds no second copy of its elements.
+func (b *batch) setElements(msgType uint16, op *Op) error {
+	s := op.Set
+	w := elemWriter{b: b, msgType: msgType, name: s.Name, setID: b.setIDs[s.Name]}
+	withValue := msgType == unix.NFT_MSG_NEWSETELEM
+	var err error
+	each := func(e Element) bool {
+		var v elemValue
+		if v, err = b.elementValue(s, e, withValue); err != nil {
+			err = fmt.Errorf("element %s: %w", s.KeyString(e.Key), err)
+			return false
 		}
-		vals = append(vals, v)
+		w.add(v)
 		if s.Endpoints != 0 {
-			vals = append(vals, rangeEnd(e))
+			w.add(rangeEnd(e, b.scratch.end[:0]))
+		}
+		return true
+	}
+	if op.AllElements {
+		// Unpacked into reused slices: elementValue keeps no field.
+		for k, p := range s.Elements.m {
+			e := Element{Key: unpackFields(b.scratch.key[:0], k), Verdict: p.verdict, Comment: p.comment, End: p.end}
+			if p.data != "" {
+				e.Data = unpackFields(b.scratch.data[:0], p.data)
+			}
+			if !each(e) {
+				break
+			}
+		}
+	} else {
+		for _, e := range op.Elements {
+			if !each(e) {
+				break
+			}
 		}
 	}
-	b.writeElements(msgType, s.Name, b.setIDs[s.Name], vals)
-	return nil
+	w.close()
+	return err
 }
 
 // elemValue is one element, encoded: key and data bytes, or a verdict.
 // intervalEnd marks the element that ends a range of an endpoints map.
+// The byte slices are the batch's scratch space, valid until the next
+// element is encoded.
 type elemValue struct {
 	key, data   []byte
 	verdict     *Verdict
@@ -127,45 +147,74 @@ type elemValue struct {
 	intervalEnd bool
 }
 
+// elemScratch is the space elements are encoded in before they are
+// written into the batch.
+type elemScratch struct {
+	key, data          [8]Datum
+	keyB, dataB, udata []byte
+	end                [4]byte
+}
+
 // rangeEnd is the element that ends e's range in an endpoints map (an
 // rbtree): flags interval-end, keyed by the key after the range, as nft
 // writes it. A range that ends where the next starts shares its key with
 // that range's start; the kernel tells them apart by the flag.
-func rangeEnd(e Element) elemValue {
-	return elemValue{key: binary.BigEndian.AppendUint32(nil, e.End+1), intervalEnd: true}
+func rangeEnd(e Element, buf []byte) elemValue {
+	return elemValue{key: binary.BigEndian.AppendUint32(buf, e.End+1), intervalEnd: true}
 }
 
-// writeElements writes the element messages of one set: by name, and also
-// by ID for a set created in this batch (setID 0: an existing set), as nft
-// does.
-func (b *batch) writeElements(msgType uint16, name string, setID uint32, vals []elemValue) {
+// elemWriter writes the element messages of one set, element by element:
+// by name, and also by ID for a set created in this batch (setID 0: an
+// existing set), as nft does. A message is closed when its list would
+// pass maxElemListLen.
+type elemWriter struct {
+	b          *batch
+	msgType    uint16
+	name       string
+	setID      uint32
+	m, list, n int // the open message, its list, its elements (0: none open)
+}
+
+func (w *elemWriter) open() {
+	b := w.b
 	flags := uint16(0)
-	if msgType == unix.NFT_MSG_NEWSETELEM {
+	if w.msgType == unix.NFT_MSG_NEWSETELEM {
 		flags = flagCreate
 	}
-	for len(vals) > 0 {
-		m := b.begin(msgType, flags)
-		b.enc.str(unix.NFTA_SET_ELEM_LIST_TABLE, TableName)
-		b.enc.str(unix.NFTA_SET_ELEM_LIST_SET, name)
-		if setID != 0 {
-			b.enc.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, setID)
-		}
-		list := b.enc.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
-		n := 0
-		for n < len(vals) {
-			mark := len(b.enc.b)
-			b.element(uint16(n+1), vals[n])
-			if len(b.enc.b)-list > maxElemListLen && n > 0 {
-				b.enc.b = b.enc.b[:mark] // full: this element opens the next message
-				break
-			}
-			n++
-		}
-		b.enc.endNest(list)
-		b.end(m)
-		b.elements += n
-		vals = vals[n:]
+	w.m = b.begin(w.msgType, flags)
+	b.enc.str(unix.NFTA_SET_ELEM_LIST_TABLE, TableName)
+	b.enc.str(unix.NFTA_SET_ELEM_LIST_SET, w.name)
+	if w.setID != 0 {
+		b.enc.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, w.setID)
 	}
+	w.list = b.enc.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+}
+
+func (w *elemWriter) add(v elemValue) {
+	b := w.b
+	if w.n == 0 {
+		w.open()
+	}
+	mark := len(b.enc.b)
+	b.element(uint16(w.n+1), v)
+	if len(b.enc.b)-w.list > maxElemListLen && w.n > 0 {
+		b.enc.b = b.enc.b[:mark] // full: this element opens the next message
+		w.close()
+		w.open()
+		b.element(1, v)
+	}
+	w.n++
+}
+
+// close ends the open message, if any.
+func (w *elemWriter) close() {
+	if w.n == 0 {
+		return
+	}
+	w.b.enc.endNest(w.list)
+	w.b.end(w.m)
+	w.b.elements += w.n
+	w.n = 0
 }
 
 // element writes one element of a list. libnftnl numbers the list entries
@@ -194,14 +243,17 @@ func (b *batch) element(idx uint16, v elemValue) {
 	b.enc.endNest(el)
 }
 
-// elementValue encodes an element of s. Deletions carry only the key. An
-// endpoints map's element is the start of its range; rangeEnd its end.
-func elementValue(f Family, s *Set, e Element, withValue bool) (elemValue, error) {
+// elementValue encodes an element of s, in the batch's scratch space.
+// Deletions carry only the key. An endpoints map's element is the start
+// of its range; rangeEnd its end.
+func (b *batch) elementValue(s *Set, e Element, withValue bool) (elemValue, error) {
 	var v elemValue
 	var err error
-	if v.key, err = encodeKey(f, s, e.Key); err != nil {
+	sc := &b.scratch
+	if v.key, err = encodeTupleTo(sc.keyB[:0], b.family, s.Key, e.Key, s.Endpoints != 0); err != nil {
 		return v, fmt.Errorf("key: %w", err)
 	}
+	sc.keyB = v.key
 	if err := checkRange(s, e); err != nil {
 		return v, err
 	}
@@ -215,16 +267,19 @@ func elementValue(f Family, s *Set, e Element, withValue bool) (elemValue, error
 		}
 		v.verdict = e.Verdict
 	case s.IsMap():
-		if v.data, err = encodeTuple(f, s.Data, e.Data); err != nil {
+		if v.data, err = encodeTupleTo(sc.dataB[:0], b.family, s.Data, e.Data, false); err != nil {
 			return v, fmt.Errorf("data: %w", err)
 		}
+		sc.dataB = v.data
 	case e.Verdict != nil || len(e.Data) > 0:
 		return v, fmt.Errorf("set element with data")
 	}
 	if e.Comment != "" {
-		if v.comment, err = udataString(udataElemComment, e.Comment); err != nil {
-			return v, err
+		if len(e.Comment) > maxComment {
+			return v, fmt.Errorf("comment %q: longer than %d bytes", e.Comment, maxComment)
 		}
+		v.comment = append(append(append(sc.udata[:0], udataElemComment, byte(len(e.Comment)+1)), e.Comment...), 0)
+		sc.udata = v.comment
 	}
 	return v, nil
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/netip"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -332,7 +334,7 @@ func TestSequenceNumbersSkipZero(t *testing.T) {
 // batch encoded into the heap, also when it outgrows the mapping (append
 // moves it to the heap; the mapping is unmapped all the same).
 func TestBatchBufferOffHeap(t *testing.T) {
-	tx := Diff(nil, shapeSRuleset(IPv4, 64, makeServices(IPv4, 3000, 5)))
+	tx := listElements(Diff(nil, shapeSRuleset(IPv4, 64, makeServices(IPv4, 3000, 5))))
 	heap, err := encodeTransaction(tx, batchOptions{firstSeq: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -362,4 +364,67 @@ func TestBatchBufferOffHeap(t *testing.T) {
 			}
 		})
 	}
+}
+
+// listElements turns the AllElements ops of tx into ops listing the
+// elements, in one order, so that tx encodes the same every time.
+func listElements(tx *Transaction) *Transaction {
+	out := &Transaction{Family: tx.Family, Ops: slices.Clone(tx.Ops)}
+	for i, op := range out.Ops {
+		if op.AllElements {
+			out.Ops[i].Elements, out.Ops[i].AllElements = slices.Collect(op.AllOf()), false
+		}
+	}
+	return out
+}
+
+// TestAllElementsEncodeAsList: an op adding every element of its set
+// (a full rewrite's) encodes as the op listing those elements: the same
+// messages, but for the order of the elements.
+func TestAllElementsEncodeAsList(t *testing.T) {
+	for _, f := range []Family{IPv4, IPv6} {
+		tx := Diff(nil, shapeSRuleset(f, 64, makeServices(f, 300, 3)))
+		all, err := encodeTransaction(tx, batchOptions{firstSeq: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed, err := encodeTransaction(listElements(tx), batchOptions{firstSeq: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, l := batchElements(all.enc.b), batchElements(listed.enc.b)
+		if !reflect.DeepEqual(a, l) {
+			t.Errorf("%s: the elements differ", f)
+		}
+		if len(a) < 5 || all.elements != listed.elements || all.elements == 0 {
+			t.Errorf("%s: %d sets with elements, %d and %d elements", f, len(a), all.elements, listed.elements)
+		}
+		if len(all.enc.b) != len(listed.enc.b) || !reflect.DeepEqual(all.owners, listed.owners) {
+			t.Errorf("%s: batches of %d and %d bytes, %d and %d messages", f,
+				len(all.enc.b), len(listed.enc.b), len(all.owners), len(listed.owners))
+		}
+	}
+}
+
+// batchElements returns, by set name, the sorted encodings of the elements
+// a batch adds, and the other messages whole under the key "".
+func batchElements(b []byte) map[string][]string {
+	out := map[string][]string{}
+	for _, m := range splitMessages(b) {
+		if binary.NativeEndian.Uint16(m[4:])&0xff != unix.NFT_MSG_NEWSETELEM {
+			out[""] = append(out[""], hex.EncodeToString(m[8:])) // without length and type: sequence on
+			continue
+		}
+		attrs := &nla{kids: parseNLAs(m[20:])}
+		set := string(attrs.child(unix.NFTA_SET_ELEM_LIST_SET).data)
+		for _, e := range attrs.child(unix.NFTA_SET_ELEM_LIST_ELEMENTS).kids {
+			out[set] = append(out[set], hex.EncodeToString(e.data))
+		}
+	}
+	for k, v := range out {
+		if k != "" {
+			slices.Sort(v)
+		}
+	}
+	return out
 }

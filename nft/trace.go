@@ -163,8 +163,9 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 			return t.applyVerdict(rs, p.Verdict, st)
 		case VmapLookup:
 			s := rs.Sets[p.Map]
-			key := s.KeyString(st.fields(p.Fields))
-			e, ok := s.Elements[key]
+			fields := st.fields(p.Fields)
+			key := s.KeyString(fields)
+			e, ok := s.Elements.Get(fields)
 			if !ok {
 				return "", false
 			}
@@ -192,8 +193,9 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 		case VmapAddrBits:
 			s := rs.Sets[p.Map]
 			a := st.fields([]Field{p.Field})[0].Addr
-			key := s.KeyString([]Datum{Addr(LowBitsAddr(st.f, AddrLowBits(a, p.Bits)))})
-			e, ok := s.Elements[key]
+			fields := []Datum{Addr(LowBitsAddr(st.f, AddrLowBits(a, p.Bits)))}
+			key := s.KeyString(fields)
+			e, ok := s.Elements.Get(fields)
 			if !ok {
 				return "", false
 			}
@@ -299,8 +301,7 @@ func (st *traceState) match(rs *Ruleset, p Phrase) bool {
 		return p.Prefix.Contains(a) != p.Negate
 	case MatchSet:
 		s := rs.Sets[p.Set]
-		_, ok := s.Elements[s.KeyString(st.fields(p.Fields))]
-		return ok != p.Negate
+		return s.Elements.Has(st.fields(p.Fields)) != p.Negate
 	case MatchL4Proto:
 		return st.pkt.Proto == p.Proto
 	case MatchCtStateNew:

@@ -3,6 +3,8 @@ package nft
 import (
 	"context"
 	"fmt"
+	"iter"
+	"slices"
 )
 
 // TableName is the one table nftproxy owns in each family. nftproxy never
@@ -46,6 +48,11 @@ type Op struct {
 	Rule      Rule   // OpAddRule
 	Set       *Set   // OpAddSet, OpDeleteSet, OpAddElements, OpDeleteElements
 	Elements  []Element
+	// AllElements, on an OpAddElements, adds every element of Set, as
+	// Set holds them when the transaction is applied, instead of
+	// Elements: a full rewrite does not copy the elements of its sets
+	// (12 MB at 10,000 Services of 5 endpoints).
+	AllElements bool
 	// Digest, on the OpAddRule that writes the first rule of a chain
 	// written whole, is the digest of all the chain's rules; the rule
 	// stores it for Load (see digest.go).
@@ -67,12 +74,28 @@ func (t *Transaction) Changes() int {
 	for _, op := range t.Ops {
 		switch op.Kind {
 		case OpAddElements, OpDeleteElements:
-			n += len(op.Elements)
+			n += op.ElementCount()
 		default:
 			n++
 		}
 	}
 	return n
+}
+
+// ElementCount is the number of elements an element op adds or deletes.
+func (op *Op) ElementCount() int {
+	if op.AllElements {
+		return op.Set.Elements.Len()
+	}
+	return len(op.Elements)
+}
+
+// AllOf returns the elements an element op adds or deletes.
+func (op *Op) AllOf() iter.Seq[Element] {
+	if op.AllElements {
+		return op.Set.Elements.All()
+	}
+	return slices.Values(op.Elements)
 }
 
 // Empty reports whether the transaction does nothing.

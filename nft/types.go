@@ -161,8 +161,7 @@ type Set struct {
 	// its elements are ranges of random buckets, and Key and Data must be
 	// as NewEndpointsMap sets them.
 	Endpoints uint8
-	// Elements by Element.KeyString(). Never nil once built with NewSet.
-	Elements map[string]Element
+	Elements  Elements
 }
 
 // IsMap reports whether the set maps keys to data.
@@ -239,11 +238,8 @@ func (r *Ruleset) AddChain(c *Chain) *Chain {
 	return c
 }
 
-// AddSet adds (or replaces) a set and returns it. A nil Elements map is made.
+// AddSet adds (or replaces) a set and returns it.
 func (r *Ruleset) AddSet(s *Set) *Set {
-	if s.Elements == nil {
-		s.Elements = map[string]Element{}
-	}
 	r.Sets[s.Name] = s
 	return s
 }
@@ -255,7 +251,7 @@ func (r *Ruleset) AddElement(set string, e Element) {
 	if !ok {
 		panic("nft: AddElement to unknown set " + set)
 	}
-	s.Elements[s.KeyString(e.Key)] = e
+	s.Elements.Put(e)
 }
 
 // Append adds a rule to the end of a chain; it panics if the chain is not

@@ -242,7 +242,7 @@ func TestPeriodicFullSyncVerifies(t *testing.T) {
 
 	set := backend.Fake.Ruleset(nft.IPv4).Sets["service-ips"]
 	var victim nft.Element
-	for _, e := range set.Elements {
+	for e := range set.Elements.All() {
 		victim = e
 		break
 	}
