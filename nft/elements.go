@@ -4,14 +4,16 @@ import (
 	"encoding/binary"
 	"iter"
 	"net/netip"
+	"slices"
 )
 
-// Elements holds the elements of a set, packed: an element's key and data
-// fields are kept as bytes, not as Datum slices, and the key bytes index
-// the elements. An Element is 80 bytes plus 32 per field; a hairpin
-// connection (two addresses) took about 220 bytes, and a full sync of
-// 10,000 Services of 5 endpoints held 120,000 such elements, a third of
-// the proxier's memory (docs/profiles.md). Packed, it is about 80 bytes.
+// Elements holds the elements of a set, packed into strings: a map from
+// an element's packed key fields to its packed value (data fields,
+// verdict, comment, range end; "" for a plain set's element). An Element
+// is 80 bytes plus 32 per field: a hairpin connection (two addresses)
+// took about 220 bytes in a map of Elements, where packed it takes about
+// 60, and a full sync of 100,000 Services of 10 endpoints holds 2.2
+// million elements (docs/profiles.md).
 //
 // The packing keeps every field as it was given (Datum's address and
 // integer, but an address's zone), so Get and All return the elements Put
@@ -22,16 +24,7 @@ import (
 // The zero value is empty and ready to use. Copying an Elements aliases it:
 // use Clone.
 type Elements struct {
-	m map[string]packedElement
-}
-
-// packedElement is an element's value: its packed data fields, verdict,
-// comment and, in an endpoints map, the end of its range.
-type packedElement struct {
-	data    string
-	verdict *Verdict
-	comment string
-	end     uint32
+	m map[string]string
 }
 
 // Len returns the number of elements.
@@ -72,7 +65,7 @@ func (es *Elements) All() iter.Seq[Element] {
 
 // Clone returns a copy that does not alias es.
 func (es *Elements) Clone() Elements {
-	c := Elements{m: make(map[string]packedElement, len(es.m))}
+	c := Elements{m: make(map[string]string, len(es.m))}
 	for k, p := range es.m {
 		c.m[k] = p
 	}
@@ -82,13 +75,13 @@ func (es *Elements) Clone() Elements {
 // reserve makes room for n elements if there are none.
 func (es *Elements) reserve(n int) {
 	if len(es.m) == 0 && n > 0 {
-		es.m = make(map[string]packedElement, n)
+		es.m = make(map[string]string, n)
 	}
 }
 
-func (es *Elements) put(k string, p packedElement) {
+func (es *Elements) put(k, p string) {
 	if es.m == nil {
-		es.m = map[string]packedElement{}
+		es.m = map[string]string{}
 	}
 	es.m[k] = p
 }
@@ -163,35 +156,132 @@ func unpackFields(dst []Datum, s string) []Datum {
 		var d Datum
 		switch tag &^ packInt {
 		case packAddr4:
-			d.Addr = netip.AddrFrom4([4]byte([]byte(s[:4])))
-			s = s[4:]
+			var a [4]byte
+			copy(a[:], s)
+			d.Addr, s = netip.AddrFrom4(a), s[4:]
 		case packAddr6:
-			d.Addr = netip.AddrFrom16([16]byte([]byte(s[:16])))
-			s = s[16:]
+			var a [16]byte
+			copy(a[:], s)
+			d.Addr, s = netip.AddrFrom16(a), s[16:]
 		}
 		if tag&packInt != 0 {
-			d.Int = binary.LittleEndian.Uint32([]byte(s[:4]))
-			s = s[4:]
+			d.Int, s = le32(s), s[4:]
 		}
 		dst = append(dst, d)
 	}
 	return dst
 }
 
-func packValue(e Element) packedElement {
-	p := packedElement{verdict: e.Verdict, comment: e.Comment, end: e.End}
-	if len(e.Data) > 0 {
-		var buf [64]byte
-		p.data = string(appendPacked(buf[:0], e.Data))
+// A packed value: a flags byte, then what the flags announce in this
+// order: the range end (4 bytes), the verdict (kind and chain, each a
+// uvarint length and its bytes), the comment (the same), the data fields
+// (the rest, packed as keys are).
+const (
+	valueEnd = 1 << iota
+	valueVerdict
+	valueComment
+	valueData
+)
+
+func packValue(e Element) string {
+	var flags byte
+	if e.End != 0 {
+		flags |= valueEnd
 	}
-	return p
+	if e.Verdict != nil {
+		flags |= valueVerdict
+	}
+	if e.Comment != "" {
+		flags |= valueComment
+	}
+	if len(e.Data) > 0 {
+		flags |= valueData
+	}
+	if flags == 0 {
+		return ""
+	}
+	var buf [128]byte
+	b := append(buf[:0], flags)
+	if e.End != 0 {
+		b = binary.LittleEndian.AppendUint32(b, e.End)
+	}
+	if e.Verdict != nil {
+		b = appendString(appendString(b, string(e.Verdict.Kind)), e.Verdict.Chain)
+	}
+	if e.Comment != "" {
+		b = appendString(b, e.Comment)
+	}
+	return string(appendPacked(b, e.Data))
 }
 
-// unpackElement returns the element of key k and value p.
-func unpackElement(k string, p packedElement) Element {
-	e := Element{Key: unpackFields(nil, k), Verdict: p.verdict, Comment: p.comment, End: p.end}
-	if p.data != "" {
-		e.Data = unpackFields(nil, p.data)
+func appendString(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+}
+
+// unpacked is an element unpacked into space of its own: Key, Data and
+// Verdict point into it.
+type unpacked struct {
+	Element
+	key, data [8]Datum
+	verdict   Verdict
+}
+
+// unpack unpacks the element of key k and value v into u, whose Element
+// then holds it until the next unpack.
+func (u *unpacked) unpack(k, v string) {
+	u.Element = Element{Key: unpackFields(u.key[:0], k)}
+	if v == "" {
+		return
+	}
+	flags, v := v[0], v[1:]
+	if flags&valueEnd != 0 {
+		u.End, v = le32(v), v[4:]
+	}
+	if flags&valueVerdict != 0 {
+		var kind string
+		kind, v = cutString(v)
+		u.verdict.Chain, v = cutString(v)
+		u.verdict.Kind = VerdictKind(kind)
+		u.Verdict = &u.verdict
+	}
+	if flags&valueComment != 0 {
+		u.Comment, v = cutString(v)
+	}
+	if flags&valueData != 0 {
+		u.Data = unpackFields(u.data[:0], v)
+	}
+}
+
+// cutString cuts a string written by appendString off v.
+func cutString(v string) (s, rest string) {
+	n, shift, i := 0, 0, 0
+	for ; v[i] >= 0x80; i++ {
+		n |= int(v[i]&0x7f) << shift
+		shift += 7
+	}
+	n |= int(v[i]) << shift
+	v = v[i+1:]
+	return v[:n], v[n:]
+}
+
+// le32 reads a little-endian uint32 at the start of s.
+func le32(s string) uint32 {
+	return uint32(s[0]) | uint32(s[1])<<8 | uint32(s[2])<<16 | uint32(s[3])<<24
+}
+
+// unpackElement returns the element of key k and value v, in memory of
+// its own.
+func unpackElement(k, v string) Element {
+	var u unpacked
+	u.unpack(k, v)
+	e := u.Element
+	e.Key = slices.Clone(e.Key)
+	if e.Data != nil {
+		e.Data = slices.Clone(e.Data)
+	}
+	if e.Verdict != nil {
+		vd := *e.Verdict
+		e.Verdict = &vd
 	}
 	return e
 }

@@ -191,7 +191,7 @@ func sizeHint(tx *Transaction) int {
 			n += per * op.ElementCount()
 			if op.AllElements {
 				for _, p := range op.Set.Elements.m {
-					n += len(p.comment)
+					n += len(p) // the comment, and more
 				}
 			} else {
 				for _, e := range op.Elements {

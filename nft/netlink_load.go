@@ -583,8 +583,7 @@ func closeRanges(s *Set, ends []uint32) error {
 		if err := checkRange(s, e); err != nil {
 			return err
 		}
-		p.end = e.End
-		s.Elements.m[k] = p
+		s.Elements.m[k] = packValue(e)
 		used++
 	}
 	if used != len(ends) {

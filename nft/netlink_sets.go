@@ -115,13 +115,12 @@ func (b *batch) setElements(msgType uint16, op *Op) error {
 		return true
 	}
 	if op.AllElements {
-		// Unpacked into reused slices: elementValue keeps no field.
-		for k, p := range s.Elements.m {
-			e := Element{Key: unpackFields(b.scratch.key[:0], k), Verdict: p.verdict, Comment: p.comment, End: p.end}
-			if p.data != "" {
-				e.Data = unpackFields(b.scratch.data[:0], p.data)
-			}
-			if !each(e) {
+		// Unpacked into one reused element: the encoding keeps no
+		// field of it.
+		u := &b.scratch.elem
+		for k, v := range s.Elements.m {
+			u.unpack(k, v)
+			if !each(u.Element) {
 				break
 			}
 		}
@@ -150,7 +149,7 @@ type elemValue struct {
 // elemScratch is the space elements are encoded in before they are
 // written into the batch.
 type elemScratch struct {
-	key, data          [8]Datum
+	elem               unpacked
 	keyB, dataB, udata []byte
 	end                [4]byte
 }

@@ -1,0 +1,70 @@
+package nft
+
+import (
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestElementsKeepWhatWasPut: every field of an element comes back from
+// Get and All as it was put: addresses of both families (and IPv4-mapped
+// IPv6), the zero address, a datum with both an address and an integer,
+// verdicts, long comments, range ends, data.
+func TestElementsKeepWhatWasPut(t *testing.T) {
+	v4, v6 := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("fd00::1")
+	mapped := netip.MustParseAddr("::ffff:10.0.0.1")
+	elems := []Element{
+		{Key: []Datum{Addr(v4)}},
+		{Key: []Datum{Addr(v6)}},
+		{Key: []Datum{Addr(mapped)}},
+		{Key: []Datum{{}}},
+		{Key: []Datum{{Addr: v4, Int: 7}}},
+		{Key: []Datum{Int(1 << 31)}},
+		{Key: []Datum{Addr(v4), Addr(v4), Int(6), Int(8080)}},
+		{Key: []Datum{Addr(v6), Int(17), Int(53)}, Verdict: &Verdict{Kind: VerdictGoto, Chain: "service-ABC-ns/svc:dns"},
+			Comment: "ns/svc:dns"},
+		{Key: []Datum{Addr(v4), Int(6), Int(80)}, Verdict: &Verdict{Kind: VerdictDrop}},
+		{Key: []Datum{Addr(v4), Int(6), Int(81)}, Verdict: &Verdict{Kind: "verdict(-7)"}, Comment: strings.Repeat("c", 300)},
+		{Key: []Datum{Int(131072)}, End: 163839, Data: []Datum{Addr(v4), Int(8080)}},
+		{Key: []Datum{Int(1)}, Data: []Datum{Addr(v6), Int(0)}},
+		{Key: []Datum{Int(5)}, Data: []Datum{}, Comment: "x"},
+	}
+	var es Elements
+	for _, e := range elems {
+		es.Put(e)
+	}
+	if es.Len() != len(elems) {
+		t.Fatalf("%d elements, want %d", es.Len(), len(elems))
+	}
+	for _, e := range elems {
+		got, ok := es.Get(e.Key)
+		want := e
+		if len(want.Data) == 0 {
+			want.Data = nil
+		}
+		if !ok || !reflect.DeepEqual(got, want) {
+			t.Errorf("Get(%v) = %+v, %v; want %+v", e.Key, got, ok, want)
+		}
+	}
+	n := 0
+	for e := range es.All() {
+		n++
+		if !slices.ContainsFunc(elems, func(w Element) bool { return reflect.DeepEqual(w.Key, e.Key) }) {
+			t.Errorf("All returned %+v, never put", e)
+		}
+	}
+	if n != len(elems) {
+		t.Errorf("All returned %d elements", n)
+	}
+	c := es.Clone()
+	es.Delete(elems[0].Key)
+	if es.Has(elems[0].Key) || !c.Has(elems[0].Key) || es.Len() != len(elems)-1 {
+		t.Error("Delete: wrong element removed, or the clone aliases the original")
+	}
+	es.Put(Element{Key: elems[1].Key, Comment: "new"})
+	if got, _ := es.Get(elems[1].Key); got.Comment != "new" || es.Len() != len(elems)-1 {
+		t.Errorf("Put of an existing key: %+v, %d elements", got, es.Len())
+	}
+}
