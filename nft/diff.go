@@ -74,13 +74,13 @@ func unionKeys[V any](a, b map[string]V) []string {
 // from the kernel, where few elements change, from sorting them all.
 func changedKeys(want *Set, have *Elements) []string {
 	var keys []string
-	for k, w := range want.Elements.m {
-		if h, ok := have.m[k]; !ok || !samePacked(want, k, h, w) {
+	for k, w := range want.Elements.each() {
+		if h, ok := have.get(k); !ok || !samePacked(want, k, h, w) {
 			keys = append(keys, k)
 		}
 	}
-	for k := range have.m {
-		if _, ok := want.Elements.m[k]; !ok {
+	for k := range have.each() {
+		if _, ok := want.Elements.get(k); !ok {
 			keys = append(keys, k)
 		}
 	}

@@ -207,7 +207,7 @@ func (e *Editor) release(se SetElement) {
 	case n == 1:
 		delete(e.shared, k)
 	default: // the last holder
-		delete(s.Elements.m, k.key)
+		s.Elements.del(k.key)
 	}
 }
 

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"maps"
 	"math/rand"
 	"net/netip"
 	"reflect"
@@ -198,7 +199,7 @@ func diffAllKeys(committed, desired *Ruleset) *Transaction {
 		if old, ok := committed.Sets[name]; ok {
 			have = &old.Elements
 		}
-		for _, k := range unionKeys(have.m, want.Elements.m) {
+		for _, k := range unionKeys(maps.Collect(have.each()), maps.Collect(want.Elements.each())) {
 			c.element(want, have.at(k), want.Elements.at(k))
 		}
 	}
@@ -220,11 +221,10 @@ func TestDiffSortsOnlyChanges(t *testing.T) {
 		desired := fullSyncRuleset(t)
 		for _, s := range []*Ruleset{committed, desired} {
 			for _, set := range s.Sets {
-				for k, p := range set.Elements.m {
-					e := unpackElement(k, p)
+				for _, e := range slices.Collect(set.Elements.All()) {
 					switch rng.Intn(40) {
 					case 0:
-						delete(set.Elements.m, k)
+						set.Elements.Delete(e.Key)
 						continue
 					case 1:
 						e.Comment += "x"

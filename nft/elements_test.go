@@ -1,9 +1,11 @@
 package nft
 
 import (
+	"math/rand"
 	"net/netip"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -67,4 +69,61 @@ func TestElementsKeepWhatWasPut(t *testing.T) {
 	if got, _ := es.Get(elems[1].Key); got.Comment != "new" || es.Len() != len(elems)-1 {
 		t.Errorf("Put of an existing key: %+v, %d elements", got, es.Len())
 	}
+}
+
+// TestElementsAgainstMap: random puts, replacements and deletes (enough
+// to grow the index, fill it with tombstones and compact the slab) leave
+// the same elements as a Go map given the same operations, also when
+// values are replaced while iterating.
+func TestElementsAgainstMap(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	var es Elements
+	want := map[string]Element{}
+	key := func(i int) []Datum { return []Datum{Addr(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})), Int(uint32(i))} }
+	check := func(step int) {
+		t.Helper()
+		if es.Len() != len(want) {
+			t.Fatalf("step %d: %d elements, want %d", step, es.Len(), len(want))
+		}
+		n := 0
+		for e := range es.All() {
+			n++
+			if w, ok := want[packKey(e.Key)]; !ok || !reflect.DeepEqual(w, e) {
+				t.Fatalf("step %d: element %+v, want %+v", step, e, w)
+			}
+		}
+		if n != len(want) {
+			t.Fatalf("step %d: All gave %d elements", step, n)
+		}
+	}
+	for step := range 60000 {
+		i := rng.Intn(3000)
+		switch op := rng.Intn(10); {
+		case op < 5:
+			e := Element{Key: key(i), Comment: strconv.Itoa(rng.Intn(3))}
+			es.Put(e)
+			want[packKey(e.Key)] = e
+		case op < 9:
+			es.Delete(key(i))
+			delete(want, packKey(key(i)))
+		default:
+			if es.Has(key(i)) != (want[packKey(key(i))].Key != nil) {
+				t.Fatalf("step %d: Has(%d) wrong", step, i)
+			}
+		}
+		if step%5000 == 0 {
+			check(step)
+		}
+	}
+	check(-1)
+	if es.garbage > 64<<10 && es.garbage > len(es.slab)/2 {
+		t.Errorf("slab of %d bytes, %d of them garbage: never compacted", len(es.slab), es.garbage)
+	}
+	for k, v := range es.each() { // replace values while iterating
+		e := unpackElement(k, v)
+		e.Comment = "iterated"
+		es.put(k, packValue(e))
+		want[k] = e
+	}
+	check(-2)
 }

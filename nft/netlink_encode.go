@@ -190,8 +190,8 @@ func sizeHint(tx *Transaction) int {
 			}
 			n += per * op.ElementCount()
 			if op.AllElements {
-				for _, p := range op.Set.Elements.m {
-					n += len(p) // the comment, and more
+				for _, v := range op.Set.Elements.each() {
+					n += len(v) // the comment, and more
 				}
 			} else {
 				for _, e := range op.Elements {

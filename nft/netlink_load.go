@@ -573,8 +573,8 @@ func decodeElements(f Family, s *Set, attrs []byte, ends *[]uint32) error {
 func closeRanges(s *Set, ends []uint32) error {
 	slices.Sort(ends)
 	used := 0
-	for k, p := range s.Elements.m {
-		e := unpackElement(k, p)
+	for k, v := range s.Elements.each() {
+		e := unpackElement(k, v)
 		i, _ := slices.BinarySearch(ends, e.Key[0].Int+1)
 		if i == len(ends) {
 			return fmt.Errorf("range %s has no end", s.KeyString(e.Key))
@@ -583,7 +583,7 @@ func closeRanges(s *Set, ends []uint32) error {
 		if err := checkRange(s, e); err != nil {
 			return err
 		}
-		s.Elements.m[k] = packValue(e)
+		s.Elements.put(k, packValue(e))
 		used++
 	}
 	if used != len(ends) {

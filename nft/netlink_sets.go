@@ -118,7 +118,7 @@ func (b *batch) setElements(msgType uint16, op *Op) error {
 		// Unpacked into one reused element: the encoding keeps no
 		// field of it.
 		u := &b.scratch.elem
-		for k, v := range s.Elements.m {
+		for k, v := range s.Elements.each() {
 			u.unpack(k, v)
 			if !each(u.Element) {
 				break
