@@ -79,7 +79,9 @@ func TestElementsAgainstMap(t *testing.T) {
 	rng := rand.New(rand.NewSource(7))
 	var es Elements
 	want := map[string]Element{}
-	key := func(i int) []Datum { return []Datum{Addr(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})), Int(uint32(i))} }
+	key := func(i int) []Datum {
+		return []Datum{Addr(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})), Int(uint32(i))}
+	}
 	check := func(step int) {
 		t.Helper()
 		if es.Len() != len(want) {
