@@ -3,6 +3,8 @@ package nft
 import (
 	"sort"
 	"strconv"
+	"strings"
+	"unsafe"
 )
 
 // Fragment is the part of a ruleset that one owner contributes: chains and
@@ -51,6 +53,8 @@ type Editor struct {
 	chainsBefore map[string]*Chain
 	setsBefore   map[string]*Set
 	elemsBefore  map[setKey]*Element
+
+	keyBuf, valBuf []byte // scratch space of packed
 }
 
 type setKey struct{ set, key string }
@@ -180,30 +184,44 @@ func (e *Editor) touchElement(s *Set, k setKey) {
 	if _, seen := e.elemsBefore[k]; seen {
 		return
 	}
-	e.elemsBefore[k] = s.Elements.at(k.key)
+	e.elemsBefore[k.kept()] = s.Elements.at(k.key)
 }
+
+// packed returns the set key of an element, its packed key a view of the
+// editor's scratch space: valid until the next call, and to be kept only
+// as setKey.kept. Packing into fresh strings was two allocations per
+// element of a full sync, whose bytes the set copies anyway.
+func (e *Editor) packed(set string, key []Datum) setKey {
+	e.keyBuf = appendPacked(e.keyBuf[:0], key)
+	return setKey{set, unsafe.String(unsafe.SliceData(e.keyBuf), len(e.keyBuf))}
+}
+
+// kept is k with a key of its own: a map key must be (an assignment to a
+// map with string keys stores the key given, even for a key it had).
+func (k setKey) kept() setKey { return setKey{k.set, strings.Clone(k.key)} }
 
 func (e *Editor) hold(se SetElement) {
 	s := e.mustSet(se.Set)
-	k := setKey{se.Set, packKey(se.Element.Key)}
+	k := e.packed(se.Set, se.Element.Key)
 	e.touchElement(s, k)
 	// The latest holder's value wins. An element that was there already
-	// leaves the length as it was: one map operation, not a lookup and an
+	// leaves the length as it was: one operation, not a lookup and an
 	// insert (a fifth of hold's time).
 	n := s.Elements.Len()
-	s.Elements.put(k.key, packValue(se.Element))
+	e.valBuf = appendValue(e.valBuf[:0], se.Element)
+	s.Elements.put(k.key, unsafe.String(unsafe.SliceData(e.valBuf), len(e.valBuf)))
 	if s.Elements.Len() == n {
-		e.shared[k]++
+		e.shared[k.kept()]++
 	}
 }
 
 func (e *Editor) release(se SetElement) {
 	s := e.mustSet(se.Set)
-	k := setKey{se.Set, packKey(se.Element.Key)}
+	k := e.packed(se.Set, se.Element.Key)
 	e.touchElement(s, k)
 	switch n := e.shared[k]; {
 	case n > 1:
-		e.shared[k] = n - 1
+		e.shared[k.kept()] = n - 1
 	case n == 1:
 		delete(e.shared, k)
 	default: // the last holder

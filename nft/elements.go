@@ -342,6 +342,12 @@ const (
 )
 
 func packValue(e Element) string {
+	var buf [128]byte
+	return string(appendValue(buf[:0], e))
+}
+
+// appendValue appends e's packed value to b.
+func appendValue(b []byte, e Element) []byte {
 	var flags byte
 	if e.End != 0 {
 		flags |= valueEnd
@@ -356,10 +362,9 @@ func packValue(e Element) string {
 		flags |= valueData
 	}
 	if flags == 0 {
-		return ""
+		return b
 	}
-	var buf [128]byte
-	b := append(buf[:0], flags)
+	b = append(b, flags)
 	if e.End != 0 {
 		b = binary.LittleEndian.AppendUint32(b, e.End)
 	}
@@ -369,7 +374,7 @@ func packValue(e Element) string {
 	if e.Comment != "" {
 		b = appendString(b, e.Comment)
 	}
-	return string(appendPacked(b, e.Data))
+	return appendPacked(b, e.Data)
 }
 
 func appendString(b []byte, s string) []byte {
