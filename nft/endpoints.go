@@ -82,11 +82,13 @@ func EndpointsElements(slot uint16, endpoints []netip.AddrPort) []Element {
 	n := min(len(endpoints), EndpointBuckets)
 	base := uint32(slot) * EndpointBuckets
 	out := make([]Element, n)
+	fields := make([]Datum, 3*n) // one allocation for every key and data
 	for j := range n {
 		lo, hi := bucketRange(j, n)
 		ep := endpoints[j]
-		out[j] = Element{Key: []Datum{Int(base + lo)}, End: base + hi,
-			Data: []Datum{Addr(ep.Addr()), Int(uint32(ep.Port()))}}
+		f := fields[3*j : 3*j+3 : 3*j+3]
+		f[0], f[1], f[2] = Int(base+lo), Addr(ep.Addr()), Int(uint32(ep.Port()))
+		out[j] = Element{Key: f[:1:1], End: base + hi, Data: f[1:]}
 	}
 	return out
 }

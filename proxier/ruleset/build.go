@@ -274,7 +274,14 @@ func servicesRules(cfg Config, nodePortGuards [][]nft.Phrase) []nft.Rule {
 // map gets its slot from slots (which assigns one if it has none: add
 // slots.Maps to the table).
 func ServiceFragment(cfg Config, ports []model.ServicePortState, slots *Slots) *nft.Fragment {
-	fr := &nft.Fragment{}
+	// Room for the elements of the usual port (its ClusterIP, service IP,
+	// and per endpoint a hairpin connection and a range), not grown from
+	// nothing: growing was a fifth of a full sync's allocations.
+	n := 0
+	for i := range ports {
+		n += 4 + 2*len(ports[i].Endpoints)
+	}
+	fr := &nft.Fragment{Elements: make([]nft.SetElement, 0, n)}
 	for i := range ports {
 		portFragment(fr, cfg, &ports[i], slots)
 	}
@@ -433,10 +440,10 @@ func firewall(b portBuilder) {
 // connections are masqueraded, or the endpoint would see its own address
 // as the source and answer itself directly.
 func hairpins(b portBuilder, endpoints []netip.AddrPort) {
+	keys := make([]nft.Datum, 0, 4*len(endpoints)) // one allocation for every key
 	for _, ep := range endpoints {
-		b.element(hairpinSet(hairpinShard(ep.Addr())), nft.Element{Key: []nft.Datum{
-			nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(ep.Port())),
-		}})
+		keys = append(keys, nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(ep.Port())))
+		b.element(hairpinSet(hairpinShard(ep.Addr())), nft.Element{Key: keys[len(keys)-4 : len(keys) : len(keys)]})
 	}
 }
 
