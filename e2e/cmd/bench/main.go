@@ -61,6 +61,7 @@ type config struct {
 	Baseline            int     // also measure first-packet latency at this many Services
 	Upstream            bool
 	MinSyncPeriod       string // --iptables-min-sync-period for both proxies ("" = their default, 1s)
+	ProxyEnv            []string // KEY=VALUE settings added to both proxies' environment (GOMEMLIMIT…)
 	LogDir              string
 	Smoke               bool
 }
@@ -93,6 +94,14 @@ func main() {
 	flag.BoolVar(&c.Upstream, "upstream", false, "also run upstream kube-proxy (nftables mode)")
 	flag.StringVar(&c.MinSyncPeriod, "min-sync-period", "", "--iptables-min-sync-period for both proxies (default: theirs, 1s)")
 	flag.StringVar(&c.LogDir, "logs", "", "keep the logs of every process in this directory")
+	flag.Func("proxy-env", "KEY=VALUE added to both proxies' environment, e.g. GOMEMLIMIT=80MiB (repeatable)",
+		func(v string) error {
+			if !strings.Contains(v, "=") {
+				return fmt.Errorf("%q: want KEY=VALUE", v)
+			}
+			c.ProxyEnv = append(c.ProxyEnv, v)
+			return nil
+		})
 	smoke := flag.Bool("smoke", false, "small quick run (50×2, 3 changes, with upstream) that fails if nftproxy's numbers are missing or absurd")
 	flag.Parse()
 	if *smoke {
@@ -206,12 +215,16 @@ func (b *bench) command(kind string, node *testbed.Node) []string {
 	if b.c.MinSyncPeriod != "" {
 		common = append(common, "--iptables-min-sync-period", b.c.MinSyncPeriod)
 	}
-	if kind == "nftproxy" {
-		return append([]string{b.nftproxyBin, "--v", "2"}, common...)
+	var env []string // env execs the proxy: the process measured is the proxy's
+	if len(b.c.ProxyEnv) > 0 {
+		env = append([]string{"env"}, b.c.ProxyEnv...)
 	}
-	return append([]string{b.kubeProxyBin, "--proxy-mode", "nftables",
+	if kind == "nftproxy" {
+		return append(append(env, b.nftproxyBin, "--v", "2"), common...)
+	}
+	return append(append(env, b.kubeProxyBin, "--proxy-mode", "nftables",
 		"--conntrack-max-per-core", "0", "--conntrack-tcp-timeout-established", "0",
-		"--conntrack-tcp-timeout-close-wait", "0"}, common...)
+		"--conntrack-tcp-timeout-close-wait", "0"), common...)
 }
 
 func nodeName(kind string) string {
