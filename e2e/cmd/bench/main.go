@@ -60,7 +60,7 @@ type config struct {
 	Conns               int     // connections for first-packet latency
 	Baseline            int     // also measure first-packet latency at this many Services
 	Upstream            bool
-	MinSyncPeriod       string // --iptables-min-sync-period for both proxies ("" = their default, 1s)
+	MinSyncPeriod       string   // --iptables-min-sync-period for both proxies ("" = their default, 1s)
 	ProxyEnv            []string // KEY=VALUE settings added to both proxies' environment (GOMEMLIMIT…)
 	LogDir              string
 	Smoke               bool
