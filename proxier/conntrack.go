@@ -3,7 +3,6 @@ package proxier
 import (
 	"context"
 	"net/netip"
-	"reflect"
 	"sync"
 
 	"k8s.io/klog/v2"
@@ -13,38 +12,44 @@ import (
 	"github.com/nftproxy/nftproxy/proxier/model"
 )
 
-// cleanConntrack hands the conntrack cleanup of a sync to the cleaner:
-// the UDP and SCTP flows to a frontend of a changed Service that point at
-// an endpoint that no longer serves it (or at no endpoint, created while
-// it had none), and flows to frontends that are gone. It looks only at the
-// Services whose UDP or SCTP ports changed, and does nothing (not even a
-// dump) when there is none. before holds the affected Services' ports as
-// they were programmed before the sync.
+// conntrackWork is the conntrack cleanup a sync collects as it goes through
+// the changed Services: the UDP and SCTP flows to a frontend of a changed
+// Service that point at an endpoint that no longer serves it (or at no
+// endpoint, created while it had none), and flows to frontends that are
+// gone. Only Services with a UDP or SCTP port before or after count.
+type conntrackWork struct {
+	previous conntrack.Frontends
+	current  map[model.ServiceName]conntrack.Frontends
+}
+
+func newConntrackWork() *conntrackWork {
+	return &conntrackWork{previous: conntrack.Frontends{}, current: map[model.ServiceName]conntrack.Frontends{}}
+}
+
+// add records that Service name's ports went from old to now.
+func (w *conntrackWork) add(name model.ServiceName, old, now []model.ServicePortState) {
+	if !hasDatagramPort(old) && !hasDatagramPort(now) {
+		return
+	}
+	addFrontends(w.previous, old)
+	cur := conntrack.Frontends{}
+	addFrontends(cur, now)
+	w.current[name] = cur
+}
+
+// cleanConntrack hands the conntrack cleanup of a sync to the cleaner. It
+// does nothing (not even a dump) when no UDP or SCTP port changed.
 //
 // The cleanup runs outside the sync loop (conntrackCleaner): a dump of a
 // large table takes a quarter of a second at 100,000 flows, and a change
 // to another Service must not wait for it. Deleting flows late is safe:
 // until then, a stale flow keeps sending to its old endpoint, which is
 // what it did before the sync too.
-func (p *Proxier) cleanConntrack(f nft.Family, fs *familyState, before map[model.ServiceName][]model.ServicePortState) {
-	if p.deps.Conntrack == nil {
+func (p *Proxier) cleanConntrack(f nft.Family, fs *familyState, w *conntrackWork) {
+	if p.deps.Conntrack == nil || len(w.current) == 0 {
 		return
 	}
-	previous, current := conntrack.Frontends{}, map[model.ServiceName]conntrack.Frontends{}
-	for name, old := range before {
-		now := fs.services[name].ports
-		if reflect.DeepEqual(old, now) || !hasDatagramPort(old) && !hasDatagramPort(now) {
-			continue
-		}
-		addFrontends(previous, old)
-		cur := conntrack.Frontends{}
-		addFrontends(cur, now)
-		current[name] = cur
-	}
-	if len(current) == 0 {
-		return
-	}
-	p.cleaner.enqueue(f, previous, current, nodePortAddrMatcher(fs))
+	p.cleaner.enqueue(f, w.previous, w.current, nodePortAddrMatcher(fs))
 }
 
 // conntrackCleaner runs the conntrack cleanups of the syncs, one at a

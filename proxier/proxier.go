@@ -281,14 +281,29 @@ func observeProgrammingLatency(slices watch.SliceChanges) {
 	}
 }
 
-// programmed is what one Service contributes to a family's table: its
-// service ports. Its fragment is not kept: ruleset.ServiceFragment is
-// deterministic, so the fragment the Editor must release on the next
-// change is rebuilt from these ports and familyState.cfg (about 10 µs).
-// Keeping the fragments instead cost 7 MiB at 10k×5 and 130 MiB at
-// 100k×10 (docs/profiles.md).
+// programmed is what one Service contributes to a family's table: the
+// objects its service ports were derived from (with familyState.node), and
+// how many ports that gave. Neither the ports nor the fragment are kept:
+// model.ServicePorts and ruleset.ServiceFragment are deterministic, so
+// both are derived again from these objects, the node and familyState.cfg
+// when the Editor must release the fragment (about 10 µs). The objects
+// are the ones the trackers hold as applied, shared. Keeping the
+// fragments cost 7 MiB at 10k×5 and 130 MiB at 100k×10, keeping the ports
+// 5.5 and 57 MiB (docs/profiles.md).
 type programmed struct {
-	ports []model.ServicePortState
+	svc    *model.Service
+	slices []*model.EndpointSlice // the Service's EndpointSlices of the family
+	ports  int
+}
+
+// programmedPorts returns the service ports fs programmed for Service
+// name, derived again with node, the node they were derived with.
+func (fs *familyState) programmedPorts(f nft.Family, name model.ServiceName, node model.Node) []model.ServicePortState {
+	pr, ok := fs.services[name]
+	if !ok {
+		return nil
+	}
+	return model.ServicePorts(f, node, pr.svc, pr.slices)
 }
 
 // syncFamily updates one family's table for the affected Services: their
@@ -336,15 +351,19 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 			affected[name] = true
 		}
 	}
-	oldCfg := fs.cfg // what the programmed fragments were built with
+	oldCfg, oldNode := fs.cfg, fs.node // what the programmed fragments were built with
 	fs.cfg, fs.node = cfg, node
 	base := ruleset.Base(cfg, f)
 	fs.editor.Replace(fs.base, base)
 	fs.base = base
-	before := make(map[model.ServiceName][]model.ServicePortState, len(affected))
+	changed, ct := 0, newConntrackWork()
 	for name := range affected {
-		before[name] = fs.services[name].ports
-		p.syncService(f, fs, name, oldCfg)
+		old := fs.programmedPorts(f, name, oldNode)
+		now := p.syncService(f, fs, name, oldCfg, old)
+		if !reflect.DeepEqual(old, now) {
+			changed++
+			ct.add(name, old, now)
+		}
 	}
 	if full {
 		fs.slots.ReleaseUnclaimed()
@@ -369,17 +388,11 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	if full {
 		fs.lastFull = start
 	}
-	changed := 0
-	for name, old := range before {
-		if !reflect.DeepEqual(old, fs.services[name].ports) {
-			changed++
-		}
-	}
 	metrics.ServiceRuleChangesTotal.WithLabelValues(fam).Add(float64(changed))
 	p.recordSync(f, fs, full, time.Since(start), tx)
 	klog.V(2).InfoS("Synced", "ipFamily", fam, "full", full, "fromKernel", fromKernel, "servicePorts", fs.ports,
 		"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", time.Since(start))
-	p.cleanConntrack(f, fs, before)
+	p.cleanConntrack(f, fs, ct)
 	p.syncHealthChecks(f, fs)
 	return nil
 }
@@ -454,15 +467,16 @@ func (p *Proxier) loadTable(ctx context.Context, f nft.Family, backend nft.Inter
 	return rs
 }
 
-// syncService replaces the fragment of one Service in one family. Its
-// old fragment is rebuilt from the ports programmed and oldCfg, the
-// configuration they were built with.
-func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceName, oldCfg ruleset.Config) {
+// syncService replaces the fragment of one Service in one family and
+// returns its service ports. Its old fragment is rebuilt from old, the
+// ports programmed, and oldCfg, the configuration they were built with.
+func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceName, oldCfg ruleset.Config,
+	old []model.ServicePortState) []model.ServicePortState {
 	var frag *nft.Fragment
 	var ports []model.ServicePortState
+	var slices []*model.EndpointSlice
 	svc := p.services[name]
 	if svc != nil {
-		var slices []*model.EndpointSlice
 		for _, es := range p.slicesBySvc[name] {
 			if es.Family == f {
 				slices = append(slices, es)
@@ -489,22 +503,22 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 			}
 		}
 	}
-	old := fs.services[name]
-	if len(old.ports) == 0 && frag == nil {
-		return
+	if len(old) == 0 && frag == nil {
+		return ports
 	}
 	var oldFrag *nft.Fragment
-	if len(old.ports) > 0 {
-		oldFrag = ruleset.ServiceFragment(oldCfg, old.ports, fs.slots)
+	if len(old) > 0 {
+		oldFrag = ruleset.ServiceFragment(oldCfg, old, fs.slots)
 	}
 	fs.slots.ReleaseGone(oldFrag, frag)
 	fs.editor.Replace(oldFrag, frag)
 	if frag == nil {
 		delete(fs.services, name)
 	} else {
-		fs.services[name] = programmed{ports: ports}
+		fs.services[name] = programmed{svc: svc, slices: slices, ports: len(ports)}
 	}
-	fs.ports += len(ports) - len(old.ports)
+	fs.ports += len(ports) - len(old)
+	return ports
 }
 
 // syncHealthCheck records the health check port and local endpoint count

@@ -213,8 +213,9 @@ func setAll(p *Proxier, svcs []*model.Service, slices []*model.EndpointSlice) {
 // TestIncrementalSyncsMatchFullBuild: the proxier keeps no fragments and
 // rebuilds a Service's old fragment from its programmed ports and the
 // configuration they were built with. After changes of Services,
-// endpoints, the node (addresses, pod CIDRs: NodeCIDR local detection) and
-// the Service CIDRs, the table equals a fresh proxier's.
+// endpoints, the node (addresses, pod CIDRs: NodeCIDR local detection; its
+// zone, which picks the endpoints of topology hints) and the Service CIDRs,
+// the table equals a fresh proxier's.
 func TestIncrementalSyncsMatchFullBuild(t *testing.T) {
 	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour,
 		LocalDetect:  LocalDetect{Mode: DetectNodeCIDR},
@@ -227,9 +228,22 @@ func TestIncrementalSyncsMatchFullBuild(t *testing.T) {
 		}
 		return p, fk
 	}
-	node := func(addr, podCIDR string) model.Node {
-		return model.Node{Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr(addr)},
+	node := func(addr, podCIDR, zone string) model.Node {
+		return model.Node{Name: "n1", Zone: zone, Addresses: []netip.Addr{netip.MustParseAddr(addr)},
 			PodCIDRs: []netip.Prefix{netip.MustParsePrefix(podCIDR)}}
+	}
+	// Every endpoint hinted for zone a or b, alternately: the zone of the
+	// node decides which endpoints a Service has.
+	hinted := func(svcs []*model.Service, slices []*model.EndpointSlice) ([]*model.Service, []*model.EndpointSlice) {
+		for i, es := range slices {
+			c := *es
+			c.Endpoints = append([]model.Endpoint(nil), es.Endpoints...)
+			for j := range c.Endpoints {
+				c.Endpoints[j].Hints = &model.Hints{Zones: []string{[]string{"a", "b"}[j%2]}}
+			}
+			slices[i] = &c
+		}
+		return svcs, slices
 	}
 	sync := func(p *Proxier) {
 		t.Helper()
@@ -238,16 +252,16 @@ func TestIncrementalSyncsMatchFullBuild(t *testing.T) {
 		}
 	}
 	p, fk := newProxier()
-	p.setNode(node("10.10.0.11", "10.244.1.0/24"))
-	svcs, slices := testServices(40, 0)
+	p.setNode(node("10.10.0.11", "10.244.1.0/24", "a"))
+	svcs, slices := hinted(testServices(40, 0))
 	setAll(p, svcs, slices)
 	sync(p)
 
 	// The configuration changes with some Services: every Service is
 	// rebuilt, each releasing the fragment built with the old one.
-	p.setNode(node("10.10.0.12", "10.244.2.0/24"))
+	p.setNode(node("10.10.0.12", "10.244.2.0/24", "b"))
 	p.setAPIServiceCIDRs([]netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")})
-	svcs2, slices2 := testServices(40, 1)
+	svcs2, slices2 := hinted(testServices(40, 1))
 	setAll(p, svcs2[:20], slices2[:20])
 	sync(p)
 	// Then only Services change, some are deleted.
@@ -256,12 +270,12 @@ func TestIncrementalSyncsMatchFullBuild(t *testing.T) {
 		p.trackers.Services.Delete(svc.Name)
 	}
 	sync(p)
-	svcs3, slices3 := testServices(40, 2)
+	svcs3, slices3 := hinted(testServices(40, 2))
 	setAll(p, svcs3[5:15], slices3[5:15])
 	sync(p)
 
 	want, wantFk := newProxier()
-	want.setNode(node("10.10.0.12", "10.244.2.0/24"))
+	want.setNode(node("10.10.0.12", "10.244.2.0/24", "b"))
 	want.setAPIServiceCIDRs([]netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")})
 	final, finalSlices := append([]*model.Service(nil), svcs...), append([]*model.EndpointSlice(nil), slices...)
 	copy(final[:20], svcs2[:20])
