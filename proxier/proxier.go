@@ -390,12 +390,24 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	}
 	metrics.ServiceRuleChangesTotal.WithLabelValues(fam).Add(float64(changed))
 	p.recordSync(f, fs, full, time.Since(start), tx)
-	klog.V(2).InfoS("Synced", "ipFamily", fam, "full", full, "fromKernel", fromKernel, "servicePorts", fs.ports,
-		"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", time.Since(start))
+	if klog.V(2).Enabled() {
+		kv := []any{"ipFamily", fam, "full", full, "fromKernel", fromKernel, "servicePorts", fs.ports,
+			"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", time.Since(start)}
+		if b, ok := backend.(batchReporter); ok && !tx.Empty() {
+			// Where the time went: the rest of elapsed is building.
+			st := b.LastBatch()
+			kv = append(kv, "bytes", st.Bytes, "encode", st.Encode, "kernel", st.Kernel)
+		}
+		klog.V(2).InfoS("Synced", kv...)
+	}
 	p.cleanConntrack(f, fs, ct)
 	p.syncHealthChecks(f, fs)
 	return nil
 }
+
+// batchReporter is a backend that reports on the batch it sent last
+// (nft.Netlink).
+type batchReporter interface{ LastBatch() nft.BatchStats }
 
 // counts returns how many Services of family f there are, with how many
 // ports, and how many endpoint ports their EndpointSlices hold: the sizes
