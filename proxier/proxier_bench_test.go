@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
 )
@@ -327,4 +329,64 @@ func BenchmarkProxierStartup(b *testing.B) {
 			b.ReportMetric(grown/mib, "informer-and-proxier-MiB")
 		})
 	}
+}
+
+// BenchmarkProxierKernelFullSync is the first sync of a proxier into a real
+// kernel table (a fresh network namespace, nft.Netlink): it reports the
+// batch's encode and kernel time, and the process's peak RSS (VmHWM) in
+// MB. The model objects the process holds stand for the informer caches of
+// the real proxy, without client-go's own memory: the RSS is a lower bound
+// of the real process's. VmHWM is the process's high-water mark, so run one
+// size per process:
+//
+//	go test ./proxier -run '^$' -bench 'KernelFullSync/100kx10$' -benchtime 1x
+//
+// (GOMEMLIMIT in the environment applies, as it does to the proxy.)
+func BenchmarkProxierKernelFullSync(b *testing.B) {
+	for _, sz := range benchSizes {
+		b.Run(sz.String(), func(b *testing.B) {
+			ns := netnstest.New(b, "nftproxy-bk")
+			for b.Loop() {
+				b.StopTimer()
+				backend, err := nft.NewNetlink(nft.NetlinkOptions{NetNSFd: ns.Fd})
+				if err != nil {
+					b.Fatal(err)
+				}
+				svcs, slices := benchModels(sz)
+				p := benchProxier(b, backend, svcs, slices)
+				b.StartTimer()
+				if err := p.sync(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				st := backend.LastBatch()
+				b.ReportMetric(st.Encode.Seconds()*1000, "encode-ms")
+				b.ReportMetric(st.Kernel.Seconds()*1000, "kernel-ms")
+				b.ReportMetric(float64(st.Bytes)/mib, "batch-MiB")
+				backend.Close()
+				if _, err := ns.Run("", "nft", "delete", "table", "ip", nft.TableName); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(peakRSS(b)/1e6, "peak-RSS-MB")
+		})
+	}
+}
+
+// peakRSS is the process's VmHWM in bytes.
+func peakRSS(b *testing.B) float64 {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if kb, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var n float64
+			fmt.Sscan(strings.TrimSuffix(strings.TrimSpace(kb), " kB"), &n)
+			return n * 1024
+		}
+	}
+	b.Fatal("no VmHWM in /proc/self/status")
+	return 0
 }
