@@ -94,7 +94,7 @@ func (es *Elements) Clone() Elements {
 // reserve makes room for n elements if there are none.
 func (es *Elements) reserve(n int) {
 	if es.n == 0 && n > 0 {
-		*es = Elements{index: make([]uint32, indexSize(n)), slab: make([]byte, 0, 16*n)}
+		*es = Elements{index: make([]uint32, indexSize(n)), slab: make([]byte, 0, 20*n)}
 	}
 }
 
@@ -264,7 +264,8 @@ func (es *Elements) at(k string) *Element {
 }
 
 // Field packing: a tag byte, then the field's bytes. The tag holds the
-// address length (0: no address) and whether an integer follows.
+// address length (0: no address) and whether an integer follows, as a
+// uvarint (a protocol or a small port in one or two bytes).
 const (
 	packAddr4 = 4
 	packAddr6 = 16
@@ -272,7 +273,7 @@ const (
 )
 
 // packKey packs the fields of a key: 5 bytes per IPv4 address, 17 per
-// IPv6 address, 5 per integer.
+// IPv6 address, 2 to 6 per integer.
 func packKey(ds []Datum) string {
 	var buf [64]byte
 	return string(appendPacked(buf[:0], ds))
@@ -300,7 +301,7 @@ func appendPacked(b []byte, ds []Datum) []byte {
 			b = append(b, a[:]...)
 		}
 		if tag&packInt != 0 {
-			b = binary.LittleEndian.AppendUint32(b, d.Int)
+			b = binary.AppendUvarint(b, uint64(d.Int))
 		}
 	}
 	return b
@@ -323,7 +324,9 @@ func unpackFields(dst []Datum, s string) []Datum {
 			d.Addr, s = netip.AddrFrom16(a), s[16:]
 		}
 		if tag&packInt != 0 {
-			d.Int, s = le32(s), s[4:]
+			var n int
+			d.Int, n = uvarint(s)
+			s = s[n:]
 		}
 		dst = append(dst, d)
 	}
@@ -417,14 +420,21 @@ func (u *unpacked) unpack(k, v string) {
 
 // cutString cuts a string written by appendString off v.
 func cutString(v string) (s, rest string) {
-	n, shift, i := 0, 0, 0
-	for ; v[i] >= 0x80; i++ {
-		n |= int(v[i]&0x7f) << shift
+	n, w := uvarint(v)
+	v = v[w:]
+	return v[:n], v[n:]
+}
+
+// uvarint reads a uvarint of at most 32 bits at the start of s: its value
+// and length.
+func uvarint(s string) (uint32, int) {
+	var v uint32
+	shift, i := 0, 0
+	for ; s[i] >= 0x80; i++ {
+		v |= uint32(s[i]&0x7f) << shift
 		shift += 7
 	}
-	n |= int(v[i]) << shift
-	v = v[i+1:]
-	return v[:n], v[n:]
+	return v | uint32(s[i])<<shift, i + 1
 }
 
 // le32 reads a little-endian uint32 at the start of s.
