@@ -336,8 +336,11 @@ func BenchmarkProxierStartup(b *testing.B) {
 // batch's encode and kernel time, and the process's peak RSS (VmHWM) in
 // MB. The model objects the process holds stand for the informer caches of
 // the real proxy, without client-go's own memory: the RSS is a lower bound
-// of the real process's. VmHWM is the process's high-water mark, so run one
-// size per process:
+// of the real process's. Then a second proxier starts on the same objects
+// and table, as after a restart: restart-s is its first sync (reading the
+// table back and diffing against it), restart-ops the operations it sent
+// (0: nothing rewritten). VmHWM is the process's high-water mark, so run
+// one size per process:
 //
 //	go test ./proxier -run '^$' -bench 'KernelFullSync/100kx10$' -benchtime 1x
 //
@@ -348,10 +351,7 @@ func BenchmarkProxierKernelFullSync(b *testing.B) {
 			ns := netnstest.New(b, "nftproxy-bk")
 			for b.Loop() {
 				b.StopTimer()
-				backend, err := nft.NewNetlink(nft.NetlinkOptions{NetNSFd: ns.Fd})
-				if err != nil {
-					b.Fatal(err)
-				}
+				backend := benchNetlink(b, ns.Fd)
 				svcs, slices := benchModels(sz)
 				p := benchProxier(b, backend, svcs, slices)
 				b.StartTimer()
@@ -363,7 +363,16 @@ func BenchmarkProxierKernelFullSync(b *testing.B) {
 				b.ReportMetric(st.Encode.Seconds()*1000, "encode-ms")
 				b.ReportMetric(st.Kernel.Seconds()*1000, "kernel-ms")
 				b.ReportMetric(float64(st.Bytes)/mib, "batch-MiB")
-				backend.Close()
+
+				p = nil // not part of the restart's memory
+				restarted := benchNetlink(b, ns.Fd)
+				p2 := benchProxier(b, restarted, svcs, slices)
+				start := time.Now()
+				if err := p2.sync(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(time.Since(start).Seconds(), "restart-s")
+				b.ReportMetric(float64(restarted.ops), "restart-ops")
 				if _, err := ns.Run("", "nft", "delete", "table", "ip", nft.TableName); err != nil {
 					b.Fatal(err)
 				}
@@ -372,6 +381,27 @@ func BenchmarkProxierKernelFullSync(b *testing.B) {
 			b.ReportMetric(peakRSS(b)/1e6, "peak-RSS-MB")
 		})
 	}
+}
+
+// countingNetlink is nft.Netlink (Apply, Load, LastBatch) counting the
+// operations it applies.
+type countingNetlink struct {
+	*nft.Netlink
+	ops int
+}
+
+func (c *countingNetlink) Apply(ctx context.Context, tx *nft.Transaction) error {
+	c.ops += len(tx.Ops)
+	return c.Netlink.Apply(ctx, tx)
+}
+
+func benchNetlink(b *testing.B, netns int) *countingNetlink {
+	n, err := nft.NewNetlink(nft.NetlinkOptions{NetNSFd: netns})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { n.Close() })
+	return &countingNetlink{Netlink: n}
 }
 
 // peakRSS is the process's VmHWM in bytes.
