@@ -240,7 +240,9 @@ func (es *Elements) rehash(n int) {
 	}
 }
 
-// each returns the packed keys and values, in index order.
+// each returns the packed keys and values, in index order. While it runs,
+// values may be replaced (put of a key present), but no key added or
+// deleted: that may rebuild the index and the slab under it.
 func (es *Elements) each() iter.Seq2[string, string] {
 	return func(yield func(k, v string) bool) {
 		for _, e := range es.index {
