@@ -213,14 +213,7 @@ func (s *session) nextSeqs(count int) uint32 {
 // withDeadline applies ctx (or replyTimeout) to the socket's reads and
 // writes; the returned function undoes the cancellation hook.
 func (s *session) withDeadline(ctx context.Context) (func() bool, error) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(replyTimeout)
-	}
-	if err := s.conn.SetDeadline(deadline); err != nil {
-		return nil, err
-	}
-	return context.AfterFunc(ctx, func() { _ = s.conn.SetReadDeadline(time.Unix(1, 0)) }), nil
+	return nlsock.Deadline(ctx, s.conn, nlsock.Until(ctx, replyTimeout))
 }
 
 // dump reads the family's flows of protos, one kernel-filtered dump per

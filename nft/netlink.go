@@ -157,17 +157,12 @@ func (n *Netlink) Apply(ctx context.Context, tx *Transaction) error {
 	n.last = BatchStats{Ops: len(tx.Ops), Messages: len(b.owners), Bytes: len(b.enc.b),
 		Elements: b.elements, Encode: time.Since(start)}
 
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(replyTimeout)
-	}
-	if err := n.conn.SetDeadline(deadline); err != nil {
-		return wrap(err)
-	}
 	// The kernel runs the batch inside sendmsg, which cannot be
 	// interrupted; a cancellation stops the wait for the replies.
-	conn := n.conn // Close may clear n.conn while this runs
-	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Unix(1, 0)) })
+	stop, err := nlsock.Deadline(ctx, n.conn, nlsock.Until(ctx, replyTimeout))
+	if err != nil {
+		return wrap(err)
+	}
 	defer stop()
 	sent := time.Now()
 	if err := n.send(b.enc.b); err != nil {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nft/nlsock"
 )
 
 // This file reads table nftproxy back from the kernel (Netlink.Load) with
@@ -57,15 +59,11 @@ func (n *Netlink) Load(ctx context.Context, f Family) (*Ruleset, error) {
 	if n.conn == nil {
 		return nil, wrap(errors.New("netlink socket closed"))
 	}
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(replyTimeout)
-	}
-	if err := n.conn.SetDeadline(deadline); err != nil {
+	deadline := nlsock.Until(ctx, replyTimeout)
+	stop, err := nlsock.Deadline(ctx, n.conn, deadline)
+	if err != nil {
 		return nil, wrap(err)
 	}
-	conn := n.conn // Close may clear n.conn while this runs
-	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
 	for attempt := 1; ; attempt++ {
 		rs, err := n.loadOnce(ctx, deadline, f)
@@ -241,12 +239,12 @@ func (n *Netlink) loadHelper(ctx context.Context, deadline time.Time) (*Netlink,
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := other.conn.SetDeadline(deadline); err != nil {
+	stop, err := nlsock.Deadline(ctx, other.conn, deadline)
+	if err != nil {
 		other.Close()
 		return nil, nil, err
 	}
-	conn := other.conn // not other.conn at call time: Close clears it
-	return other, context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Unix(1, 0)) }), nil
+	return other, stop, nil
 }
 
 // loadRules counts the rules of chain c and takes the digest from the

@@ -3,7 +3,9 @@
 package nlsock
 
 import (
+	"context"
 	"fmt"
+	"time"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -38,4 +40,22 @@ func SetBuffer(c *netlink.Conn, opt, size int) error {
 		return fmt.Errorf("setsockopt(%d, %d): %w", opt, size, serr)
 	}
 	return nil
+}
+
+// Until is ctx's deadline, or fallback from now if it has none.
+func Until(ctx context.Context, fallback time.Duration) time.Time {
+	if deadline, ok := ctx.Deadline(); ok {
+		return deadline
+	}
+	return time.Now().Add(fallback)
+}
+
+// Deadline applies deadline to c's reads and writes, and makes its reads
+// fail at once when ctx is done: a request the kernel is running cannot be
+// interrupted, the wait for its replies can. stop removes the latter.
+func Deadline(ctx context.Context, c *netlink.Conn, deadline time.Time) (stop func() bool, err error) {
+	if err := c.SetDeadline(deadline); err != nil {
+		return nil, err
+	}
+	return context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Unix(1, 0)) }), nil
 }
