@@ -282,8 +282,8 @@ func observeProgrammingLatency(slices watch.SliceChanges) {
 }
 
 // programmed is what one Service contributes to a family's table: the
-// objects its service ports were derived from (with familyState.node), and
-// how many ports that gave. Neither the ports nor the fragment are kept:
+// objects its service ports were derived from (with familyState.node).
+// Neither the ports nor the fragment are kept:
 // model.ServicePorts and ruleset.ServiceFragment are deterministic, so
 // both are derived again from these objects, the node and familyState.cfg
 // when the Editor must release the fragment (about 10 µs). The objects
@@ -293,7 +293,6 @@ func observeProgrammingLatency(slices watch.SliceChanges) {
 type programmed struct {
 	svc    *model.Service
 	slices []*model.EndpointSlice // the Service's EndpointSlices of the family
-	ports  int
 }
 
 // programmedPorts returns the service ports fs programmed for Service
@@ -527,7 +526,7 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 	if frag == nil {
 		delete(fs.services, name)
 	} else {
-		fs.services[name] = programmed{svc: svc, slices: slices, ports: len(ports)}
+		fs.services[name] = programmed{svc: svc, slices: slices}
 	}
 	fs.ports += len(ports) - len(old)
 	return ports
