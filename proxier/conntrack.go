@@ -12,22 +12,24 @@ import (
 	"github.com/nftproxy/nftproxy/proxier/model"
 )
 
-// conntrackWork is the conntrack cleanup a sync collects as it goes through
-// the changed Services: the UDP and SCTP flows to a frontend of a changed
-// Service that point at an endpoint that no longer serves it (or at no
-// endpoint, created while it had none), and flows to frontends that are
-// gone. Only Services with a UDP or SCTP port before or after count.
-type conntrackWork struct {
-	previous conntrack.Frontends
-	current  map[model.ServiceName]conntrack.Frontends
+// cleanup is the conntrack cleanup of one family: the UDP and SCTP flows to
+// a frontend of a changed Service that point at an endpoint that no longer
+// serves it (or at no endpoint, created while it had none), and flows to
+// frontends that are gone. A sync collects one as it goes through the
+// changed Services (add); the cleaner merges those that queue up.
+type cleanup struct {
+	previous       conntrack.Frontends                       // the frontends before
+	current        map[model.ServiceName]conntrack.Frontends // each Service's, as of its latest sync
+	isNodePortAddr func(netip.Addr) bool
 }
 
-func newConntrackWork() *conntrackWork {
-	return &conntrackWork{previous: conntrack.Frontends{}, current: map[model.ServiceName]conntrack.Frontends{}}
+func newCleanup() *cleanup {
+	return &cleanup{previous: conntrack.Frontends{}, current: map[model.ServiceName]conntrack.Frontends{}}
 }
 
-// add records that Service name's ports went from old to now.
-func (w *conntrackWork) add(name model.ServiceName, old, now []model.ServicePortState) {
+// add records that Service name's ports went from old to now. Only
+// Services with a UDP or SCTP port before or after count.
+func (w *cleanup) add(name model.ServiceName, old, now []model.ServicePortState) {
 	if !hasDatagramPort(old) && !hasDatagramPort(now) {
 		return
 	}
@@ -45,11 +47,12 @@ func (w *conntrackWork) add(name model.ServiceName, old, now []model.ServicePort
 // to another Service must not wait for it. Deleting flows late is safe:
 // until then, a stale flow keeps sending to its old endpoint, which is
 // what it did before the sync too.
-func (p *Proxier) cleanConntrack(f nft.Family, fs *familyState, w *conntrackWork) {
-	if p.deps.Conntrack == nil || len(w.current) == 0 {
+func (p *Proxier) cleanConntrack(f nft.Family, fs *familyState, w *cleanup) {
+	if p.cleaner == nil || len(w.current) == 0 {
 		return
 	}
-	p.cleaner.enqueue(f, w.previous, w.current, nodePortAddrMatcher(fs))
+	w.isNodePortAddr = nodePortAddrMatcher(fs)
+	p.cleaner.enqueue(f, w)
 }
 
 // conntrackCleaner runs the conntrack cleanups of the syncs, one at a
@@ -66,29 +69,23 @@ type conntrackCleaner struct {
 	running bool // a cleanup is under way (for tests: idle)
 }
 
-// cleanup is the merged work of one family.
-type cleanup struct {
-	previous       conntrack.Frontends
-	current        map[model.ServiceName]conntrack.Frontends
-	isNodePortAddr func(netip.Addr) bool
-}
-
 func newConntrackCleaner(ct conntrack.Interface) *conntrackCleaner {
 	return &conntrackCleaner{ct: ct, wake: make(chan struct{}, 1), pending: map[nft.Family]*cleanup{}}
 }
 
-func (c *conntrackCleaner) enqueue(f nft.Family, previous conntrack.Frontends, current map[model.ServiceName]conntrack.Frontends, isNodePortAddr func(netip.Addr) bool) {
+// enqueue queues cleanup w of family f, merged into the one queued, if any.
+// w is the cleaner's from then on.
+func (c *conntrackCleaner) enqueue(f nft.Family, w *cleanup) {
 	c.mu.Lock()
-	w := c.pending[f]
-	if w == nil {
-		w = &cleanup{previous: conntrack.Frontends{}, current: map[model.ServiceName]conntrack.Frontends{}}
+	if q := c.pending[f]; q == nil {
 		c.pending[f] = w
+	} else {
+		mergeFrontends(q.previous, w.previous)
+		for name, fes := range w.current {
+			q.current[name] = fes
+		}
+		q.isNodePortAddr = w.isNodePortAddr
 	}
-	mergeFrontends(w.previous, previous)
-	for name, fes := range current {
-		w.current[name] = fes
-	}
-	w.isNodePortAddr = isNodePortAddr
 	c.mu.Unlock()
 	select {
 	case c.wake <- struct{}{}:

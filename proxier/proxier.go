@@ -355,7 +355,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	base := ruleset.Base(cfg, f)
 	fs.editor.Replace(fs.base, base)
 	fs.base = base
-	changed, ct := 0, newConntrackWork()
+	changed, ct := 0, newCleanup()
 	for name := range affected {
 		old := fs.programmedPorts(f, name, oldNode)
 		now := p.syncService(f, fs, name, oldCfg, old)
