@@ -171,11 +171,14 @@ func udataU32(b []byte, typ byte, v uint32) []byte {
 const maxComment = unix.NFT_USERDATA_MAXLEN - 3
 
 // udataString is a NUL-terminated string TLV of at most maxComment bytes.
-func udataString(typ byte, s string) ([]byte, error) {
+func udataString(typ byte, s string) ([]byte, error) { return appendUdataString(nil, typ, s) }
+
+// appendUdataString appends udataString's TLV to b.
+func appendUdataString(b []byte, typ byte, s string) ([]byte, error) {
 	if len(s) > maxComment {
 		return nil, fmt.Errorf("comment %q: longer than %d bytes", s, maxComment)
 	}
-	return udataTLV(nil, typ, append([]byte(s), 0)), nil
+	return append(append(append(b, typ, byte(len(s)+1)), s...), 0), nil // udataTLV of s and a NUL
 }
 
 // ruleUserdata writes a rule's userdata attribute, if it has any: its

@@ -274,10 +274,9 @@ func (b *batch) elementValue(s *Set, e Element, withValue bool) (elemValue, erro
 		return v, fmt.Errorf("set element with data")
 	}
 	if e.Comment != "" {
-		if len(e.Comment) > maxComment {
-			return v, fmt.Errorf("comment %q: longer than %d bytes", e.Comment, maxComment)
+		if v.comment, err = appendUdataString(sc.udata[:0], udataElemComment, e.Comment); err != nil {
+			return v, err
 		}
-		v.comment = append(append(append(sc.udata[:0], udataElemComment, byte(len(e.Comment)+1)), e.Comment...), 0)
 		sc.udata = v.comment
 	}
 	return v, nil
