@@ -4,7 +4,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"unsafe"
 )
 
 // Fragment is the part of a ruleset that one owner contributes: chains and
@@ -193,7 +192,7 @@ func (e *Editor) touchElement(s *Set, k setKey) {
 // element of a full sync, whose bytes the set copies anyway.
 func (e *Editor) packed(set string, key []Datum) setKey {
 	e.keyBuf = appendPacked(e.keyBuf[:0], key)
-	return setKey{set, unsafe.String(unsafe.SliceData(e.keyBuf), len(e.keyBuf))}
+	return setKey{set, view(e.keyBuf)}
 }
 
 // kept is k with a key of its own: a map key must be (an assignment to a
@@ -209,7 +208,7 @@ func (e *Editor) hold(se SetElement) {
 	// insert (a fifth of hold's time).
 	n := s.Elements.Len()
 	e.valBuf = appendValue(e.valBuf[:0], se.Element)
-	s.Elements.put(k.key, unsafe.String(unsafe.SliceData(e.valBuf), len(e.valBuf)))
+	s.Elements.put(k.key, view(e.valBuf)) // put copies it into the slab
 	if s.Elements.Len() == n {
 		e.shared[k.kept()]++
 	}

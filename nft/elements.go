@@ -94,9 +94,13 @@ func (es *Elements) Clone() Elements {
 // reserve makes room for n elements if there are none.
 func (es *Elements) reserve(n int) {
 	if es.n == 0 && n > 0 {
-		*es = Elements{index: make([]uint32, indexSize(n)), slab: make([]byte, 0, 20*n)}
+		*es = Elements{index: make([]uint32, indexSize(n)), slab: make([]byte, 0, recordRoom*n)}
 	}
 }
+
+// recordRoom is the room a reserved slab has per element: a hairpin
+// connection's or an endpoint range's record is 17 to 19 bytes.
+const recordRoom = 20
 
 // indexSize is the size of an index for n elements: a power of two, at
 // most three quarters full.
@@ -118,13 +122,9 @@ func (es *Elements) record(o uint32) (k, v string) {
 	return k, view(b[w : w+int(vl)])
 }
 
-// view is b as a string, without a copy: b must never change.
-func view(b []byte) string {
-	if len(b) == 0 {
-		return ""
-	}
-	return unsafe.String(&b[0], len(b))
-}
+// view is b as a string, without a copy: the string changes if b's bytes
+// do, so it may be held only while they do not (the slab's never do).
+func view(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // find returns the index slot of key k, and whether it holds k; if not,
 // the slot to insert k in.
@@ -191,6 +191,12 @@ func (es *Elements) put(k, v string) {
 		}
 		es.n++
 	}
+	es.store(i, k, v)
+}
+
+// store appends the record of k and v to the slab and points index slot i
+// at it.
+func (es *Elements) store(i int, k, v string) {
 	es.index[i] = uint32(len(es.slab)) + 1
 	es.slab = appendString(appendString(es.slab, k), v)
 }
@@ -231,11 +237,10 @@ func uvarintLen(n int) int {
 func (es *Elements) rehash(n int) {
 	old := *es
 	*es = Elements{index: make([]uint32, indexSize(max(n, old.n))),
-		slab: make([]byte, 0, max(len(old.slab)-old.garbage, 0)+16*(n-old.n)+64)}
+		slab: make([]byte, 0, max(len(old.slab)-old.garbage, 0)+recordRoom*max(n-old.n, 0)+64)}
 	for k, v := range old.each() {
 		i, _ := es.find(k)
-		es.index[i] = uint32(len(es.slab)) + 1
-		es.slab = appendString(appendString(es.slab, k), v)
+		es.store(i, k, v)
 		es.n++
 	}
 }
