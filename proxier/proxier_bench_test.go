@@ -373,7 +373,8 @@ func BenchmarkProxierKernelFullSync(b *testing.B) {
 				}
 				b.ReportMetric(time.Since(start).Seconds(), "restart-s")
 				b.ReportMetric(float64(restarted.ops), "restart-ops")
-				if _, err := ns.Run("", "nft", "delete", "table", "ip", nft.TableName); err != nil {
+				drop := &nft.Transaction{Family: nft.IPv4, Ops: []nft.Op{{Kind: nft.OpDeleteTable}}}
+				if err := restarted.Apply(context.Background(), drop); err != nil {
 					b.Fatal(err)
 				}
 				b.StartTimer()
