@@ -409,7 +409,8 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 type batchReporter interface{ LastBatch() nft.BatchStats }
 
 // counts returns how many Services of family f there are, with how many
-// ports, and how many endpoint ports their EndpointSlices hold: the sizes
+// ports, and how many endpoint ports their EndpointSlices hold, in all and
+// on this node: the sizes
 // a full sync into an empty table reserves (ruleset.Reserve).
 func (p *Proxier) counts(f nft.Family) ruleset.Counts {
 	var c ruleset.Counts
@@ -423,8 +424,14 @@ func (p *Proxier) counts(f nft.Family) ruleset.Counts {
 	}
 	for _, slices := range p.slicesBySvc {
 		for _, es := range slices {
-			if es.Family == f {
-				c.Endpoints += len(es.Endpoints) * len(es.Ports)
+			if es.Family != f {
+				continue
+			}
+			c.Endpoints += len(es.Endpoints) * len(es.Ports)
+			for i := range es.Endpoints {
+				if es.Endpoints[i].NodeName == p.cfg.NodeName {
+					c.LocalEndpoints += len(es.Ports)
+				}
 			}
 		}
 	}

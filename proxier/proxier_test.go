@@ -41,6 +41,14 @@ func slice(ns, svc, name string, port int32, proto v1.Protocol, addrs ...string)
 	return es
 }
 
+// onNode puts every endpoint of es on node.
+func onNode(node string, es *discovery.EndpointSlice) *discovery.EndpointSlice {
+	for i := range es.Endpoints {
+		es.Endpoints[i].NodeName = &node
+	}
+	return es
+}
+
 type harness struct {
 	local  []netip.Addr // the node's addresses, for the tracer
 	t      *testing.T

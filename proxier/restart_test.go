@@ -80,8 +80,9 @@ func run(t *testing.T, backend nft.Interface, objs ...runtime.Object) *instance 
 	return in
 }
 
-// apiState is n Services with one endpoint each; endpoint moves Service i
-// to another endpoint.
+// apiState is n Services with one endpoint each, on the proxier's node
+// (so each has a hairpin element too); moved moves Service i to another
+// endpoint.
 func apiState(n int, moved ...int) []runtime.Object {
 	var objs []runtime.Object
 	for i := range n {
@@ -93,7 +94,7 @@ func apiState(n int, moved ...int) []runtime.Object {
 		}
 		name := fmt.Sprintf("svc-%d", i)
 		objs = append(objs, service("default", name, fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), 80, v1.ProtocolTCP),
-			slice("default", name, name+"-1", 8080, v1.ProtocolTCP, ep))
+			onNode("n1", slice("default", name, name+"-1", 8080, v1.ProtocolTCP, ep)))
 	}
 	return objs
 }
@@ -132,7 +133,7 @@ func TestRestartUnchanged(t *testing.T) {
 	h.eventually(tcp("10.96.0.8", 80), nft.VerdictAccept, "10.244.0.8:8080")
 
 	// The editor goes on incrementally.
-	es := slice("default", "svc-7", "svc-7-1", 8080, v1.ProtocolTCP, "10.244.99.8")
+	es := onNode("n1", slice("default", "svc-7", "svc-7-1", 8080, v1.ProtocolTCP, "10.244.99.8"))
 	if _, err := second.p.deps.Client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), es, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -153,9 +153,10 @@ func Sets(f nft.Family) []*nft.Set {
 }
 
 // Counts are the sizes a full sync into an empty table reserves room for
-// (Reserve): Services, their ports, and endpoint ports in all. They are
-// estimates: too few only leaves some growth.
-type Counts struct{ Services, Ports, Endpoints int }
+// (Reserve): Services, their ports, endpoint ports in all, and those of
+// this node's endpoints. They are estimates: too few only leaves some
+// growth.
+type Counts struct{ Services, Ports, Endpoints, LocalEndpoints int }
 
 // MapElements is the room to reserve in a new endpoints map: its slots
 // times the endpoints per port.
@@ -173,7 +174,7 @@ func Reserve(e *nft.Editor, c Counts) {
 	e.Reserve(setClusterIPs, c.Services)
 	e.Reserve(mapServiceIPs, c.Ports)
 	for i := range uint32(hairpinShards) {
-		e.Reserve(hairpinSet(i), c.Endpoints/hairpinShards)
+		e.Reserve(hairpinSet(i), c.LocalEndpoints/hairpinShards)
 	}
 }
 
@@ -326,7 +327,7 @@ func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState, slot
 	b := portBuilder{fr: fr, cfg: cfg, sp: sp, slots: slots}
 	comment := sp.Name.String()
 	b.element(setClusterIPs, nft.Element{Key: []nft.Datum{nft.Addr(sp.ClusterIP)}})
-	hairpins(b, sp.Endpoints)
+	hairpins(b, sp.LocalEndpoints)
 
 	// No endpoint at all: every frontend rejects (in the filter chains,
 	// after the packet was not DNATed).
@@ -438,7 +439,11 @@ func firewall(b portBuilder) {
 
 // hairpins lets an endpoint reach itself through its Service: such
 // connections are masqueraded, or the endpoint would see its own address
-// as the source and answer itself directly.
+// as the source and answer itself directly. Only this node's endpoints
+// need it, as upstream kube-proxy has it: a connection is DNATed on the
+// client's node, and for a hairpin the client is the endpoint. (Traffic
+// DNATed on another node is external, and masqueraded there, or under an
+// external Local policy goes to that node's own endpoints.)
 func hairpins(b portBuilder, endpoints []netip.AddrPort) {
 	keys := make([]nft.Datum, 0, 4*len(endpoints)) // one allocation for every key
 	for _, ep := range endpoints {

@@ -24,14 +24,15 @@ func spName(ns, name, port string, proto uint8) model.ServicePortName {
 	return model.ServicePortName{ServiceName: model.ServiceName{Namespace: ns, Name: name}, Port: port, Protocol: proto}
 }
 
-// testState: web (tcp 80 → 2 endpoints on 8080), dns (udp 53 → 1), empty
-// (tcp 80, no endpoints).
+// testState: web (tcp 80 → 2 endpoints on 8080, one of them on this node),
+// dns (udp 53 → 1, on this node), empty (tcp 80, no endpoints).
 func testState() []model.ServicePortState {
 	return []model.ServicePortState{
 		{Name: spName("default", "web", "http", nft.ProtoTCP), ClusterIP: ip("10.96.0.10"), Port: 80,
-			Endpoints: []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}},
+			Endpoints:      []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")},
+			LocalEndpoints: []netip.AddrPort{ap("10.244.1.11:8080")}},
 		{Name: spName("kube-system", "dns", "dns", nft.ProtoUDP), ClusterIP: ip("10.96.0.53"), Port: 53,
-			Endpoints: []netip.AddrPort{ap("10.244.1.20:5353")}},
+			Endpoints: []netip.AddrPort{ap("10.244.1.20:5353")}, LocalEndpoints: []netip.AddrPort{ap("10.244.1.20:5353")}},
 		{Name: spName("default", "empty", "", nft.ProtoTCP), ClusterIP: ip("10.96.0.20"), Port: 80},
 	}
 }
@@ -80,6 +81,10 @@ func TestFlows(t *testing.T) {
 			nft.VerdictAccept, nil, false},
 		{"hairpin is masqueraded", nft.Packet{Src: ip("10.244.1.11"), Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
 			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}, true},
+		// Another node's endpoint is DNATed on its own node: this node
+		// keeps no hairpin element for it.
+		{"another node's endpoint is not hairpin-masqueraded here", nft.Packet{Src: ip("10.244.2.12"), Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
+			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,6 +118,7 @@ func TestChangesCostTheirSize(t *testing.T) {
 		apply(t, fk, nil, committed)
 
 		st[n/2].Endpoints = []netip.AddrPort{ap("10.244.9.9:8080")}
+		st[n/2].LocalEndpoints = st[n/2].Endpoints
 		desired := BuildSlots(testConfig, nft.IPv4, st, slots)
 		tx := apply(t, fk, committed, desired)
 		// Ranges and hairpin: 5 old out, 1 new in, each.
@@ -147,6 +153,7 @@ func bigState(n int) []model.ServicePortState {
 		for j := 0; j < 5; j++ {
 			sp.Endpoints = append(sp.Endpoints, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), uint16(8000+j)))
 		}
+		sp.LocalEndpoints = sp.Endpoints // all on this node: each has a hairpin element
 		st = append(st, sp)
 	}
 	return st
