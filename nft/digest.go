@@ -86,7 +86,6 @@ const (
 	tagMatchIifname
 	tagUpdateSet
 	tagDNATMap
-	tagVmapAddrBits
 )
 
 // digestPhrase appends a phrase's tag and every field of it. A phrase type
@@ -134,8 +133,6 @@ func digestPhrase(b []byte, f Family, p Phrase) []byte {
 		return digestString(append(b, tagUpdateSet, byte(p.Field)), p.Set)
 	case DNATMap:
 		return digestString(binary.LittleEndian.AppendUint16(append(b, tagDNATMap, p.Proto), p.Slot), p.Map)
-	case VmapAddrBits:
-		return digestString(binary.AppendUvarint(append(b, tagVmapAddrBits, byte(p.Field)), uint64(p.Bits)), p.Map)
 	}
 	return digestString(append(b, tagOther), p.Text(f))
 }

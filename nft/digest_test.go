@@ -33,7 +33,6 @@ func phraseSamples() []Phrase {
 		UpdateSet{Field: FieldSrcAddr, Set: "a"},
 		DNATMap{Proto: ProtoUDP, Map: "m"},
 		DNATMap{Proto: ProtoUDP, Map: "m", Slot: 1},
-		VmapAddrBits{Field: FieldDstAddr, Bits: 8, Map: "m"},
 	}
 }
 

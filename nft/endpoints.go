@@ -2,7 +2,6 @@ package nft
 
 import (
 	"cmp"
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -232,30 +231,4 @@ func endpointsUserdata(f Family, proto uint8) []byte {
 	ud = udataTLV(ud, udataSetKeyTypeof, numgenUdata())
 	ud = udataTLV(ud, udataSetDataTypeof, concatUdata(daddrUdata(f), dportUdata(proto)))
 	return udataU32(ud, udataSetDataInterval, 0)
-}
-
-// AddrLowBits returns the low bits bits of an address: the element key a
-// VmapAddrBits phrase looks it up with, as an integer. Use LowBitsAddr to
-// make the element's key.
-func AddrLowBits(a netip.Addr, bits int) uint32 {
-	b := a.AsSlice()
-	v := binary.BigEndian.Uint32(b[len(b)-4:])
-	if bits >= 32 {
-		return v
-	}
-	return v & (1<<bits - 1)
-}
-
-// LowBitsAddr returns the address of family f whose value is v (v < 2^32):
-// 0.0.0.5, or ::5. A VmapAddrBits map's element for the addresses whose low
-// bits are v has this key.
-func LowBitsAddr(f Family, v uint32) netip.Addr {
-	if f == IPv6 {
-		var b [16]byte
-		binary.BigEndian.PutUint32(b[12:], v)
-		return netip.AddrFrom16(b)
-	}
-	var b [4]byte
-	binary.BigEndian.PutUint32(b[:], v)
-	return netip.AddrFrom4(b)
 }

@@ -46,41 +46,6 @@ func TestEndpointsElements(t *testing.T) {
 	}
 }
 
-func TestAddrLowBits(t *testing.T) {
-	for _, tc := range []struct {
-		addr string
-		bits int
-		want uint32
-		key  string
-	}{
-		{"10.96.0.10", 8, 10, "0.0.0.10"},
-		{"10.96.3.10", 10, 0x30a, "0.0.3.10"},
-		{"10.96.3.10", 16, 0x30a, "0.0.3.10"},
-		{"fd00:96::1:3ff", 8, 0xff, "::ff"},
-		{"fd00:96::1:3ff", 10, 0x3ff, "::3ff"},
-		{"fd00:96::5:3ff", 32, 0x503ff, "::5:3ff"},
-	} {
-		a := netip.MustParseAddr(tc.addr)
-		got := AddrLowBits(a, tc.bits)
-		f := IPv4
-		if a.Is6() {
-			f = IPv6
-		}
-		if key := LowBitsAddr(f, got).String(); got != tc.want || key != tc.key {
-			t.Errorf("%s & %d bits: %#x (key %s), want %#x (%s)", tc.addr, tc.bits, got, key, tc.want, tc.key)
-		}
-	}
-	for f, want := range map[Family]string{IPv4: "ip daddr & 0.0.0.255 vmap @d", IPv6: "ip6 daddr & ::3ff vmap @d"} {
-		bits := 8
-		if f == IPv6 {
-			bits = 10
-		}
-		if got := (VmapAddrBits{Field: FieldDstAddr, Bits: bits, Map: "d"}).Text(f); got != want {
-			t.Errorf("%s: %q, want %q", f, got, want)
-		}
-	}
-}
-
 func epMap(proto uint8) string { return "endpoints-" + ProtoName(proto) }
 
 // slotTable is a small table of the slot shape: the Services' vmap in
@@ -294,8 +259,6 @@ func TestEndpointsMapEncodingErrors(t *testing.T) {
 		"end < start":  {Kind: OpAddElements, Set: m, Elements: []Element{{Key: []Datum{Int(5)}, End: 4, Data: []Datum{Addr(svc), Int(1)}}}},
 		"DNATMap ICMP": {Kind: OpAddRule, ChainName: "c", Rule: Rule{Phrases: []Phrase{DNATMap{Proto: 1, Map: "m"}}}},
 		"last slot":    {Kind: OpAddRule, ChainName: "c", Rule: Rule{Phrases: []Phrase{DNATMap{Proto: ProtoTCP, Map: "m", Slot: EndpointsSlots}}}},
-		"bits 0":       {Kind: OpAddRule, ChainName: "c", Rule: Rule{Phrases: []Phrase{VmapAddrBits{Field: FieldDstAddr, Map: "m"}}}},
-		"bits of port": {Kind: OpAddRule, ChainName: "c", Rule: Rule{Phrases: []Phrase{VmapAddrBits{Field: FieldDstPort, Bits: 2, Map: "m"}}}},
 	} {
 		if _, err := encodeTransaction(&Transaction{Family: f, Ops: []Op{op}}, batchOptions{}); err == nil {
 			t.Errorf("%s: encoded", name)

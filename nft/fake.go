@@ -365,17 +365,6 @@ func checkRule(rs *Ruleset, f Family, r Rule) error {
 				// cannot be written; the encoder refuses it too.
 				return opErr(unix.ERANGE, "endpoints slot %d", p.Slot)
 			}
-		case VmapAddrBits:
-			s, ok := rs.Sets[p.Map]
-			if !ok {
-				return opErr(unix.ENOENT, "map %q", p.Map)
-			}
-			if p.Field != FieldSrcAddr && p.Field != FieldDstAddr || p.Bits < 1 || p.Bits > 16 {
-				return opErr(unix.EINVAL, "vmap on %d bits of %s", p.Bits, p.Field.Text(f))
-			}
-			if !s.IsVerdictMap() || !fieldsFit(f, []Field{p.Field}, s.Key) {
-				return opErr(unix.EINVAL, "map %q does not fit %s", p.Map, p.Field.Text(f))
-			}
 		}
 	}
 	return nil
@@ -436,8 +425,6 @@ func phraseSet(p Phrase) (string, bool) {
 	case VmapLookup:
 		return p.Map, true
 	case DNATMap:
-		return p.Map, true
-	case VmapAddrBits:
 		return p.Map, true
 	}
 	return "", false

@@ -176,9 +176,8 @@ func everyPhraseRuleset(f Family) *Ruleset {
 	rs.Chains["svc-b"].Rules = dnatCascade(ProtoUDP, backends(f, 2, 1, 53))
 	rs.Chains["svc-c"].Rules = dnatCascade(ProtoSCTP, backends(f, 3, 12, 9999))
 
-	// Shape s: endpoints maps per protocol, a shard chain of DNATMap
-	// rules, and the dispatch on the ClusterIP's low bits.
-	shardN := AddrLowBits(svcIP, 8)
+	// Shape s: endpoints maps per protocol and a chain of DNATMap rules.
+	shardN := uint32(10)
 	shard := fmt.Sprintf("shard-%d", shardN)
 	epMap := func(proto uint8) string { return fmt.Sprintf("endpoints-%s-%d", ProtoName(proto), shardN) }
 	for _, proto := range []uint8{ProtoTCP, ProtoUDP, ProtoSCTP} {
@@ -187,7 +186,6 @@ func everyPhraseRuleset(f Family) *Ruleset {
 			m.Comment = "UDP endpoints of " + shard
 		}
 	}
-	rs.AddSet(&Set{Name: "shard-dispatch", Key: []DataType{at}, Data: []DataType{TypeVerdict}})
 	rs.AddChain(&Chain{Name: shard})
 	// Slots: TCP's the shard number, UDP's 0 (nft prints no offset), SCTP's
 	// the last one.
@@ -195,12 +193,7 @@ func everyPhraseRuleset(f Family) *Ruleset {
 	for _, proto := range []uint8{ProtoTCP, ProtoUDP, ProtoSCTP} {
 		rs.Append(shard, Rule{Phrases: []Phrase{DNATMap{Proto: proto, Map: epMap(proto), Slot: slots[proto]}}})
 	}
-	rs.Append("services", Rule{Phrases: []Phrase{VmapAddrBits{Field: FieldDstAddr, Bits: 8, Map: "shard-dispatch"}}})
-	rs.Append("prefixes", Rule{Phrases: []Phrase{VmapAddrBits{Field: FieldSrcAddr, Bits: 10, Map: "shard-dispatch"}},
-		Comment: "ten bits"})
-	rs.AddElement("shard-dispatch", Element{Key: []Datum{Addr(LowBitsAddr(f, shardN))},
-		Verdict: &Verdict{Kind: VerdictGoto, Chain: shard}})
-	rs.AddElement("shard-dispatch", Element{Key: []Datum{Addr(LowBitsAddr(f, 0x3ff))}, Verdict: &Verdict{Kind: VerdictDrop}})
+	rs.Append("services", Rule{Phrases: []Phrase{Goto(shard)}})
 	for _, e := range EndpointsElements(slots[ProtoTCP], backends(f, 5, 3, 8080)) {
 		rs.AddElement(epMap(ProtoTCP), e)
 	}

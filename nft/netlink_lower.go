@@ -117,8 +117,6 @@ func (b *batch) lowerPhrase(p Phrase) error {
 		return lowerDNAT(e, f, p)
 	case DNATMap:
 		return b.lowerDNATMap(p)
-	case VmapAddrBits:
-		return b.lowerVmapAddrBits(p)
 	case MatchFibLocal:
 		// [ fib daddr type => reg 1 ] [ cmp eq reg 1 0x00000002 ] (RTN_LOCAL)
 		flags := uint32(unix.NFTA_FIB_F_DADDR)
@@ -346,30 +344,6 @@ func (b *batch) lowerDNATMap(d DNATMap) error {
 	e.byteorderHton(reg1, reg1, 4, 4)
 	e.lookupData(reg1, reg1, d.Map, b.setIDs[d.Map])
 	e.dnat(uint32(b.family), reg1, slotReg(b.family.AddrType().Len/4), 0)
-	return nil
-}
-
-// lowerVmapAddrBits: the whole address, masked, looked up in a verdict map;
-// the explicit `&` carries the bitwise op:
-//
-//	ip daddr & 0.0.0.255 vmap @shard-dispatch
-//	  [ payload load 4b @ network header + 16 => reg 1 ]
-//	  [ bitwise reg 1 = ( reg 1 & 0xff000000 ) ^ 0x00000000 ] [ lookup reg 1 set shard-dispatch dreg 0 ]
-func (b *batch) lowerVmapAddrBits(v VmapAddrBits) error {
-	if v.Field != FieldSrcAddr && v.Field != FieldDstAddr {
-		return fmt.Errorf("address bits of %s", v.Field.Text(b.family))
-	}
-	if v.Bits < 1 || v.Bits > 16 {
-		return fmt.Errorf("vmap on %d address bits: want 1 to 16", v.Bits)
-	}
-	mask, err := addrBytes(b.family, v.mask(b.family))
-	if err != nil {
-		return err
-	}
-	e := &b.enc
-	e.payloadLoad(unix.NFT_PAYLOAD_NETWORK_HEADER, addrOffset(b.family, v.Field), uint32(len(mask)), reg1)
-	e.bitwise(reg1, reg1, mask, make([]byte, len(mask)), true)
-	e.lookup(reg1, v.Map, b.setIDs[v.Map], true, false)
 	return nil
 }
 

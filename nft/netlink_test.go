@@ -149,7 +149,7 @@ func checkEveryPhraseKind(t *testing.T, rs *Ruleset) {
 	}
 	for _, k := range []Phrase{MatchPrefix{}, MatchSet{}, MatchL4Proto{}, MatchCtStateNew{}, MatchCtStatusDNAT{},
 		MatchMarkBits{}, SetMarkBits{}, ToggleMarkBits{}, Masquerade{}, Reject{}, VerdictPhrase{}, VmapLookup{},
-		MatchRandom{}, DNAT{}, RejectTCPReset{}, MatchFibLocal{}, MatchIifname{}, UpdateSet{}, DNATMap{}, VmapAddrBits{}} {
+		MatchRandom{}, DNAT{}, RejectTCPReset{}, MatchFibLocal{}, MatchIifname{}, UpdateSet{}, DNATMap{}} {
 		if !seen[fmt.Sprintf("%T", k)] {
 			t.Errorf("everyPhraseRuleset has no %T", k)
 		}

@@ -252,30 +252,6 @@ func (d DNATMap) Text(f Family) string {
 		ProtoName(d.Proto), f, EndpointBuckets, offset, d.Map)
 }
 
-// VmapAddrBits looks the low Bits bits (1 to 16) of an address field up in
-// a verdict map keyed by address (elements such as 0.0.0.5 or ::5, see
-// LowBitsAddr) and applies the verdict found; no element, no verdict. It
-// spreads Services over 2^Bits chains by their ClusterIPs' low bits, which
-// vary most: the API server allocates ClusterIPs at random from the Service
-// CIDR, or in order when one is asked for:
-//
-//	ip daddr & 0.0.0.255 vmap @shard-dispatch
-//	ip6 daddr & ::3ff vmap @shard-dispatch
-type VmapAddrBits struct {
-	Field Field // FieldSrcAddr or FieldDstAddr
-	Bits  int
-	Map   string
-}
-
-func (v VmapAddrBits) Text(f Family) string {
-	return fmt.Sprintf("%s & %s vmap @%s", v.Field.Text(f), v.mask(f), v.Map)
-}
-
-// mask is the mask of the low Bits bits as an address.
-func (v VmapAddrBits) mask(f Family) netip.Addr {
-	return LowBitsAddr(f, uint32(1)<<min(max(v.Bits, 0), 31)-1)
-}
-
 // MatchFibLocal matches packets whose destination (or source) address is
 // one of this node's own addresses, as the routing table sees it:
 //
@@ -346,7 +322,6 @@ func (MatchRandom) phrase()       {}
 func (RejectTCPReset) phrase()    {}
 func (DNAT) phrase()              {}
 func (DNATMap) phrase()           {}
-func (VmapAddrBits) phrase()      {}
 
 // Text returns the rule as nft lists it.
 func (r Rule) Text(f Family) string {

@@ -190,17 +190,6 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 				}
 				return "", false
 			}
-		case VmapAddrBits:
-			s := rs.Sets[p.Map]
-			a := st.fields([]Field{p.Field})[0].Addr
-			fields := []Datum{Addr(LowBitsAddr(st.f, AddrLowBits(a, p.Bits)))}
-			key := s.KeyString(fields)
-			e, ok := s.Elements.Get(fields)
-			if !ok {
-				return "", false
-			}
-			st.res.Log = append(st.res.Log, fmt.Sprintf("  %s: %s", r.Text(st.f), key))
-			return t.applyVerdict(rs, *e.Verdict, st)
 		case DNATMap:
 			if st.pkt.Proto != p.Proto {
 				return "", false

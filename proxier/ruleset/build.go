@@ -134,7 +134,7 @@ func Sets(f nft.Family) []*nft.Set {
 	vipKey := []nft.DataType{addr, nft.TypeInetProto, nft.TypeInetService}
 	portKey := []nft.DataType{nft.TypeInetProto, nft.TypeInetService}
 	verdict := []nft.DataType{nft.TypeVerdict}
-	sets := []*nft.Set{
+	return []*nft.Set{
 		{Name: setClusterIPs, Key: []nft.DataType{addr}, Comment: "Active ClusterIPs"},
 		{Name: mapServiceIPs, Key: vipKey, Data: verdict, Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
 		{Name: mapServiceNodePorts, Key: portKey, Data: verdict, Comment: "NodePort traffic"},
@@ -142,14 +142,9 @@ func Sets(f nft.Family) []*nft.Set {
 			Comment: "services with no endpoints: reject, or drop when only a Local policy has none"},
 		{Name: mapNoEndpointNodePorts, Key: portKey, Data: verdict, Comment: "NodePorts with no endpoints: reject"},
 		{Name: mapFirewallIPs, Key: vipKey, Data: verdict, Comment: "LoadBalancer IPs with loadBalancerSourceRanges"},
+		{Name: setHairpinConnections, Key: []nft.DataType{addr, addr, nft.TypeInetProto, nft.TypeInetService},
+			Comment: "this node's endpoints reaching themselves through their service"},
 	}
-	sets = append(sets, &nft.Set{Name: mapHairpinShards, Key: []nft.DataType{addr}, Data: verdict,
-		Comment: "hairpin connections: the shard of the endpoint's address"})
-	for i := range uint32(hairpinShards) {
-		sets = append(sets, &nft.Set{Name: hairpinSet(i), Key: []nft.DataType{addr, addr, nft.TypeInetProto, nft.TypeInetService},
-			Comment: "endpoint connections to itself through its service"})
-	}
-	return sets
 }
 
 // Counts are the sizes a full sync into an empty table reserves room for
@@ -173,9 +168,7 @@ func Reserve(e *nft.Editor, c Counts) {
 	e.ReserveChains(c.Ports)
 	e.Reserve(setClusterIPs, c.Services)
 	e.Reserve(mapServiceIPs, c.Ports)
-	for i := range uint32(hairpinShards) {
-		e.Reserve(hairpinSet(i), c.LocalEndpoints/hairpinShards)
-	}
+	e.Reserve(setHairpinConnections, c.LocalEndpoints)
 }
 
 // Base returns the chains every node has, whatever its Services: the base
@@ -209,12 +202,7 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 	chain(chainServices, servicesRules(cfg, guards)...)
 	chain(chainMasquerading,
 		rule(nft.MatchMarkBits{Mask: cfg.MasqueradeMark}, nft.ToggleMarkBits{Bits: cfg.MasqueradeMark}, nft.Masquerade{}),
-		rule(nft.MatchCtStatusDNAT{}, nft.VmapAddrBits{Field: nft.FieldDstAddr, Bits: hairpinShardBits, Map: mapHairpinShards}))
-	for i := range uint32(hairpinShards) {
-		chain(hairpinChain(i), rule(nft.MatchSet{Fields: hairpinKey, Set: hairpinSet(i)}, nft.Masquerade{}))
-		fr.Elements = append(fr.Elements, nft.SetElement{Set: mapHairpinShards, Element: nft.Element{
-			Key: []nft.Datum{nft.Addr(nft.LowBitsAddr(f, i))}, Verdict: gotoChain(hairpinChain(i))}})
-	}
+		rule(nft.MatchCtStatusDNAT{}, nft.MatchSet{Fields: hairpinKey, Set: setHairpinConnections}, nft.Masquerade{}))
 	chain(chainServiceEndpointCheck, rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapNoEndpointServices}))
 	var nodePortCheck []nft.Rule
 	for _, g := range guards {
@@ -448,7 +436,7 @@ func hairpins(b portBuilder, endpoints []netip.AddrPort) {
 	keys := make([]nft.Datum, 0, 4*len(endpoints)) // one allocation for every key
 	for _, ep := range endpoints {
 		keys = append(keys, nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(ep.Port())))
-		b.element(hairpinSet(hairpinShard(ep.Addr())), nft.Element{Key: keys[len(keys)-4 : len(keys) : len(keys)]})
+		b.element(setHairpinConnections, nft.Element{Key: keys[len(keys)-4 : len(keys) : len(keys)]})
 	}
 }
 

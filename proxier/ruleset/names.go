@@ -44,37 +44,8 @@ const (
 	mapNoEndpointServices  = "no-endpoint-services"  // VIP . proto . port : reject or drop
 	mapNoEndpointNodePorts = "no-endpoint-nodeports" // proto . port : reject or drop
 	mapFirewallIPs         = "firewall-ips"          // LB IP . proto . port : goto firewall chain
-	mapHairpinShards       = "hairpin-shards"        // endpoint's low address bits : goto its shard's check
+	setHairpinConnections  = "hairpin-connections"   // endpoint . endpoint . proto . port
 )
-
-// Hairpin connections are kept in hairpinShards sets, by the low bits of
-// the endpoint's address, each looked up by a chain of its own: reading a
-// set back costs the kernel O(elements²) (a resumed dump walks the set
-// from its start), which made Load take 36–39 s for the 980,000 hairpin
-// elements of 100,000 Services × 10 endpoints: 14–15 s with 16 shards, and
-// 13 s with 32. The lookup costs one verdict map more per new connection
-// (the nat chains see only first packets).
-const (
-	hairpinShardBits = 4
-	hairpinShards    = 1 << hairpinShardBits
-)
-
-// hairpinSet and hairpinChain are shard i's set of connections and the
-// chain that masquerades them (named once: a full sync asks for a set's
-// name per endpoint).
-func hairpinSet(i uint32) string   { return hairpinNames.sets[i] }
-func hairpinChain(i uint32) string { return hairpinNames.chains[i] }
-
-var hairpinNames = func() (n struct{ sets, chains [hairpinShards]string }) {
-	for i := range hairpinShards {
-		n.sets[i] = "hairpin-connections-" + strconv.Itoa(i)
-		n.chains[i] = "hairpin-check-" + strconv.Itoa(i)
-	}
-	return n
-}()
-
-// hairpinShard is the shard of an endpoint's hairpin connections.
-func hairpinShard(a netip.Addr) uint32 { return nft.AddrLowBits(a, hairpinShardBits) }
 
 // Prefixes of the per-service-port chains.
 const (
