@@ -290,7 +290,10 @@ func (b portBuilder) element(set string, e nft.Element) {
 }
 
 func (b portBuilder) chain(kind string, rules ...nft.Rule) string {
-	name := ChainName(kind, b.sp.Name)
+	return b.namedChain(ChainName(kind, b.sp.Name), rules...)
+}
+
+func (b portBuilder) namedChain(name string, rules ...nft.Rule) string {
 	b.fr.Chains = append(b.fr.Chains, &nft.Chain{Name: name, Rules: rules})
 	return name
 }
@@ -455,14 +458,14 @@ func hairpins(b portBuilder, endpoints []netip.AddrPort) {
 func (b portBuilder) pickChain(kind string, endpoints []netip.AddrPort) string {
 	name := ChainName(kind, b.sp.Name)
 	if b.sp.AffinityTimeout > 0 {
-		return b.chain(kind, b.affinityRules(endpoints)...)
+		return b.namedChain(name, b.affinityRules(endpoints)...)
 	}
 	proto := b.sp.Name.Protocol
 	m, slot := b.slots.Slot(name, proto)
 	for _, e := range nft.EndpointsElements(slot, endpoints) {
 		b.element(m, e)
 	}
-	return b.chain(kind, rule(nft.DNATMap{Proto: proto, Map: m, Slot: slot}))
+	return b.namedChain(name, rule(nft.DNATMap{Proto: proto, Map: m, Slot: slot}))
 }
 
 // affinityRules: see pickChain.

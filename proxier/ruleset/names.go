@@ -5,7 +5,6 @@ package ruleset
 import (
 	"crypto/sha256"
 	"encoding/base32"
-	"fmt"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -62,15 +61,30 @@ const (
 // unique even though the readable part may be ambiguous (port names can be
 // empty). Same shape as upstream's.
 func ChainName(kind string, n model.ServicePortName) string {
-	return kind + "-" + hashPrefix(n) + "-" + readable(n)
+	proto := nft.ProtoName(n.Protocol)
+	var name strings.Builder // one allocation: a full sync names every chain
+	name.Grow(len(kind) + 1 + hashLen + 1 + len(n.Namespace) + len(n.Name) + len(proto) + len(n.Port) + 3)
+	name.WriteString(kind)
+	name.WriteByte('-')
+	h := hashPrefix(n, proto)
+	name.Write(h[:])
+	name.WriteByte('-')
+	for i, part := range [...]string{n.Namespace, n.Name, proto, n.Port} {
+		if i > 0 {
+			name.WriteByte('/')
+		}
+		name.WriteString(part)
+	}
+	return name.String()
 }
 
 // ServiceChainName is the chain that DNATs a service port's traffic to any
 // of its endpoints.
 func ServiceChainName(n model.ServicePortName) string { return ChainName(kindService, n) }
 
+// readable is the port's identity as names show it: "<ns>/<name>/<proto>/<port>".
 func readable(n model.ServicePortName) string {
-	return fmt.Sprintf("%s/%s/%s/%s", n.Namespace, n.Name, nft.ProtoName(n.Protocol), n.Port)
+	return n.Namespace + "/" + n.Name + "/" + nft.ProtoName(n.Protocol) + "/" + n.Port
 }
 
 // hashOf is like hashPrefix, over the port's identity and more parts.
@@ -84,9 +98,19 @@ func endpointText(ep netip.AddrPort) string {
 	return ep.Addr().String() + "/" + strconv.Itoa(int(ep.Port()))
 }
 
+// hashLen is the length of a name's hash: 8 base32 characters, 40 bits.
+const hashLen = 8
+
 // hashPrefix is the first 8 characters of the base32 SHA-256 of the port's
-// identity: short, stable across restarts, unique in practice.
-func hashPrefix(n model.ServicePortName) string {
-	sum := sha256.Sum256([]byte(n.Namespace + "/" + n.Name + ":" + n.Port + "/" + nft.ProtoName(n.Protocol)))
-	return strings.ToUpper(base32.StdEncoding.EncodeToString(sum[:])[:8])
+// identity: short, stable across restarts, unique in practice. (Base32
+// encodes 5 bytes as 8 characters, so they are the first 5 bytes'.)
+func hashPrefix(n model.ServicePortName, proto string) (h [hashLen]byte) {
+	var buf [128]byte
+	id := append(buf[:0], n.Namespace...)
+	id = append(append(id, '/'), n.Name...)
+	id = append(append(id, ':'), n.Port...)
+	id = append(append(id, '/'), proto...)
+	sum := sha256.Sum256(id)
+	base32.StdEncoding.Encode(h[:], sum[:5])
+	return h
 }
