@@ -15,6 +15,32 @@ type Fragment struct {
 	Chains   []*Chain
 	Sets     []*Set
 	Elements []SetElement
+	datums   []Datum // the space Datums hands out
+}
+
+// Datums returns n zero Datums for the keys and data of the fragment's
+// elements. They are carved from space the fragment keeps, so a fragment
+// built again after Reset allocates nothing for them.
+func (f *Fragment) Datums(n int) []Datum {
+	if cap(f.datums)-len(f.datums) < n {
+		f.datums = make([]Datum, 0, max(n, 2*cap(f.datums), 64))
+	}
+	i := len(f.datums)
+	f.datums = f.datums[:i+n]
+	d := f.datums[i : i+n : i+n]
+	clear(d)
+	return d
+}
+
+// Reset empties the fragment to build another in its memory. What it held
+// must no longer be in use: an Editor keeps the chains and sets of a
+// fragment it was given, but copies its elements, so a fragment may be
+// reset once it has been given to Editor.Replace (as either argument).
+func (f *Fragment) Reset() {
+	clear(f.Chains)
+	clear(f.Sets)
+	clear(f.Elements)
+	f.Chains, f.Sets, f.Elements, f.datums = f.Chains[:0], f.Sets[:0], f.Elements[:0], f.datums[:0]
 }
 
 // SetElement is an element of a named set.

@@ -174,3 +174,45 @@ func TestEditorReserveKeepsWhatIsThere(t *testing.T) {
 		t.Errorf("ips holds %d elements, want 3", n)
 	}
 }
+
+// TestFragmentReuse: fragments built one after another in the memory of
+// one (Reset, Datums, AddEndpointsElements), each given to the Editor
+// before the next, leave the Editor with the ruleset of fragments built
+// apart: the Editor keeps nothing of a fragment's elements.
+func TestFragmentReuse(t *testing.T) {
+	build := func(reuse bool) *Ruleset {
+		ed := NewEditor(IPv4)
+		for _, s := range editorSets() {
+			ed.AddSet(s)
+		}
+		ed.AddSet(NewEndpointsMap(IPv4, "endpoints-tcp", ProtoTCP))
+		var scratch Fragment
+		for i := range 40 {
+			fr := &Fragment{}
+			if reuse {
+				fr = &scratch
+				fr.Reset()
+			}
+			vip := fr.Datums(3)
+			vip[0], vip[1], vip[2] = Addr(netip.AddrFrom4([4]byte{10, 96, 0, byte(i)})), Int(uint32(ProtoTCP)), Int(80)
+			chain := fmt.Sprintf("svc-%d", i)
+			fr.Chains = append(fr.Chains, &Chain{Name: chain, Rules: []Rule{{Phrases: []Phrase{DNATMap{Proto: ProtoTCP, Map: "endpoints-tcp", Slot: uint16(i)}}}}})
+			fr.Elements = append(fr.Elements, SetElement{"dispatch", Element{Key: vip, Verdict: &Verdict{Kind: VerdictGoto, Chain: chain}}})
+			var eps []netip.AddrPort
+			for j := range 1 + i%7 { // fragments of different sizes: the space grows
+				eps = append(eps, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), byte(j)}), 8080))
+			}
+			fr.AddEndpointsElements("endpoints-tcp", uint16(i), eps)
+			for _, d := range fr.Datums(2 * len(eps)) {
+				if d != (Datum{}) {
+					t.Fatalf("Datums handed out %v, not zero", d)
+				}
+			}
+			ed.Replace(nil, fr)
+		}
+		return ed.rs
+	}
+	if got, want := build(true).Dump(), build(false).Dump(); got != want {
+		t.Errorf("fragments built in one's memory:\n%s\nwant:\n%s", got, want)
+	}
+}

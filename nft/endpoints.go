@@ -79,17 +79,34 @@ func NewEndpointsMap(f Family, name string, proto uint8) *Set {
 // Beyond EndpointBuckets endpoints, the rest get no bucket.
 func EndpointsElements(slot uint16, endpoints []netip.AddrPort) []Element {
 	n := min(len(endpoints), EndpointBuckets)
-	base := uint32(slot) * EndpointBuckets
 	out := make([]Element, n)
 	fields := make([]Datum, 3*n) // one allocation for every key and data
 	for j := range n {
-		lo, hi := bucketRange(j, n)
-		ep := endpoints[j]
-		f := fields[3*j : 3*j+3 : 3*j+3]
-		f[0], f[1], f[2] = Int(base+lo), Addr(ep.Addr()), Int(uint32(ep.Port()))
-		out[j] = Element{Key: f[:1:1], End: base + hi, Data: f[1:]}
+		out[j] = endpointsElement(slot, endpoints, j, fields[3*j:3*j+3:3*j+3])
 	}
 	return out
+}
+
+// AddEndpointsElements adds to f, in set, the elements EndpointsElements
+// returns, their keys and data in f's own space (Fragment.Datums).
+func (f *Fragment) AddEndpointsElements(set string, slot uint16, endpoints []netip.AddrPort) {
+	n := min(len(endpoints), EndpointBuckets)
+	fields := f.Datums(3 * n)
+	for j := range n {
+		f.Elements = append(f.Elements, SetElement{Set: set,
+			Element: endpointsElement(slot, endpoints, j, fields[3*j:3*j+3:3*j+3])})
+	}
+}
+
+// endpointsElement is the element of endpoints[j] among the first n of
+// them, its key and data in fields (3 of them).
+func endpointsElement(slot uint16, endpoints []netip.AddrPort, j int, fields []Datum) Element {
+	n := min(len(endpoints), EndpointBuckets)
+	base := uint32(slot) * EndpointBuckets
+	lo, hi := bucketRange(j, n)
+	ep := endpoints[j]
+	fields[0], fields[1], fields[2] = Int(base+lo), Addr(ep.Addr()), Int(uint32(ep.Port()))
+	return Element{Key: fields[:1:1], End: base + hi, Data: fields[1:]}
 }
 
 // SlotEndpoints returns the endpoints an endpoints map (nil: none) holds

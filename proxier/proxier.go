@@ -98,6 +98,10 @@ type familyState struct {
 	healthLocal map[healthcheck.ServiceName]int
 	// Services with a Local traffic policy and no endpoint on this node.
 	noLocalInternal, noLocalExternal map[model.ServiceName]bool
+
+	// frag and oldFrag are the memory a sync builds each Service's new and
+	// old fragment in (the editor copies the elements it keeps).
+	frag, oldFrag nft.Fragment
 }
 
 // New returns a Proxier; Run starts it.
@@ -501,7 +505,9 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 			}
 		}
 		if ports = model.ServicePorts(f, fs.node, svc, slices); len(ports) > 0 {
-			frag = ruleset.ServiceFragment(fs.cfg, ports, fs.slots)
+			frag = &fs.frag
+			frag.Reset()
+			ruleset.AddServiceFragment(frag, fs.cfg, ports, fs.slots)
 			for _, m := range fs.slots.NewMaps(f) {
 				fs.editor.AddSet(m)
 				fs.editor.Reserve(m.Name, fs.reserve.MapElements())
@@ -526,7 +532,9 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 	}
 	var oldFrag *nft.Fragment
 	if len(old) > 0 {
-		oldFrag = ruleset.ServiceFragment(oldCfg, old, fs.slots)
+		oldFrag = &fs.oldFrag
+		oldFrag.Reset()
+		ruleset.AddServiceFragment(oldFrag, oldCfg, old, fs.slots)
 	}
 	fs.slots.ReleaseGone(oldFrag, frag)
 	fs.editor.Replace(oldFrag, frag)

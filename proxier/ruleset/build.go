@@ -264,17 +264,24 @@ func servicesRules(cfg Config, nodePortGuards [][]nft.Phrase) []nft.Rule {
 // slots.Maps to the table).
 func ServiceFragment(cfg Config, ports []model.ServicePortState, slots *Slots) *nft.Fragment {
 	// Room for the elements of the usual port (its ClusterIP, service IP,
-	// and per endpoint a hairpin connection and a range), not grown from
-	// nothing: growing was a fifth of a full sync's allocations.
+	// a range per endpoint and a hairpin connection per local one), not
+	// grown from nothing: growing was a fifth of a full sync's allocations.
 	n := 0
 	for i := range ports {
-		n += 4 + 2*len(ports[i].Endpoints)
+		n += 2 + len(ports[i].Endpoints) + len(ports[i].LocalEndpoints)
 	}
 	fr := &nft.Fragment{Elements: make([]nft.SetElement, 0, n)}
+	AddServiceFragment(fr, cfg, ports, slots)
+	return fr
+}
+
+// AddServiceFragment adds what ServiceFragment returns to fr: a sync that
+// builds every Service's fragment in turn builds them all in the memory of
+// one (see nft.Fragment.Reset).
+func AddServiceFragment(fr *nft.Fragment, cfg Config, ports []model.ServicePortState, slots *Slots) {
 	for i := range ports {
 		portFragment(fr, cfg, &ports[i], slots)
 	}
-	return fr
 }
 
 // portBuilder adds the objects of one service port to a fragment.
@@ -300,11 +307,15 @@ func (b portBuilder) namedChain(name string, rules ...nft.Rule) string {
 
 // key is addr . proto . port of the service port.
 func (b portBuilder) key(a netip.Addr, port uint16) []nft.Datum {
-	return []nft.Datum{nft.Addr(a), nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(port))}
+	k := b.fr.Datums(3)
+	k[0], k[1], k[2] = nft.Addr(a), nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(port))
+	return k
 }
 
 func (b portBuilder) nodePortKey() []nft.Datum {
-	return []nft.Datum{nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(b.sp.NodePort))}
+	k := b.fr.Datums(2)
+	k[0], k[1] = nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(b.sp.NodePort))
+	return k
 }
 
 var (
@@ -317,7 +328,9 @@ func gotoChain(name string) *nft.Verdict { return &nft.Verdict{Kind: nft.Verdict
 func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState, slots *Slots) {
 	b := portBuilder{fr: fr, cfg: cfg, sp: sp, slots: slots}
 	comment := sp.Name.String()
-	b.element(setClusterIPs, nft.Element{Key: []nft.Datum{nft.Addr(sp.ClusterIP)}})
+	vip := b.fr.Datums(1)
+	vip[0] = nft.Addr(sp.ClusterIP)
+	b.element(setClusterIPs, nft.Element{Key: vip})
 	hairpins(b, sp.LocalEndpoints)
 
 	// No endpoint at all: every frontend rejects (in the filter chains,
@@ -436,10 +449,11 @@ func firewall(b portBuilder) {
 // DNATed on another node is external, and masqueraded there, or under an
 // external Local policy goes to that node's own endpoints.)
 func hairpins(b portBuilder, endpoints []netip.AddrPort) {
-	keys := make([]nft.Datum, 0, 4*len(endpoints)) // one allocation for every key
-	for _, ep := range endpoints {
-		keys = append(keys, nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(ep.Port())))
-		b.element(setHairpinConnections, nft.Element{Key: keys[len(keys)-4 : len(keys) : len(keys)]})
+	keys := b.fr.Datums(4 * len(endpoints))
+	for i, ep := range endpoints {
+		k := keys[4*i : 4*i+4 : 4*i+4]
+		k[0], k[1], k[2], k[3] = nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nft.Int(uint32(b.sp.Name.Protocol)), nft.Int(uint32(ep.Port()))
+		b.element(setHairpinConnections, nft.Element{Key: k})
 	}
 }
 
@@ -462,9 +476,7 @@ func (b portBuilder) pickChain(kind string, endpoints []netip.AddrPort) string {
 	}
 	proto := b.sp.Name.Protocol
 	m, slot := b.slots.Slot(name, proto)
-	for _, e := range nft.EndpointsElements(slot, endpoints) {
-		b.element(m, e)
-	}
+	b.fr.AddEndpointsElements(m, slot, endpoints)
 	return b.namedChain(name, rule(nft.DNATMap{Proto: proto, Map: m, Slot: slot}))
 }
 
