@@ -178,7 +178,8 @@ func TestEditorReserveKeepsWhatIsThere(t *testing.T) {
 // TestFragmentReuse: fragments built one after another in the memory of
 // one (Reset, Datums, AddEndpointsElements), each given to the Editor
 // before the next, leave the Editor with the ruleset of fragments built
-// apart: the Editor keeps nothing of a fragment's elements.
+// apart in memory of their own: the Editor keeps nothing of a fragment's
+// elements, and Datums hands out space no other element uses.
 func TestFragmentReuse(t *testing.T) {
 	build := func(reuse bool) *Ruleset {
 		ed := NewEditor(IPv4)
@@ -189,11 +190,19 @@ func TestFragmentReuse(t *testing.T) {
 		var scratch Fragment
 		for i := range 40 {
 			fr := &Fragment{}
+			datums := func(n int) []Datum { return make([]Datum, n) }
 			if reuse {
 				fr = &scratch
 				fr.Reset()
+				datums = fr.Datums
+				// The same space each time: written, then zero again.
+				z := fr.Datums(4)
+				if z[0] != (Datum{}) || z[3] != (Datum{}) {
+					t.Fatalf("Datums handed out %v, not zeros", z)
+				}
+				z[0], z[3] = Int(1), Int(2)
 			}
-			vip := fr.Datums(3)
+			vip := datums(3)
 			vip[0], vip[1], vip[2] = Addr(netip.AddrFrom4([4]byte{10, 96, 0, byte(i)})), Int(uint32(ProtoTCP)), Int(80)
 			chain := fmt.Sprintf("svc-%d", i)
 			fr.Chains = append(fr.Chains, &Chain{Name: chain, Rules: []Rule{{Phrases: []Phrase{DNATMap{Proto: ProtoTCP, Map: "endpoints-tcp", Slot: uint16(i)}}}}})
@@ -202,11 +211,17 @@ func TestFragmentReuse(t *testing.T) {
 			for j := range 1 + i%7 { // fragments of different sizes: the space grows
 				eps = append(eps, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), byte(j)}), 8080))
 			}
-			fr.AddEndpointsElements("endpoints-tcp", uint16(i), eps)
-			for _, d := range fr.Datums(2 * len(eps)) {
-				if d != (Datum{}) {
-					t.Fatalf("Datums handed out %v, not zero", d)
+			if reuse {
+				fr.AddEndpointsElements("endpoints-tcp", uint16(i), eps)
+			} else {
+				for _, e := range EndpointsElements(uint16(i), eps) {
+					fr.Elements = append(fr.Elements, SetElement{"endpoints-tcp", e})
 				}
+			}
+			for j, ep := range eps {
+				ip := datums(1)
+				ip[0] = Addr(ep.Addr())
+				fr.Elements = append(fr.Elements, SetElement{"ips", Element{Key: ip, Comment: fmt.Sprint(j)}})
 			}
 			ed.Replace(nil, fr)
 		}
