@@ -212,7 +212,7 @@ func TestDecodeInvertsEncode(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					got, err := decodeTupleOrder(f, s.Key, b, s.Endpoints != 0)
+					got, err := decodeTupleOrder(nil, f, s.Key, b, s.Endpoints != 0)
 					if err != nil || s.KeyString(got) != s.KeyString(e.Key) {
 						t.Errorf("%s: key %s decoded as %v (%v)", s.Name, s.KeyString(e.Key), got, err)
 					}
@@ -228,7 +228,7 @@ func TestDecodeInvertsEncode(t *testing.T) {
 	}
 	mark := []DataType{TypeMark}
 	b, _ := encodeTuple(IPv4, mark, []Datum{Int(0x4000)})
-	if got, _ := decodeTuple(IPv4, mark, b); got[0].Int != 0x4000 {
+	if got, _ := decodeTupleOrder(nil, IPv4, mark, b, false); got[0].Int != 0x4000 {
 		t.Errorf("mark decoded as %v", got)
 	}
 	for _, k := range []VerdictKind{VerdictAccept, VerdictDrop, VerdictReturn, VerdictJump, VerdictGoto} {

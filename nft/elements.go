@@ -194,6 +194,29 @@ func (es *Elements) put(k, v string) {
 	es.store(i, k, v)
 }
 
+// setEnd sets, in place, the range end of the element of packed key k,
+// whose value must have one already: it reports whether it did. Unlike
+// every other change, it rewrites bytes of the slab, so a view of that
+// value changes with it: Load uses it on a set nothing else holds yet.
+func (es *Elements) setEnd(k string, end uint32) bool {
+	i, ok := -1, false
+	if es.n > 0 {
+		i, ok = es.find(k)
+	}
+	if !ok {
+		return false
+	}
+	b := es.slab[es.index[i]-1:]
+	kl, w := binary.Uvarint(b)
+	b = b[w+int(kl):]
+	vl, w := binary.Uvarint(b)
+	if vl < 5 || b[w]&valueEnd == 0 {
+		return false
+	}
+	binary.LittleEndian.PutUint32(b[w+1:], end)
+	return true
+}
+
 // store appends the record of k and v to the slab and points index slot i
 // at it.
 func (es *Elements) store(i int, k, v string) {

@@ -129,3 +129,36 @@ func TestElementsAgainstMap(t *testing.T) {
 	}
 	check(-2)
 }
+
+// TestElementsSetEnd: setEnd rewrites the range end of an element that has
+// one, in place, and leaves every other element, and elements without an
+// end, as they were.
+func TestElementsSetEnd(t *testing.T) {
+	var es Elements
+	ep := []Datum{Addr(netip.MustParseAddr("10.244.0.1")), Int(8080)}
+	for i := range uint32(100) {
+		es.Put(Element{Key: []Datum{Int(10 * i)}, End: openRange, Data: ep, Comment: "c"})
+	}
+	es.Put(Element{Key: []Datum{Int(5)}, Data: ep})
+	slab := len(es.slab)
+	for i := range uint32(100) {
+		if !es.setEnd(packKey([]Datum{Int(10 * i)}), 10*i+9) {
+			t.Fatalf("setEnd(%d) failed", 10*i)
+		}
+	}
+	if es.setEnd(packKey([]Datum{Int(5)}), 7) || es.setEnd(packKey([]Datum{Int(3)}), 7) {
+		t.Error("setEnd on an element without an end, or on no element, reported success")
+	}
+	if len(es.slab) != slab || es.Len() != 101 {
+		t.Errorf("slab %d → %d bytes, %d elements", slab, len(es.slab), es.Len())
+	}
+	for i := range uint32(100) {
+		e, ok := es.Get([]Datum{Int(10 * i)})
+		if !ok || e.End != 10*i+9 || e.Comment != "c" || !slices.Equal(e.Data, ep) {
+			t.Errorf("element %d: %+v", 10*i, e)
+		}
+	}
+	if e, _ := es.Get([]Datum{Int(5)}); e.End != 0 || !slices.Equal(e.Data, ep) {
+		t.Errorf("element without an end: %+v", e)
+	}
+}

@@ -219,8 +219,9 @@ func (n *Netlink) loadElements(f Family, s *Set) error {
 		e.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
 	}
 	var ends []uint32
+	var sc elementScratch
 	if err := n.dump(unix.NFT_MSG_GETSETELEM, f, req, func(attrs []byte) error {
-		return decodeElements(f, s, attrs, &ends)
+		return decodeElements(f, s, attrs, &ends, &sc)
 	}); err != nil {
 		return fmt.Errorf("dump elements of set %s: %w", s.Name, err)
 	}
@@ -541,8 +542,9 @@ func decodeTypes(magic, length uint32) ([]DataType, bool) {
 
 // decodeElements adds the elements of a NEWSETELEM of an element dump to s;
 // in an endpoints map, the keys of the elements that end ranges go to ends
-// instead (see closeRanges).
-func decodeElements(f Family, s *Set, attrs []byte, ends *[]uint32) error {
+// instead, and the range starts are added with the end openRange, which
+// closeRanges replaces.
+func decodeElements(f Family, s *Set, attrs []byte, ends *[]uint32, sc *elementScratch) error {
 	var err error
 	forEachAttr(attrs, func(t uint16, list []byte) {
 		if t != unix.NFTA_SET_ELEM_LIST_ELEMENTS || err != nil {
@@ -554,34 +556,49 @@ func decodeElements(f Family, s *Set, attrs []byte, ends *[]uint32) error {
 			}
 			var e Element
 			var end bool
-			if e, end, err = decodeElement(f, s, elem); err == nil {
+			if e, end, err = decodeElement(f, s, elem, sc); err == nil {
 				if end {
 					*ends = append(*ends, e.Key[0].Int)
-				} else {
-					s.Elements.Put(e)
+					return
 				}
+				if s.Endpoints != 0 {
+					e.End = openRange
+				}
+				sc.k, sc.v = appendPacked(sc.k[:0], e.Key), appendValue(sc.v[:0], e)
+				s.Elements.put(view(sc.k), view(sc.v)) // put copies them
 			}
 		})
 	})
 	return err
 }
 
+// openRange is the end a range start of an endpoints map has while Load
+// reads the map: a placeholder, so that its packed value has room for the
+// end closeRanges writes in place.
+const openRange = ^uint32(0)
+
 // closeRanges gives each range start of an endpoints map its end: the
-// smallest end key above it, less one. Every end must close a range.
+// smallest end key above it, less one. Every end must close a range. The
+// ends are written into the values in place: a million ranges at 100,000
+// Services, which a packed copy of each would leave as garbage in the
+// slab and in the heap.
 func closeRanges(s *Set, ends []uint32) error {
 	slices.Sort(ends)
 	used := 0
+	var u unpacked
 	for k, v := range s.Elements.each() {
-		e := unpackElement(k, v)
-		i, _ := slices.BinarySearch(ends, e.Key[0].Int+1)
+		u.unpack(k, v)
+		i, _ := slices.BinarySearch(ends, u.Key[0].Int+1)
 		if i == len(ends) {
-			return fmt.Errorf("range %s has no end", s.KeyString(e.Key))
+			return fmt.Errorf("range %s has no end", s.KeyString(u.Key))
 		}
-		e.End = ends[i] - 1
-		if err := checkRange(s, e); err != nil {
+		u.End = ends[i] - 1
+		if err := checkRange(s, u.Element); err != nil {
 			return err
 		}
-		s.Elements.put(k, packValue(e))
+		if !s.Elements.setEnd(k, u.End) {
+			return fmt.Errorf("range %s: no room for its end", s.KeyString(u.Key))
+		}
 		used++
 	}
 	if used != len(ends) {
@@ -590,9 +607,19 @@ func closeRanges(s *Set, ends []uint32) error {
 	return nil
 }
 
-// decodeElement decodes one element; end reports an endpoints map's
-// element that ends a range (its Key alone is set).
-func decodeElement(f Family, s *Set, attrs []byte) (e Element, end bool, err error) {
+// elementScratch is the space decodeElements decodes and packs each element
+// in, before the set copies it: reading a table back allocates nothing per
+// element but the set's own growth.
+type elementScratch struct {
+	key, data [8]Datum
+	verdict   Verdict
+	k, v      []byte
+}
+
+// decodeElement decodes one element into sc, where it stays until the next
+// (its comment is a view of attrs); end reports an endpoints map's element
+// that ends a range (its Key alone is set).
+func decodeElement(f Family, s *Set, attrs []byte, sc *elementScratch) (e Element, end bool, err error) {
 	var key, data, ud []byte
 	var flags uint32
 	forEachAttr(attrs, func(t uint16, d []byte) {
@@ -608,7 +635,7 @@ func decodeElement(f Family, s *Set, attrs []byte) (e Element, end bool, err err
 		}
 	})
 	ints := s.Endpoints != 0 // in network byte order, see encodeKey
-	if e.Key, err = decodeTupleOrder(f, s.Key, dataValue(key), ints); err != nil {
+	if e.Key, err = decodeTupleOrder(sc.key[:0], f, s.Key, dataValue(key), ints); err != nil {
 		return e, false, fmt.Errorf("element key: %w", err)
 	}
 	if s.Endpoints != 0 && flags&unix.NFT_SET_ELEM_INTERVAL_END != 0 {
@@ -618,21 +645,21 @@ func decodeElement(f Family, s *Set, attrs []byte) (e Element, end bool, err err
 	case s.IsVerdictMap():
 		forEachAttr(data, func(t uint16, d []byte) {
 			if t == unix.NFTA_DATA_VERDICT {
-				v := decodeVerdict(d)
-				e.Verdict = &v
+				sc.verdict = decodeVerdict(d)
+				e.Verdict = &sc.verdict
 			}
 		})
 		if e.Verdict == nil {
 			return e, false, fmt.Errorf("element %s: no verdict", s.KeyString(e.Key))
 		}
 	case s.IsMap():
-		if e.Data, err = decodeTuple(f, s.Data, dataValue(data)); err != nil {
+		if e.Data, err = decodeTupleOrder(sc.data[:0], f, s.Data, dataValue(data), false); err != nil {
 			return e, false, fmt.Errorf("element %s: data: %w", s.KeyString(e.Key), err)
 		}
 	}
 	for len(ud) >= 2 && 2+int(ud[1]) <= len(ud) {
 		if n := int(ud[1]); ud[0] == udataElemComment && n > 0 {
-			e.Comment = cstr(ud[2 : 2+n])
+			e.Comment = view(trimNUL(ud[2 : 2+n]))
 		}
 		ud = ud[2+int(ud[1]):]
 	}
@@ -673,17 +700,13 @@ func decodeVerdict(attrs []byte) Verdict {
 	return v
 }
 
-// decodeTuple inverts encodeTuple.
-func decodeTuple(f Family, ts []DataType, b []byte) ([]Datum, error) {
-	return decodeTupleOrder(f, ts, b, false)
-}
-
-// decodeTupleOrder inverts encodeTupleOrder.
-func decodeTupleOrder(f Family, ts []DataType, b []byte, intsBigEndian bool) ([]Datum, error) {
+// decodeTupleOrder inverts encodeTupleOrder, into the space of ds.
+func decodeTupleOrder(ds []Datum, f Family, ts []DataType, b []byte, intsBigEndian bool) ([]Datum, error) {
 	if len(b) != tupleLen(ts) {
 		return nil, fmt.Errorf("%d bytes for a %d-byte value", len(b), tupleLen(ts))
 	}
-	ds := make([]Datum, len(ts))
+	ds = slices.Grow(ds[:0], len(ts))[:len(ts)]
+	clear(ds)
 	for i, t := range ts {
 		v := b[:t.Len]
 		switch t {
