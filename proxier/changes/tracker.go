@@ -120,6 +120,11 @@ func (t *Tracker[K, V]) All() map[K]V {
 func (t *Tracker[K, V]) Applied(s Snapshot[K, V]) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if len(t.applied) == 0 {
+		// The first sync applies every object: sized once, the map does
+		// not grow (and rehash) as it fills.
+		t.applied = make(map[K]V, len(s.Changed))
+	}
 	for k, c := range s.Changed {
 		if c.Deleted {
 			delete(t.applied, k)
