@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -64,7 +65,12 @@ type BatchStats struct {
 	Replies  int // replies to the batch (errors and ACKs) and to GETGEN
 	Encode   time.Duration
 	Kernel   time.Duration // from sendmsg to the sentinel's reply
-	GenID    uint32        // ruleset generation after the batch
+	// KernelCPU is the CPU time of the thread that sent the batch, in
+	// sendmsg: the kernel processes a batch there, in the sender's
+	// context, so this is its work, and Kernel less this is mostly the
+	// thread waiting for a CPU.
+	KernelCPU time.Duration
+	GenID     uint32 // ruleset generation after the batch
 	// Confirmed: the kernel ACKed BATCH_END, which it does only after a
 	// successful commit (Linux ≥ 6.10, "nfnetlink: handle ACK flags for
 	// batch messages"); older kernels ignore the flag and success is
@@ -165,7 +171,7 @@ func (n *Netlink) Apply(ctx context.Context, tx *Transaction) error {
 	}
 	defer stop()
 	sent := time.Now()
-	if err := n.send(b.enc.b); err != nil {
+	if n.last.KernelCPU, err = n.send(b.enc.b); err != nil {
 		return wrap(fmt.Errorf("send batch of %d bytes: %w", len(b.enc.b), err))
 	}
 	res, err := n.readReplies(b)
@@ -237,26 +243,42 @@ func (n *Netlink) nextSeqs(count int) uint32 {
 
 // send writes the batch with one sendmsg, growing the send buffer first if
 // the batch would not fit.
-func (n *Netlink) send(buf []byte) error {
+// send sends buf in one sendmsg; cpu is the CPU time the sending thread
+// spent in it.
+func (n *Netlink) send(buf []byte) (cpu time.Duration, err error) {
 	if need := len(buf) + 64<<10; need > n.sndbuf {
 		if err := nlsock.SetBuffer(n.conn, unix.SO_SNDBUFFORCE, need); err != nil {
-			return err
+			return 0, err
 		}
 		n.sndbuf = need
 	}
 	rc, err := n.conn.SyscallConn()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var serr error
+	runtime.LockOSThread() // the thread whose CPU time is read stays this one
+	defer runtime.UnlockOSThread()
 	werr := rc.Write(func(fd uintptr) bool {
+		before := threadCPU()
 		serr = unix.Sendmsg(int(fd), buf, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
+		cpu += threadCPU() - before
 		return serr != unix.EAGAIN
 	})
 	if werr != nil {
-		return werr
+		return cpu, werr
 	}
-	return serr
+	return cpu, serr
+}
+
+// threadCPU is the CPU time (user and system) of the calling thread; 0 if
+// it cannot be read.
+func threadCPU() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_THREAD, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // msgError is the kernel's error for message index of a batch.

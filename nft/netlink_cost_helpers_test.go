@@ -88,7 +88,7 @@ func costRaw(n *Netlink, f Family, fill func(b *batch) error) (time.Duration, er
 		return 0, err
 	}
 	sent := time.Now()
-	if err := n.send(b.enc.b); err != nil {
+	if _, err := n.send(b.enc.b); err != nil {
 		return 0, fmt.Errorf("send %d bytes: %w", len(b.enc.b), err)
 	}
 	res, err := n.readReplies(b)

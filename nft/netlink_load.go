@@ -749,7 +749,7 @@ func (n *Netlink) dump(msgType uint16, f Family, attrs func(*encoder), each func
 		attrs(&e)
 	}
 	e.endMsg(m)
-	if err := n.send(e.b); err != nil {
+	if _, err := n.send(e.b); err != nil {
 		return fmt.Errorf("send dump request: %w", err)
 	}
 	var first error

@@ -244,6 +244,11 @@ func TestNetlinkIncremental(t *testing.T) {
 	apply(t, n, Diff(nil, committed))
 	full := n.LastBatch()
 	t.Logf("1,000 services: %+v", full)
+	// The kernel works on the batch in sendmsg, on the sending thread:
+	// that thread's CPU time is some, and at most all, of the wall time.
+	if full.KernelCPU <= 0 || full.KernelCPU > full.Kernel {
+		t.Errorf("kernel CPU %v of a %v batch", full.KernelCPU, full.Kernel)
+	}
 
 	for _, changes := range []int{1, 10, 100} {
 		// changes Services lose an endpoint, changes new ones appear and

@@ -399,7 +399,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 		if b, ok := backend.(batchReporter); ok && !tx.Empty() {
 			// Where the time went: the rest of elapsed is building.
 			st := b.LastBatch()
-			kv = append(kv, "bytes", st.Bytes, "encode", st.Encode, "kernel", st.Kernel)
+			kv = append(kv, "bytes", st.Bytes, "encode", st.Encode, "kernel", st.Kernel, "kernelCPU", st.KernelCPU)
 		}
 		klog.V(2).InfoS("Synced", kv...)
 	}

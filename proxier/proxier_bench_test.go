@@ -365,6 +365,7 @@ func BenchmarkProxierKernelFullSync(b *testing.B) {
 				st := backend.LastBatch()
 				b.ReportMetric(st.Encode.Seconds()*1000, "encode-ms")
 				b.ReportMetric(st.Kernel.Seconds()*1000, "kernel-ms")
+				b.ReportMetric(st.KernelCPU.Seconds()*1000, "kernel-cpu-ms")
 				b.ReportMetric(float64(st.Bytes)/mib, "batch-MiB")
 				b.ReportMetric(peakRSS(b)/1e6, "peak-RSS-MB")
 
