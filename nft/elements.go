@@ -64,8 +64,13 @@ func (es *Elements) Has(key []Datum) bool {
 	return ok
 }
 
-// Put adds e, replacing the element with the same key.
-func (es *Elements) Put(e Element) { es.put(packKey(e.Key), packValue(e)) }
+// Put adds e, replacing the element with the same key. It packs e in
+// space of its own: put copies the record into the slab.
+func (es *Elements) Put(e Element) {
+	var kb [64]byte
+	var vb [128]byte
+	es.put(view(appendPacked(kb[:0], e.Key)), view(appendValue(vb[:0], e)))
+}
 
 // Delete removes the element with this key, if any.
 func (es *Elements) Delete(key []Datum) { es.del(packKey(key)) }
@@ -123,7 +128,8 @@ func (es *Elements) record(o uint32) (k, v string) {
 }
 
 // view is b as a string, without a copy: the string changes if b's bytes
-// do, so it may be held only while they do not (the slab's never do).
+// do, so it may be held only while they do not (the slab's do only in
+// setEnd).
 func view(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // find returns the index slot of key k, and whether it holds k; if not,
@@ -206,14 +212,13 @@ func (es *Elements) setEnd(k string, end uint32) bool {
 	if !ok {
 		return false
 	}
-	b := es.slab[es.index[i]-1:]
-	kl, w := binary.Uvarint(b)
-	b = b[w+int(kl):]
-	vl, w := binary.Uvarint(b)
-	if vl < 5 || b[w]&valueEnd == 0 {
+	_, v := es.record(es.index[i] - 1)
+	if len(v) < 5 || v[0]&valueEnd == 0 {
 		return false
 	}
-	binary.LittleEndian.PutUint32(b[w+1:], end)
+	// v is a view of the slab: its offset there is where to write.
+	at := int(uintptr(unsafe.Pointer(unsafe.StringData(v))) - uintptr(unsafe.Pointer(unsafe.SliceData(es.slab))))
+	binary.LittleEndian.PutUint32(es.slab[at+1:], end)
 	return true
 }
 

@@ -564,8 +564,7 @@ func decodeElements(f Family, s *Set, attrs []byte, ends *[]uint32, sc *elementS
 				if s.Endpoints != 0 {
 					e.End = openRange
 				}
-				sc.k, sc.v = appendPacked(sc.k[:0], e.Key), appendValue(sc.v[:0], e)
-				s.Elements.put(view(sc.k), view(sc.v)) // put copies them
+				s.Elements.Put(e)
 			}
 		})
 	})
@@ -607,13 +606,12 @@ func closeRanges(s *Set, ends []uint32) error {
 	return nil
 }
 
-// elementScratch is the space decodeElements decodes and packs each element
-// in, before the set copies it: reading a table back allocates nothing per
-// element but the set's own growth.
+// elementScratch is the space decodeElements decodes each element in,
+// before the set packs and copies it (Elements.Put): reading a table back
+// allocates nothing per element but the set's own growth.
 type elementScratch struct {
 	key, data [8]Datum
 	verdict   Verdict
-	k, v      []byte
 }
 
 // decodeElement decodes one element into sc, where it stays until the next
