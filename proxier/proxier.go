@@ -414,8 +414,8 @@ type batchReporter interface{ LastBatch() nft.BatchStats }
 
 // counts returns how many Services of family f there are, with how many
 // ports, and how many endpoint ports their EndpointSlices hold, in all and
-// on this node: the sizes
-// a full sync into an empty table reserves (ruleset.Reserve).
+// on this node: the sizes a full sync into an empty table reserves
+// (ruleset.Reserve).
 func (p *Proxier) counts(f nft.Family) ruleset.Counts {
 	var c ruleset.Counts
 	for _, svc := range p.services {
@@ -433,7 +433,7 @@ func (p *Proxier) counts(f nft.Family) ruleset.Counts {
 			}
 			c.Endpoints += len(es.Endpoints) * len(es.Ports)
 			for i := range es.Endpoints {
-				if es.Endpoints[i].NodeName == p.cfg.NodeName {
+				if es.Endpoints[i].OnNode(p.cfg.NodeName) {
 					c.LocalEndpoints += len(es.Ports)
 				}
 			}

@@ -123,7 +123,7 @@ func categorize(sp *ServicePortState, node Node, p ServicePort, slices []*Endpoi
 			if seen != nil {
 				seen[ap] = true
 			}
-			all = append(all, candidate{ap: ap, ep: e, loc: node.Name != "" && e.NodeName == node.Name})
+			all = append(all, candidate{ap: ap, ep: e, loc: e.OnNode(node.Name)})
 		}
 	}
 	cluster := readyOrTerminating(all, func(candidate) bool { return true })

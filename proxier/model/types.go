@@ -111,6 +111,10 @@ type Endpoint struct {
 	Hints       *Hints // nil: none
 }
 
+// OnNode reports whether the endpoint is on the node of this name (an
+// unnamed node has none).
+func (e *Endpoint) OnNode(node string) bool { return node != "" && e.NodeName == node }
+
 // Hints are the topology hints set by the EndpointSlice controller: the
 // zones and nodes an endpoint should serve.
 type Hints struct {
