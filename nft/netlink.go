@@ -241,10 +241,8 @@ func (n *Netlink) nextSeqs(count int) uint32 {
 	return first
 }
 
-// send writes the batch with one sendmsg, growing the send buffer first if
-// the batch would not fit.
-// send sends buf in one sendmsg; cpu is the CPU time the sending thread
-// spent in it.
+// send writes buf with one sendmsg, growing the send buffer first if it
+// would not fit; cpu is the CPU time the sending thread spent in sendmsg.
 func (n *Netlink) send(buf []byte) (cpu time.Duration, err error) {
 	if need := len(buf) + 64<<10; need > n.sndbuf {
 		if err := nlsock.SetBuffer(n.conn, unix.SO_SNDBUFFORCE, need); err != nil {
