@@ -63,18 +63,13 @@ const (
 func ChainName(kind string, n model.ServicePortName) string {
 	proto := nft.ProtoName(n.Protocol)
 	var name strings.Builder // one allocation: a full sync names every chain
-	name.Grow(len(kind) + 1 + hashLen + 1 + len(n.Namespace) + len(n.Name) + len(proto) + len(n.Port) + 3)
+	name.Grow(len(kind) + 1 + hashLen + 1 + readableLen(n, proto))
 	name.WriteString(kind)
 	name.WriteByte('-')
-	h := hashPrefix(n, proto)
+	h := nameHash(n)
 	name.Write(h[:])
 	name.WriteByte('-')
-	for i, part := range [...]string{n.Namespace, n.Name, proto, n.Port} {
-		if i > 0 {
-			name.WriteByte('/')
-		}
-		name.WriteString(part)
-	}
+	writeReadable(&name, n, proto)
 	return name.String()
 }
 
@@ -84,13 +79,30 @@ func ServiceChainName(n model.ServicePortName) string { return ChainName(kindSer
 
 // readable is the port's identity as names show it: "<ns>/<name>/<proto>/<port>".
 func readable(n model.ServicePortName) string {
-	return n.Namespace + "/" + n.Name + "/" + nft.ProtoName(n.Protocol) + "/" + n.Port
+	proto := nft.ProtoName(n.Protocol)
+	var b strings.Builder
+	b.Grow(readableLen(n, proto))
+	writeReadable(&b, n, proto)
+	return b.String()
 }
 
-// hashOf is like hashPrefix, over the port's identity and more parts.
+func writeReadable(b *strings.Builder, n model.ServicePortName, proto string) {
+	for i, part := range [...]string{n.Namespace, n.Name, proto, n.Port} {
+		if i > 0 {
+			b.WriteByte('/')
+		}
+		b.WriteString(part)
+	}
+}
+
+func readableLen(n model.ServicePortName, proto string) int {
+	return len(n.Namespace) + len(n.Name) + len(proto) + len(n.Port) + 3
+}
+
+// hashOf is nameHash as a string.
 func hashOf(n model.ServicePortName, parts ...string) string {
-	sum := sha256.Sum256([]byte(n.Namespace + "/" + n.Name + ":" + n.Port + "/" + nft.ProtoName(n.Protocol) + "/" + strings.Join(parts, "/")))
-	return strings.ToUpper(base32.StdEncoding.EncodeToString(sum[:])[:8])
+	h := nameHash(n, parts...)
+	return string(h[:])
 }
 
 // endpointText is an endpoint as upstream writes it in names: "10.244.1.11/8080".
@@ -101,15 +113,19 @@ func endpointText(ep netip.AddrPort) string {
 // hashLen is the length of a name's hash: 8 base32 characters, 40 bits.
 const hashLen = 8
 
-// hashPrefix is the first 8 characters of the base32 SHA-256 of the port's
-// identity: short, stable across restarts, unique in practice. (Base32
+// nameHash is the first 8 characters of the base32 SHA-256 of the port's
+// identity, "<ns>/<name>:<port>/<proto>", followed by "/<part>" for each
+// of parts: short, stable across restarts, unique in practice. (Base32
 // encodes 5 bytes as 8 characters, so they are the first 5 bytes'.)
-func hashPrefix(n model.ServicePortName, proto string) (h [hashLen]byte) {
+func nameHash(n model.ServicePortName, parts ...string) (h [hashLen]byte) {
 	var buf [128]byte
 	id := append(buf[:0], n.Namespace...)
 	id = append(append(id, '/'), n.Name...)
 	id = append(append(id, ':'), n.Port...)
-	id = append(append(id, '/'), proto...)
+	id = append(append(id, '/'), nft.ProtoName(n.Protocol)...)
+	for _, p := range parts {
+		id = append(append(id, '/'), p...)
+	}
 	sum := sha256.Sum256(id)
 	base32.StdEncoding.Encode(h[:], sum[:5])
 	return h
