@@ -2,12 +2,14 @@ package proxier
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -106,16 +108,58 @@ func (d *discardBackend) Apply(_ context.Context, tx *nft.Transaction) error {
 	return nil
 }
 
+// benchDualModels are benchModels with, for every Service, an IPv6
+// ClusterIP (fd00:96::/112) and an IPv6 EndpointSlice svc-i-2 of the same
+// shape (fd00:128::/64): a dual-stack cluster.
+func benchDualModels(sz benchSize) ([]*model.Service, []*model.EndpointSlice) {
+	svcs, v4 := benchModels(sz)
+	all := make([]*model.EndpointSlice, 0, 2*len(v4))
+	for i, es := range v4 {
+		svcs[i].ClusterIPs = append(svcs[i].ClusterIPs, benchIPv6(0xfd00_0096, uint32(i+10)))
+		es6 := *es
+		es6.Name, es6.Family = svcs[i].Name.Name+"-2", nft.IPv6
+		es6.Endpoints = slices.Clone(es.Endpoints)
+		for j := range es6.Endpoints {
+			es6.Endpoints[j].Addr = benchIPv6(0xfd00_0128, uint32(i*sz.Endpoints+j))
+		}
+		all = append(all, es, &es6)
+	}
+	return svcs, all
+}
+
+// benchIPv6 is the address prefix32::n.
+func benchIPv6(prefix32, n uint32) netip.Addr {
+	var a [16]byte
+	binary.BigEndian.PutUint32(a[:], prefix32)
+	binary.BigEndian.PutUint32(a[12:], n)
+	return netip.AddrFrom16(a)
+}
+
+// benchDualConfig is benchConfig with the IPv6 CIDRs of benchDualModels.
+var benchDualConfig = func() Config {
+	c := benchConfig
+	c.ClusterCIDRs = append(slices.Clone(c.ClusterCIDRs), netip.MustParsePrefix("fd00:128::/64"))
+	c.ServiceCIDRs = append(slices.Clone(c.ServiceCIDRs), netip.MustParsePrefix("fd00:96::/112"))
+	return c
+}()
+
 // benchProxier is a Proxier whose trackers hold the objects, as after the
 // informers synced: its next sync is the first, full one.
 func benchProxier(b *testing.B, backend nft.Interface, svcs []*model.Service, slices []*model.EndpointSlice) *Proxier {
-	p, err := New(benchConfig, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}})
+	return benchProxierWith(b, benchConfig, map[nft.Family]nft.Interface{nft.IPv4: backend}, svcs, slices)
+}
+
+func benchProxierWith(b *testing.B, cfg Config, backends map[nft.Family]nft.Interface, svcs []*model.Service,
+	slices []*model.EndpointSlice) *Proxier {
+	p, err := New(cfg, Deps{NFT: backends})
 	if err != nil {
 		b.Fatal(err)
 	}
-	for i, svc := range svcs {
+	for _, svc := range svcs {
 		p.trackers.Services.Set(svc.Name, svc)
-		p.trackers.Slices.Set(model.SliceKey{Namespace: svc.Name.Namespace, Name: slices[i].Name}, slices[i])
+	}
+	for _, es := range slices {
+		p.trackers.Slices.Set(model.SliceKey{Namespace: es.Service.Namespace, Name: es.Name}, es)
 	}
 	return p
 }
@@ -386,6 +430,39 @@ func BenchmarkProxierKernelFullSync(b *testing.B) {
 				if err := restarted.Apply(context.Background(), drop); err != nil {
 					b.Fatal(err)
 				}
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// BenchmarkProxierKernelDualStack times the first sync of a dual-stack
+// node into a kernel (a network namespace of its own): every Service of
+// benchDualModels in both families' tables, each family's transaction sent
+// by its own backend. ns/op is the time until both tables are programmed.
+func BenchmarkProxierKernelDualStack(b *testing.B) {
+	for _, sz := range benchSizes[:2] {
+		b.Run(sz.String(), func(b *testing.B) {
+			ns := netnstest.New(b, "nftproxy-bd")
+			for b.Loop() {
+				b.StopTimer()
+				v4, v6 := benchNetlink(b, ns.Fd), benchNetlink(b, ns.Fd)
+				svcs, slices := benchDualModels(sz)
+				p := benchProxierWith(b, benchDualConfig, map[nft.Family]nft.Interface{nft.IPv4: v4, nft.IPv6: v6}, svcs, slices)
+				b.StartTimer()
+				if err := p.sync(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				for f, be := range map[nft.Family]*countingNetlink{nft.IPv4: v4, nft.IPv6: v6} {
+					st := be.LastBatch()
+					b.ReportMetric(st.Kernel.Seconds()*1000, strings.ToLower(f.IPFamily())+"-kernel-ms")
+					drop := &nft.Transaction{Family: f, Ops: []nft.Op{{Kind: nft.OpDeleteTable}}}
+					if err := be.Apply(context.Background(), drop); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(peakRSS(b)/1e6, "peak-RSS-MB")
 				b.StartTimer()
 			}
 		})
