@@ -2,9 +2,12 @@ package proxier
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -270,5 +273,107 @@ func TestEventsWithoutRuleChangesDoNoKernelWork(t *testing.T) {
 	}
 	if ops := h.fk.Ops - ops; ops > 3 {
 		t.Errorf("%d operations: more than the new Service needs", ops)
+	}
+}
+
+// meetingBackend holds its family's first Apply until the other family's
+// first Apply has begun too, for at most a few seconds.
+type meetingBackend struct {
+	nft.Interface
+	begun, other chan struct{} // begun is closed when the first Apply begins
+	once         sync.Once
+	missed       atomic.Bool // the other family did not begin in time
+	applied      atomic.Int32
+}
+
+func (m *meetingBackend) Apply(ctx context.Context, tx *nft.Transaction) error {
+	first := false
+	m.once.Do(func() { close(m.begun); first = true })
+	if first {
+		select {
+		case <-m.other:
+		case <-time.After(5 * time.Second):
+			m.missed.Store(true)
+			return errors.New("the other family did not begin to apply meanwhile")
+		}
+	}
+	err := m.Interface.Apply(ctx, tx)
+	if err == nil {
+		m.applied.Add(1)
+	}
+	return err
+}
+
+// TestFamiliesSyncConcurrently: a dual-stack node's families are synced at
+// once, so one family's commit does not wait for the other's building and
+// commit. Each family's first transaction is held until the other's has
+// begun: synced one after the other, the first would wait in vain.
+func TestFamiliesSyncConcurrently(t *testing.T) {
+	v4, v6 := make(chan struct{}), make(chan struct{})
+	fk6 := nft.NewFake()
+	var b4, b6 *meetingBackend
+	h := startWith(t, func(d *Deps) {
+		b4 = &meetingBackend{Interface: d.NFT[nft.IPv4], begun: v4, other: v6}
+		b6 = &meetingBackend{Interface: fk6, begun: v6, other: v4}
+		d.NFT = map[nft.Family]nft.Interface{nft.IPv4: b4, nft.IPv6: b6}
+	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictReject)
+	waitFor(t, "the IPv6 table", func() bool { return b6.applied.Load() > 0 })
+	if b4.missed.Load() || b6.missed.Load() {
+		t.Fatal("a family's first transaction was applied while the other family's was not under way")
+	}
+}
+
+// orderedBackend logs, in a log shared by the families, when its table is
+// read back and when a transaction is applied; reading takes readDelay.
+type orderedBackend struct {
+	*nft.Fake
+	readDelay time.Duration
+	mu        *sync.Mutex
+	log       *[]string
+}
+
+func (b *orderedBackend) add(event string) {
+	b.mu.Lock()
+	*b.log = append(*b.log, event)
+	b.mu.Unlock()
+}
+
+func (b *orderedBackend) Load(ctx context.Context, f nft.Family) (*nft.Ruleset, error) {
+	time.Sleep(b.readDelay)
+	rs, err := b.Fake.Load(ctx, f)
+	b.add("read " + f.IPFamily())
+	return rs, err
+}
+
+func (b *orderedBackend) Apply(ctx context.Context, tx *nft.Transaction) error {
+	b.add("apply " + tx.Family.IPFamily())
+	return b.Fake.Apply(ctx, tx)
+}
+
+// TestFamiliesReadBeforeEitherCommits: a full sync reads every family's
+// table back before any family commits; a commit during another family's
+// reading would make that reading start over (the ruleset's generation
+// moved). The IPv4 table takes long to read; the IPv6 one is quick.
+func TestFamiliesReadBeforeEitherCommits(t *testing.T) {
+	var mu sync.Mutex
+	var log []string
+	events := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(log)
+	}
+	startWith(t, func(d *Deps) {
+		d.NFT = map[nft.Family]nft.Interface{
+			nft.IPv4: &orderedBackend{Fake: d.NFT[nft.IPv4].(*nft.Fake), readDelay: 300 * time.Millisecond, mu: &mu, log: &log},
+			nft.IPv6: &orderedBackend{Fake: nft.NewFake(), mu: &mu, log: &log},
+		}
+	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
+	waitFor(t, "both families' first sync", func() bool { return len(events()) >= 4 })
+	got := events()[:4]
+	slices.Sort(got[:2])
+	slices.Sort(got[2:])
+	if want := []string{"read IPv4", "read IPv6", "apply IPv4", "apply IPv6"}; !slices.Equal(got, want) {
+		t.Fatalf("first sync: %q, want both tables read before either transaction", events())
 	}
 }

@@ -202,19 +202,34 @@ func (p *Proxier) setNode(n model.Node) {
 // sync brings every family in line with the pending changes. They are
 // marked applied only if every family succeeded, so a failure loses no
 // change: the next sync sees them again.
+//
+// The families sync at once, each in a goroutine of its own (their
+// states, tables and backends are apart; what they share, the recorded
+// objects, is only read): one family's building overlaps the other's
+// commit, which the kernel runs one at a time per network namespace. A
+// dual-stack node is programmed in the time of its larger family, not of
+// both. Every table a full sync reads back is read before any family
+// commits: a commit moves the ruleset's generation, which a reading
+// checks, and would make the other family's reading start over.
 func (p *Proxier) sync(ctx context.Context) error {
 	svcs := p.trackers.Services.Checkout()
 	slices := p.trackers.Slices.Checkout()
 	metrics.ServiceChangesPending.Set(float64(len(svcs.Changed)))
 	metrics.EndpointChangesPending.Set(float64(len(slices.Changed)))
 	affected := p.record(svcs, slices)
-	var errs []error
-	for f, backend := range p.deps.NFT {
-		if err := p.syncFamily(ctx, f, backend, affected); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	full := map[nft.Family]*fullStart{}
+	var mu sync.Mutex
+	p.eachFamily(func(f nft.Family, backend nft.Interface) error {
+		fst := p.startFull(ctx, f, backend)
+		mu.Lock()
+		full[f] = fst
+		mu.Unlock()
+		return nil
+	})
+	err := p.eachFamily(func(f nft.Family, backend nft.Interface) error {
+		return p.syncFamily(ctx, f, backend, affected, full[f])
+	})
+	if err != nil {
 		return err
 	}
 	p.trackers.Services.Applied(svcs)
@@ -311,39 +326,24 @@ func (fs *familyState) programmedPorts(f nft.Family, name model.ServiceName, nod
 
 // syncFamily updates one family's table for the affected Services: their
 // fragments are rebuilt and the editor turns the difference into a
-// transaction sized by the change. A full sync (at start, after a failure,
-// and every FullSyncPeriod) rebuilds every Service and diffs it against the
-// table read back from the kernel (loadTable): a restart with unchanged
-// state writes nothing and never disturbs traffic, and the periodic full
-// sync repairs whatever changed the table behind our back without
-// resetting it (session affinity entries survive). When reading is not
-// possible, or a diffed transaction failed, it rewrites the table. A change of the node or of the configuration derived
-// from the API (which every fragment depends on) rebuilds every Service
-// without a rewrite.
-func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Interface, affected map[model.ServiceName]bool) error {
+// transaction sized by the change. A full sync (fst, from startFull)
+// rebuilds every Service and diffs it against the table read back from the
+// kernel: a restart with unchanged state writes nothing and never disturbs
+// traffic, and the periodic full sync repairs whatever changed the table
+// behind our back without resetting it (session affinity entries
+// survive). When reading is not possible, or a diffed transaction failed,
+// it rewrites the table. A change of the node or of the configuration
+// derived from the API (which every fragment depends on) rebuilds every
+// Service without a rewrite.
+func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Interface, affected map[model.ServiceName]bool,
+	fst *fullStart) error {
 	start := time.Now()
 	fam := f.IPFamily()
 	fs := p.families[f]
 	cfg, node := p.rulesetConfig(f)
-	full := fs.editor == nil || (p.cfg.FullSyncPeriod > 0 && start.Sub(fs.lastFull) >= p.cfg.FullSyncPeriod)
+	full := fst != nil
 	if full {
-		var loaded *nft.Ruleset
-		if !fs.noLoad {
-			loaded = p.loadTable(ctx, f, backend)
-		}
-		fs.loaded = loaded != nil
-		fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, make(map[model.ServiceName]programmed, len(p.services)), 0
-		fs.slots = seedSlots(f, loaded)
-		fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
-		fs.noLocalInternal, fs.noLocalExternal = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
-		for _, set := range ruleset.Sets(f) {
-			fs.editor.AddSet(set)
-		}
-		fs.reserve = ruleset.Counts{}
-		if loaded == nil {
-			fs.reserve = p.counts(f)
-			ruleset.Reserve(fs.editor, fs.reserve)
-		}
+		start = start.Add(-fst.took) // the sync's time includes its reading
 	}
 	if full || !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node) {
 		affected = make(map[model.ServiceName]bool, len(p.services)+len(fs.services))
@@ -389,7 +389,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	fromKernel := fs.loaded
 	fs.loaded, fs.noLoad = false, false
 	if full {
-		fs.lastFull = start
+		fs.lastFull = fst.at
 	}
 	metrics.ServiceRuleChangesTotal.WithLabelValues(fam).Add(float64(changed))
 	p.recordSync(f, fs, full, time.Since(start), tx)
@@ -406,6 +406,60 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	p.cleanConntrack(f, fs, ct)
 	p.syncHealthChecks(f, fs)
 	return nil
+}
+
+// eachFamily runs fn for every family at once and returns their errors.
+func (p *Proxier) eachFamily(fn func(f nft.Family, backend nft.Interface) error) error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for f, backend := range p.deps.NFT {
+		wg.Go(func() {
+			if err := fn(f, backend); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// fullStart is how a full sync of a family began.
+type fullStart struct {
+	at   time.Time     // when it began
+	took time.Duration // reading the table back and starting over
+}
+
+// startFull starts a full sync of family f when one is due (at start,
+// after a failure, and every FullSyncPeriod): the table is read back
+// (loadTable) and the family's state starts over from it. It returns nil
+// when the sync is not full.
+func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Interface) *fullStart {
+	start := time.Now()
+	fs := p.families[f]
+	if fs.editor != nil && (p.cfg.FullSyncPeriod <= 0 || start.Sub(fs.lastFull) < p.cfg.FullSyncPeriod) {
+		return nil
+	}
+	var loaded *nft.Ruleset
+	if !fs.noLoad {
+		loaded = p.loadTable(ctx, f, backend)
+	}
+	fs.loaded = loaded != nil
+	fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, make(map[model.ServiceName]programmed, len(p.services)), 0
+	fs.slots = seedSlots(f, loaded)
+	fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
+	fs.noLocalInternal, fs.noLocalExternal = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
+	for _, set := range ruleset.Sets(f) {
+		fs.editor.AddSet(set)
+	}
+	fs.reserve = ruleset.Counts{}
+	if loaded == nil {
+		fs.reserve = p.counts(f)
+		ruleset.Reserve(fs.editor, fs.reserve)
+	}
+	return &fullStart{at: start, took: time.Since(start)}
 }
 
 // batchReporter is a backend that reports on the batch it sent last
