@@ -25,72 +25,16 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
+	"github.com/nftproxy/nftproxy/proxier/model/benchstate"
 )
 
 // The proxier's benchmarks run the sync loop's own code (checkout, model,
-// fragments, Editor, transaction) on the API state of e2e/cmd/bench; see
-// docs/profiles.md for the commands and results.
-
-type benchSize struct{ Services, Endpoints int }
-
-func (s benchSize) String() string { return fmt.Sprintf("%dkx%d", s.Services/1000, s.Endpoints) }
-
-var benchSizes = []benchSize{{1000, 5}, {10000, 5}, {100000, 5}, {100000, 10}}
+// fragments, Editor, transaction) on the API state of e2e/cmd/bench
+// (benchstate); see docs/profiles.md for the commands and results.
 
 var benchConfig = Config{NodeName: "node-0", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour,
 	ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 	ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
-
-func benchIPv4(n uint32) netip.Addr {
-	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
-}
-
-// benchEndpoint is endpoint j of Service i: from 10.128.0.0/9, or for
-// j == 0 and gen > 0 from 10.200.0.0/16 (e2e/cmd/bench's moveEndpoint).
-func benchEndpoint(sz benchSize, i, j, gen int) netip.Addr {
-	if j == 0 && gen > 0 {
-		return benchIPv4(uint32(10<<24|200<<16) + uint32(gen))
-	}
-	return benchIPv4(uint32(10<<24|128<<16) + uint32(i*sz.Endpoints+j))
-}
-
-func benchClusterIP(i int) netip.Addr { return benchIPv4(uint32(10<<24|96<<16) + uint32(i+10)) }
-
-// benchNodeNames are the 100 nodes' names, shared by every endpoint as
-// the watch layer interns them.
-var benchNodeNames = func() (names [100]string) {
-	for i := range names {
-		names[i] = fmt.Sprintf("node-%d", i)
-	}
-	return names
-}()
-
-// benchModel is Service i as the watch layer converts it: bench/svc-i, a
-// ClusterIP Service (http 80/TCP) with one EndpointSlice svc-i-1 whose
-// endpoints (port 8080) are spread over 100 nodes, node-0 being this one.
-// Like watch.ConvertEndpointSlice, it presizes the endpoints and shares
-// the node names.
-func benchModel(sz benchSize, i, gen int) (*model.Service, *model.EndpointSlice) {
-	name := model.ServiceName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)}
-	svc := &model.Service{Name: name, ClusterIPs: []netip.Addr{benchClusterIP(i)},
-		Ports: []model.ServicePort{{Name: "http", Protocol: nft.ProtoTCP, Port: 80}}}
-	es := &model.EndpointSlice{Name: name.Name + "-1", Service: name, Family: nft.IPv4,
-		Ports:     []model.EndpointPort{{Name: "http", Protocol: nft.ProtoTCP, Port: 8080}},
-		Endpoints: make([]model.Endpoint, 0, sz.Endpoints)}
-	for j := 0; j < sz.Endpoints; j++ {
-		es.Endpoints = append(es.Endpoints, model.Endpoint{Addr: benchEndpoint(sz, i, j, gen),
-			Ready: true, Serving: true, NodeName: benchNodeNames[(i*sz.Endpoints+j)%100]})
-	}
-	return svc, es
-}
-
-func benchModels(sz benchSize) ([]*model.Service, []*model.EndpointSlice) {
-	svcs, slices := make([]*model.Service, sz.Services), make([]*model.EndpointSlice, sz.Services)
-	for i := range svcs {
-		svcs[i], slices[i] = benchModel(sz, i, 0)
-	}
-	return svcs, slices
-}
 
 // discardBackend keeps nothing, like nft.Netlink once a batch is sent: it
 // isolates the proxier's own cost from the Fake's (see
@@ -108,11 +52,11 @@ func (d *discardBackend) Apply(_ context.Context, tx *nft.Transaction) error {
 	return nil
 }
 
-// benchDualModels are benchModels with, for every Service, an IPv6
+// benchDualModels are benchstate.Cluster with, for every Service, an IPv6
 // ClusterIP (fd00:96::/112) and an IPv6 EndpointSlice svc-i-2 of the same
 // shape (fd00:128::/64): a dual-stack cluster.
-func benchDualModels(sz benchSize) ([]*model.Service, []*model.EndpointSlice) {
-	svcs, v4 := benchModels(sz)
+func benchDualModels(sz benchstate.Size) ([]*model.Service, []*model.EndpointSlice) {
+	svcs, v4 := benchstate.Cluster(sz)
 	all := make([]*model.EndpointSlice, 0, 2*len(v4))
 	for i, es := range v4 {
 		svcs[i].ClusterIPs = append(svcs[i].ClusterIPs, benchIPv6(0xfd00_0096, uint32(i+10)))
@@ -169,8 +113,8 @@ func benchProxierWith(b *testing.B, cfg Config, backends map[nft.Family]nft.Inte
 // every Service, the Editor, the full-rewrite transaction and its Apply to
 // a backend that discards it (the proxier's own cost) or to nft.Fake.
 func BenchmarkProxierFullSync(b *testing.B) {
-	for _, sz := range benchSizes {
-		svcs, slices := benchModels(sz)
+	for _, sz := range benchstate.Sizes {
+		svcs, slices := benchstate.Cluster(sz)
 		for _, backend := range []string{"discard", "fake"} {
 			b.Run(sz.String()+"/"+backend, func(b *testing.B) {
 				b.ReportAllocs()
@@ -196,9 +140,9 @@ func BenchmarkProxierFullSync(b *testing.B) {
 // Service moved (e2e/cmd/bench's single change), the proxier holding every
 // Service: it must not grow with their number. The backend discards.
 func BenchmarkProxierSingleChange(b *testing.B) {
-	for _, sz := range benchSizes {
+	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
-			svcs, slices := benchModels(sz)
+			svcs, slices := benchstate.Cluster(sz)
 			be := &discardBackend{}
 			p := benchProxier(b, be, svcs, slices)
 			if err := p.sync(context.Background()); err != nil {
@@ -210,7 +154,7 @@ func BenchmarkProxierSingleChange(b *testing.B) {
 			for b.Loop() {
 				gen++
 				i := gen * 7919 % sz.Services
-				_, es := benchModel(sz, i, gen)
+				_, es := benchstate.Service(sz, i, gen)
 				p.trackers.Slices.Set(model.SliceKey{Namespace: "bench", Name: es.Name}, es)
 				if err := p.sync(context.Background()); err != nil {
 					b.Fatal(err)
@@ -243,11 +187,11 @@ const mib = 1 << 20
 // profiles <prefix>-<size>-{retained,apply}.pprof are written at those two
 // points.
 func BenchmarkProxierMemory(b *testing.B) {
-	for _, sz := range benchSizes {
+	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
 			for b.Loop() {
 				h0 := liveHeap()
-				svcs, slices := benchModels(sz)
+				svcs, slices := benchstate.Cluster(sz)
 				h1 := liveHeap()
 				var hApply float64
 				be := &discardBackend{onApply: func(*nft.Transaction) {
@@ -272,7 +216,7 @@ func BenchmarkProxierMemory(b *testing.B) {
 	}
 }
 
-func benchHeapProfile(b *testing.B, sz benchSize, point string) {
+func benchHeapProfile(b *testing.B, sz benchstate.Size, point string) {
 	prefix := os.Getenv("NFTPROXY_HEAPPROFILE")
 	if prefix == "" {
 		return
@@ -291,7 +235,7 @@ func benchHeapProfile(b *testing.B, sz benchSize, point string) {
 // API server returns them to e2e/cmd/bench's objects: defaulted spec,
 // uid, resourceVersion, creation time (managedFields are dropped by the
 // informers' transform).
-func benchAPIObjects(sz benchSize, i int) (*v1.Service, *discovery.EndpointSlice) {
+func benchAPIObjects(sz benchstate.Size, i int) (*v1.Service, *discovery.EndpointSlice) {
 	name := fmt.Sprintf("svc-%d", i)
 	meta := func(name string, labels map[string]string) metav1.ObjectMeta {
 		return metav1.ObjectMeta{Namespace: "bench", Name: name, Labels: labels,
@@ -299,7 +243,7 @@ func benchAPIObjects(sz benchSize, i int) (*v1.Service, *discovery.EndpointSlice
 			ResourceVersion:   fmt.Sprint(100000 + i),
 			CreationTimestamp: metav1.NewTime(time.Unix(1_800_000_000, 0))}
 	}
-	ip := benchClusterIP(i).String()
+	ip := benchstate.ClusterIP(i).String()
 	single, local := v1.IPFamilyPolicySingleStack, v1.ServiceInternalTrafficPolicyCluster
 	svc := &v1.Service{ObjectMeta: meta(name, nil), Spec: v1.ServiceSpec{
 		Type: v1.ServiceTypeClusterIP, ClusterIP: ip, ClusterIPs: []string{ip},
@@ -315,7 +259,7 @@ func benchAPIObjects(sz benchSize, i int) (*v1.Service, *discovery.EndpointSlice
 	for j := 0; j < sz.Endpoints; j++ {
 		node := fmt.Sprintf("node-%d", (i*sz.Endpoints+j)%100)
 		es.Endpoints = append(es.Endpoints, discovery.Endpoint{
-			Addresses: []string{benchEndpoint(sz, i, j, 0).String()}, NodeName: &node})
+			Addresses: []string{benchstate.Endpoint(sz, i, j, 0).String()}, NodeName: &node})
 	}
 	return svc, es
 }
@@ -340,7 +284,7 @@ func (f *firstApply) Apply(ctx context.Context, tx *nft.Transaction) error {
 // proxier add once synced (informer-and-proxier-MiB); the fake clientset's
 // own copy of the objects is excluded.
 func BenchmarkProxierStartup(b *testing.B) {
-	for _, sz := range benchSizes {
+	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
 			objs := make([]kruntime.Object, 0, 2*sz.Services)
 			for i := 0; i < sz.Services; i++ {
@@ -393,13 +337,13 @@ func BenchmarkProxierStartup(b *testing.B) {
 //
 // (GOMEMLIMIT in the environment applies, as it does to the proxy.)
 func BenchmarkProxierKernelFullSync(b *testing.B) {
-	for _, sz := range benchSizes {
+	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
 			ns := netnstest.New(b, "nftproxy-bk")
 			for b.Loop() {
 				b.StopTimer()
 				backend := benchNetlink(b, ns.Fd)
-				svcs, slices := benchModels(sz)
+				svcs, slices := benchstate.Cluster(sz)
 				p := benchProxier(b, backend, svcs, slices)
 				b.StartTimer()
 				if err := p.sync(context.Background()); err != nil {
@@ -441,7 +385,7 @@ func BenchmarkProxierKernelFullSync(b *testing.B) {
 // benchDualModels in both families' tables, each family's transaction sent
 // by its own backend. ns/op is the time until both tables are programmed.
 func BenchmarkProxierKernelDualStack(b *testing.B) {
-	for _, sz := range benchSizes[:2] {
+	for _, sz := range benchstate.Sizes[:2] {
 		b.Run(sz.String(), func(b *testing.B) {
 			ns := netnstest.New(b, "nftproxy-bd")
 			for b.Loop() {

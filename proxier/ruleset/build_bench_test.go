@@ -1,55 +1,22 @@
 package ruleset
 
 import (
-	"fmt"
-	"net/netip"
 	"testing"
 
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
+	"github.com/nftproxy/nftproxy/proxier/model/benchstate"
 )
 
-// benchSize is a cluster of Services with one EndpointSlice of Endpoints
-// endpoints each (as in proxier/model's benchmarks; docs/profiles.md).
-type benchSize struct{ Services, Endpoints int }
-
-func (s benchSize) String() string { return fmt.Sprintf("%dkx%d", s.Services/1000, s.Endpoints) }
-
-var benchSizes = []benchSize{{1000, 5}, {10000, 5}, {100000, 5}, {100000, 10}}
-
-var benchNode = model.Node{Name: "node-0", Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.1")}}
-
-// benchService is Service i of the API state of e2e/cmd/bench, as the watch
-// layer converts it: bench/svc-i, ClusterIP port http 80/TCP, one
-// EndpointSlice of endpoints on 8080 from 10.128.0.0/9 spread over 100
-// nodes. gen > 0 moves the first endpoint to 10.200.0.0/16 + gen, as the
-// benchmark's single change does.
-func benchService(sz benchSize, i, gen int) (*model.Service, []*model.EndpointSlice) {
-	name := model.ServiceName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)}
-	k := uint32(10<<24|96<<16) + uint32(i+10)
-	svc := &model.Service{Name: name,
-		ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{byte(k >> 24), byte(k >> 16), byte(k >> 8), byte(k)})},
-		Ports:      []model.ServicePort{{Name: "http", Protocol: nft.ProtoTCP, Port: 80}}}
-	es := &model.EndpointSlice{Name: name.Name + "-1", Service: name, Family: nft.IPv4,
-		Ports: []model.EndpointPort{{Name: "http", Protocol: nft.ProtoTCP, Port: 8080}}}
-	for j := 0; j < sz.Endpoints; j++ {
-		n := uint32(10<<24|128<<16) + uint32(i*sz.Endpoints+j)
-		if j == 0 && gen > 0 {
-			n = uint32(10<<24|200<<16) + uint32(gen)
-		}
-		es.Endpoints = append(es.Endpoints, model.Endpoint{
-			Addr:  netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}),
-			Ready: true, Serving: true, NodeName: fmt.Sprintf("node-%d", n%100)})
-	}
-	return svc, []*model.EndpointSlice{es}
-}
+// The benchmarks build the rules of the API state of e2e/cmd/bench
+// (benchstate; docs/profiles.md).
 
 // benchPorts returns the service ports of every Service of the workload.
-func benchPorts(sz benchSize) [][]model.ServicePortState {
+func benchPorts(sz benchstate.Size) [][]model.ServicePortState {
 	out := make([][]model.ServicePortState, sz.Services)
 	for i := range out {
-		svc, slices := benchService(sz, i, 0)
-		out[i] = model.ServicePorts(nft.IPv4, benchNode, svc, slices)
+		svc, es := benchstate.Service(sz, i, 0)
+		out[i] = model.ServicePorts(nft.IPv4, benchstate.Node, svc, []*model.EndpointSlice{es})
 	}
 	return out
 }
@@ -86,7 +53,7 @@ var (
 
 // BenchmarkServiceFragment builds the fragment of every Service.
 func BenchmarkServiceFragment(b *testing.B) {
-	for _, sz := range benchSizes {
+	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
 			ports := benchPorts(sz)
 			b.ReportAllocs()
@@ -105,7 +72,7 @@ func BenchmarkServiceFragment(b *testing.B) {
 // fragments being built: AddSet, Replace of the base and of every
 // fragment, and the (full rewrite) Transaction.
 func BenchmarkEditorFullBuild(b *testing.B) {
-	for _, sz := range benchSizes {
+	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
 			slots := NewSlots()
 			frags := benchFragments(benchPorts(sz), slots)
@@ -124,7 +91,7 @@ func BenchmarkEditorFullBuild(b *testing.B) {
 // fragment and makes the transaction, which is committed. It must not grow
 // with the number of Services.
 func BenchmarkSingleChange(b *testing.B) {
-	for _, sz := range benchSizes {
+	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
 			slots := NewSlots()
 			frags := benchFragments(benchPorts(sz), slots)
@@ -137,8 +104,8 @@ func BenchmarkSingleChange(b *testing.B) {
 			for b.Loop() {
 				gen++
 				i := gen * 7919 % sz.Services
-				svc, slices := benchService(sz, i, gen)
-				fr := ServiceFragment(testConfig, model.ServicePorts(nft.IPv4, benchNode, svc, slices), slots)
+				svc, es := benchstate.Service(sz, i, gen)
+				fr := ServiceFragment(testConfig, model.ServicePorts(nft.IPv4, benchstate.Node, svc, []*model.EndpointSlice{es}), slots)
 				ed.Replace(frags[i], fr)
 				frags[i] = fr
 				tx := ed.Transaction()
@@ -154,13 +121,13 @@ func BenchmarkSingleChange(b *testing.B) {
 // Service (one endpoint moved): the cost of the stateless path (nft.Diff)
 // that the Editor replaces.
 func BenchmarkDiffOneService(b *testing.B) {
-	for _, sz := range benchSizes {
+	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
 			ports := benchPorts(sz)
 			committed := Build(testConfig, nft.IPv4, flatten(ports))
 			i := sz.Services / 2
-			svc, slices := benchService(sz, i, 1)
-			ports[i] = model.ServicePorts(nft.IPv4, benchNode, svc, slices)
+			svc, es := benchstate.Service(sz, i, 1)
+			ports[i] = model.ServicePorts(nft.IPv4, benchstate.Node, svc, []*model.EndpointSlice{es})
 			desired := Build(testConfig, nft.IPv4, flatten(ports))
 			b.ReportAllocs()
 			for b.Loop() {
