@@ -27,7 +27,7 @@ type flagValues struct {
 // DaemonSets start, but which have no effect here (iptables/IPVS-only, or
 // features not carried over). run logs each one given.
 var ignoredFlags = []string{
-	"bind-address", "profiling", "show-hidden-metrics-for-version", "oom-score-adj",
+	"bind-address", "show-hidden-metrics-for-version", "oom-score-adj",
 	"iptables-localhost-nodeports", "pod-bridge-interface", "pod-interface-name-prefix",
 	"ipvs-sync-period", "ipvs-min-sync-period", "ipvs-scheduler", "ipvs-exclude-cidrs",
 	"ipvs-strict-arp", "ipvs-tcp-timeout", "ipvs-tcpfin-timeout", "ipvs-udp-timeout",
@@ -86,6 +86,7 @@ func (fv *flagValues) addServerFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", c.HealthzBindAddress, "The IP address and port for the health check server to serve on. Set empty to disable.")
 	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", c.MetricsBindAddress, "The IP address and port for the metrics server to serve on. (Set to '0.0.0.0:10249' / '[::]:10249' to bind on all interfaces.) Set empty to disable.")
 	fs.BoolVar(&c.BindAddressHardFail, "bind-address-hard-fail", c.BindAddressHardFail, "If true nftproxy will treat failure to bind to a port as fatal and exit")
+	fs.BoolVar(&c.EnableProfiling, "profiling", c.EnableProfiling, "If true enables profiling via web interface on /debug/pprof handler of the metrics server.")
 	fs.Int32Var(&fv.healthzPort, "healthz-port", fv.healthzPort, "The port to bind the health check server. Use 0 to disable.")
 	fs.Int32Var(&fv.metricsPort, "metrics-port", fv.metricsPort, "The port to bind the metrics server. Use 0 to disable.")
 	_ = fs.MarkDeprecated("healthz-port", "use --healthz-bind-address instead")
@@ -111,7 +112,6 @@ func (fv *flagValues) addIgnoredFlags(fs *pflag.FlagSet) {
 	c := fv.cfg
 	const ignored = " Ignored by nftproxy."
 	fs.StringVar(&c.BindAddress, "bind-address", c.BindAddress, "Overrides kube-proxy's idea of what its node's primary IP is."+ignored)
-	fs.BoolVar(&c.EnableProfiling, "profiling", c.EnableProfiling, "If true enables profiling via web interface on /debug/pprof handler."+ignored)
 	fs.StringVar(&c.ShowHiddenMetricsForVersion, "show-hidden-metrics-for-version", c.ShowHiddenMetricsForVersion, "The previous version for which you want to show hidden metrics."+ignored)
 	fs.Int32Var(new(int32), "oom-score-adj", -999, "The oom-score-adj value for the process."+ignored)
 	fs.Bool("iptables-localhost-nodeports", true, "iptables mode only."+ignored)

@@ -34,6 +34,8 @@ type options struct {
 	HealthzBindAddress  string
 	MetricsBindAddress  string
 	BindAddressHardFail bool
+	// EnableProfiling serves /debug/pprof on the metrics server.
+	EnableProfiling bool
 
 	// IPFamiliesExplicit is set when --ip-families was given: a family the
 	// kernel cannot program is then an error instead of being skipped.
@@ -150,6 +152,7 @@ func (fv *flagValues) resolve(fs *pflag.FlagSet, env environment) (*options, err
 	check(err)
 	o.MetricsBindAddress, err = bindAddress(c.MetricsBindAddress, fs.Changed("metrics-port"), fv.metricsPort, "--metrics-bind-address / metricsBindAddress")
 	check(err)
+	o.EnableProfiling = c.EnableProfiling
 	o.Proxier, err = fv.proxierConfig(env)
 	check(err)
 	if err := errors.Join(errs...); err != nil {

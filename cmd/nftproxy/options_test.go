@@ -248,6 +248,7 @@ func TestParseOptionsServerAndClient(t *testing.T) {
 				expect(t, "Conntrack.MaxPerCore", *o.Conntrack.MaxPerCore, int32(32768))
 				expect(t, "Conntrack.TCPCloseWaitTimeout", o.Conntrack.TCPCloseWaitTimeout.Duration, time.Hour)
 				expect(t, "IPFamiliesExplicit", o.IPFamiliesExplicit, false)
+				expect(t, "EnableProfiling", o.EnableProfiling, false)
 			},
 		},
 		{
@@ -258,7 +259,7 @@ func TestParseOptionsServerAndClient(t *testing.T) {
 				"--healthz-bind-address=[::]:1234", "--metrics-bind-address=", "--bind-address-hard-fail",
 				"--nodeport-addresses=10.0.0.0/8,fd00::/64", "--conntrack-max-per-core=0",
 				"--conntrack-tcp-timeout-close-wait=30m", "--feature-gates=A=true,B=false", "-v=4",
-				"--vmodule=sync*=5", "--cleanup", "--ip-families=ipv6",
+				"--vmodule=sync*=5", "--cleanup", "--ip-families=ipv6", "--profiling",
 			},
 			check: func(t *testing.T, o *options) {
 				want := clientOptions{Kubeconfig: "/k", Master: "https://10.0.0.1:6443",
@@ -268,6 +269,7 @@ func TestParseOptionsServerAndClient(t *testing.T) {
 				expect(t, "HealthzBindAddress", o.HealthzBindAddress, "[::]:1234")
 				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "")
 				expect(t, "BindAddressHardFail", o.BindAddressHardFail, true)
+				expect(t, "EnableProfiling", o.EnableProfiling, true)
 				expect(t, "NodePortAddresses", o.NodePortAddresses, []string{"10.0.0.0/8", "fd00::/64"})
 				expect(t, "Conntrack.MaxPerCore", *o.Conntrack.MaxPerCore, int32(0))
 				expect(t, "Conntrack.TCPCloseWaitTimeout", o.Conntrack.TCPCloseWaitTimeout.Duration, 30*time.Minute)
@@ -316,6 +318,7 @@ kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: /var/lib/kube-proxy/kubeconfig.conf, qps: 20, burst: 30}
 logging: {verbosity: 6, vmodule: [{filePattern: watch, verbosity: 3}]}
 healthzBindAddress: 0.0.0.0:20256
+enableProfiling: true
 featureGates: {X: true}
 `},
 			check: func(t *testing.T, o *options) {
@@ -325,16 +328,17 @@ featureGates: {X: true}
 				expect(t, "Verbosity", o.Verbosity, 2)
 				expect(t, "VModule", o.VModule, "watch=3")
 				expect(t, "HealthzBindAddress", o.HealthzBindAddress, "0.0.0.0:20256")
+				expect(t, "EnableProfiling", o.EnableProfiling, true)
 				expect(t, "FeatureGates", o.FeatureGates, map[string]bool{"X": true})
 				expect(t, "FileOverrides", o.FileOverrides, []string{"v"})
 			},
 		},
 		{
 			name: "ignored upstream flags are accepted and reported",
-			args: []string{"--profiling", "--oom-score-adj=-999", "--ipvs-scheduler=rr", "--bind-address=0.0.0.0"},
+			args: []string{"--oom-score-adj=-999", "--ipvs-scheduler=rr", "--bind-address=0.0.0.0"},
 			check: func(t *testing.T, o *options) {
 				got := slices.Sorted(slices.Values(o.IgnoredFlags))
-				expect(t, "IgnoredFlags", got, []string{"bind-address", "ipvs-scheduler", "oom-score-adj", "profiling"})
+				expect(t, "IgnoredFlags", got, []string{"bind-address", "ipvs-scheduler", "oom-score-adj"})
 			},
 		},
 	}

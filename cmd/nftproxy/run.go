@@ -103,7 +103,7 @@ func runGroup(ctx context.Context, o *options, health *healthz.ProxyHealth, p *p
 		return serveForever(ctx, "healthz", o.HealthzBindAddress, healthz.HealthMux(health), o.BindAddressHardFail, bindRetryInterval)
 	})
 	g.Go(func() error {
-		return serveForever(ctx, "metrics", o.MetricsBindAddress, healthz.MetricsMux(metrics.Handler()), o.BindAddressHardFail, bindRetryInterval)
+		return serveForever(ctx, "metrics", o.MetricsBindAddress, healthz.MetricsMux(metrics.Handler(), o.EnableProfiling), o.BindAddressHardFail, bindRetryInterval)
 	})
 	g.Go(func() error {
 		err := p.Run(ctx)

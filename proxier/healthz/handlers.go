@@ -3,6 +3,7 @@ package healthz
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -58,9 +59,18 @@ func writeStatus(w http.ResponseWriter, st Status, healthy bool, counter *promet
 // MetricsMux serves, for the metrics port, /metrics (metricsHandler),
 // /proxyMode (plain text "nftables", which tools and the Kubernetes e2e tests
 // read to learn the proxy mode) and /healthz (plain "ok": upstream installs
-// that generic liveness check on the metrics port too).
-func MetricsMux(metricsHandler http.Handler) *http.ServeMux {
+// that generic liveness check on the metrics port too). With profiling it
+// also serves Go's profiles under /debug/pprof/, as upstream does with
+// --profiling (enableProfiling).
+func MetricsMux(metricsHandler http.Handler, profiling bool) *http.ServeMux {
 	mux := http.NewServeMux()
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("/metrics", metricsHandler)
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -98,7 +98,7 @@ func TestMetricsMux(t *testing.T) {
 	const metricsBody = "# metrics"
 	mux := MetricsMux(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte(metricsBody))
-	}))
+	}), false)
 	tests := []struct{ path, want, contentType string }{
 		{"/proxyMode", "nftables", "text/plain; charset=utf-8"},
 		{"/metrics", metricsBody, ""},
@@ -115,6 +115,21 @@ func TestMetricsMux(t *testing.T) {
 				t.Errorf("Content-Type = %q, want %q", rec.Header().Get("Content-Type"), tt.contentType)
 			}
 		})
+	}
+}
+
+// TestMetricsMuxProfiling: Go's profiles are served only with profiling
+// (--profiling), as upstream does.
+func TestMetricsMuxProfiling(t *testing.T) {
+	for _, profiling := range []bool{false, true} {
+		mux := MetricsMux(http.NotFoundHandler(), profiling)
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/cmdline"} {
+			rec := httptest.NewRecorder()
+			mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+			if got := rec.Code == http.StatusOK; got != profiling {
+				t.Errorf("profiling %v: GET %s = %d", profiling, path, rec.Code)
+			}
+		}
 	}
 }
 

@@ -17,7 +17,7 @@ func TestListenAndServe(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, ln, MetricsMux(http.NotFoundHandler())) }()
+	go func() { done <- Serve(ctx, ln, MetricsMux(http.NotFoundHandler(), false)) }()
 
 	resp, err := http.Get("http://" + ln.Addr().String() + "/proxyMode")
 	if err != nil {
