@@ -36,9 +36,23 @@ const (
 	nServers   = 4 // srv-0 for stable, srv-1..3 for the mover
 )
 
-// populate creates Services [from, to) and their EndpointSlices with 64
-// workers.
+// populate creates Services [from, to) and their EndpointSlices: through
+// the API with 64 workers, or, with --populate etcd, the stable and mover
+// Services through the API and the others in etcd (populateEtcd).
 func (b *bench) populate(from, to int) {
+	if b.c.populateEtcd() && to > firstOther {
+		if from < firstOther {
+			b.populateAPI(from, firstOther)
+		}
+		b.populateEtcd(max(from, firstOther), to)
+		return
+	}
+	b.populateAPI(from, to)
+}
+
+// populateAPI creates Services [from, to) and their EndpointSlices through
+// the API with 64 workers.
+func (b *bench) populateAPI(from, to int) {
 	t0 := time.Now()
 	work := make(chan int)
 	var wg sync.WaitGroup

@@ -64,11 +64,20 @@ type config struct {
 	ProxyEnv            []string // KEY=VALUE settings added to both proxies' environment (GOMEMLIMIT…)
 	LogDir              string
 	Smoke               bool
+	Populate            string // "api", "etcd" or "auto" (etcd above etcdAbove Services)
+}
+
+// etcdAbove is the number of Services above which --populate auto writes
+// them into etcd: creating them through the API costs O(N²) (etcd.go).
+const etcdAbove = 20000
+
+func (c config) populateEtcd() bool {
+	return c.Populate == "etcd" || (c.Populate == "auto" && c.Services > etcdAbove)
 }
 
 func defaultConfig() config {
 	return config{Services: 1000, Endpoints: 5, Changes: 20, ChurnChanges: -1, ChurnRate: 50,
-		MonitorChanges: 3, NoopUpdates: 100, Conns: 200, Baseline: 1000}
+		MonitorChanges: 3, NoopUpdates: 100, Conns: 200, Baseline: 1000, Populate: "auto"}
 }
 
 // smokeConfig is --smoke: small and quick, both proxies.
@@ -94,6 +103,14 @@ func main() {
 	flag.BoolVar(&c.Upstream, "upstream", false, "also run upstream kube-proxy (nftables mode)")
 	flag.StringVar(&c.MinSyncPeriod, "min-sync-period", "", "--iptables-min-sync-period for both proxies (default: theirs, 1s)")
 	flag.StringVar(&c.LogDir, "logs", "", "keep the logs of every process in this directory")
+	flag.Func("populate", fmt.Sprintf("how Services and EndpointSlices are created: api, etcd (written into etcd: creating N Services through the API costs O(N²)) or auto (etcd above %d Services; the default)", etcdAbove),
+		func(v string) error {
+			if v != "api" && v != "etcd" && v != "auto" {
+				return fmt.Errorf("%q: want api, etcd or auto", v)
+			}
+			c.Populate = v
+			return nil
+		})
 	flag.Func("proxy-env", "KEY=VALUE added to both proxies' environment, e.g. GOMEMLIMIT=80MiB (repeatable)",
 		func(v string) error {
 			if !strings.Contains(v, "=") {
