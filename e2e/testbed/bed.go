@@ -186,6 +186,9 @@ func (b *Bed) addNetns(ns string, settings ...string) error {
 	return addNetns(ns, settings...)
 }
 
+// ControlPlanePIDs are the process IDs of kube-apiserver and etcd.
+func (b *Bed) ControlPlanePIDs() []int { return []int{b.apisrv.Pid(), b.etcd.Pid()} }
+
 // RESTConfig is an admin client configuration whose connections are made inside the
 // control namespace. QPS and Burst are high for scale tests; copy and change as needed.
 func (b *Bed) RESTConfig() *rest.Config {

@@ -314,12 +314,40 @@ func (b *bench) baselineFirstPacket(kind string) [][]time.Duration {
 	return fps
 }
 
+// settle waits, before a proxy starts, until the API server and etcd
+// have been quiet (under a fifth of a core) for 2 s: after populate's
+// writes they work on for a while (at 100,000 Services written into etcd,
+// tens of seconds), and a proxy started meanwhile competes with them for
+// the 2 CPUs. At least 5 s, at most 5 minutes.
+func (b *bench) settle() {
+	t0 := time.Now()
+	cpu := func() float64 {
+		var s float64
+		for _, pid := range b.bed.ControlPlanePIDs() {
+			if st, ok := readStat(pid); ok {
+				s += st.utime + st.stime
+			}
+		}
+		return s
+	}
+	time.Sleep(3 * time.Second)
+	for prev := cpu(); time.Since(t0) < 5*time.Minute; {
+		time.Sleep(2 * time.Second)
+		cur := cpu()
+		if cur-prev < 0.4 && time.Since(t0) >= 5*time.Second {
+			break
+		}
+		prev = cur
+	}
+	fmt.Printf("API server and etcd quiet after %v (load %s)\n", time.Since(t0).Round(time.Second), loadAvg())
+}
+
 // measure runs one proxy through every phase and stops it.
 func (b *bench) measure(kind string) *result {
 	c := b.c
 	r := &result{name: kind, load: loadAvg()}
 	fmt.Printf("\n== %s with %d Services × %d endpoints (load %s)\n", kind, c.Services, c.Endpoints, r.load)
-	time.Sleep(5 * time.Second) // let the API server and etcd settle after the last burst of writes
+	b.settle()
 	s := b.start(kind, "")
 	defer s.client.close()
 	stopped := false
