@@ -209,3 +209,27 @@ func (f fails) String() string {
 	}
 	return fmt.Sprintf("%d (%s)", f.total(), strings.Join(parts, ", "))
 }
+
+// probe connects to addr every pause until stop is closed, and returns how
+// many attempts it made and those that got no answer from want.
+func (t *nsThread) probe(addr, want string, pause time.Duration, stop <-chan struct{}) (attempts int, failures fails) {
+	t.do(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			attempts++
+			name, _, err := dialOnce(addr, time.Second)
+			if err == nil && name != want {
+				err = fmt.Errorf("answered by %s", name)
+			}
+			if err != nil {
+				failures.add(err)
+			}
+			time.Sleep(pause)
+		}
+	})
+	return attempts, failures
+}

@@ -65,6 +65,7 @@ type config struct {
 	LogDir              string
 	Smoke               bool
 	Populate            string // "api", "etcd" or "auto" (etcd above etcdAbove Services)
+	Restart             bool   // phase 6: restart the proxy with the API state unchanged
 }
 
 // etcdAbove is the number of Services above which --populate auto writes
@@ -77,7 +78,7 @@ func (c config) populateEtcd() bool {
 
 func defaultConfig() config {
 	return config{Services: 1000, Endpoints: 5, Changes: 20, ChurnChanges: -1, ChurnRate: 50,
-		MonitorChanges: 3, NoopUpdates: 100, Conns: 200, Baseline: 1000, Populate: "auto"}
+		MonitorChanges: 3, NoopUpdates: 100, Conns: 200, Baseline: 1000, Populate: "auto", Restart: true}
 }
 
 // smokeConfig is --smoke: small and quick, both proxies.
@@ -103,6 +104,7 @@ func main() {
 	flag.BoolVar(&c.Upstream, "upstream", false, "also run upstream kube-proxy (nftables mode)")
 	flag.StringVar(&c.MinSyncPeriod, "min-sync-period", "", "--iptables-min-sync-period for both proxies (default: theirs, 1s)")
 	flag.StringVar(&c.LogDir, "logs", "", "keep the logs of every process in this directory")
+	flag.BoolVar(&c.Restart, "restart", c.Restart, "restart each proxy at the end with the API state unchanged, probing its ClusterIP meanwhile")
 	flag.Func("populate", fmt.Sprintf("how Services and EndpointSlices are created: api, etcd (written into etcd: creating N Services through the API costs O(N²)) or auto (etcd above %d Services; the default)", etcdAbove),
 		func(v string) error {
 			if v != "api" && v != "etcd" && v != "auto" {
@@ -466,7 +468,7 @@ func (b *bench) measure(kind string) *result {
 			r.churnRate, pct(r.churn, 0.5), pct(r.churn, 0.99), r.churnCores)
 	}
 
-	// Totals, then stop.
+	// Totals, then stop (or restart).
 	final := b.counters(s)
 	r.syncHist = final.syncHist
 	r.nft = final.nft
@@ -476,10 +478,53 @@ func (b *bench) measure(kind string) *result {
 	r.wall = time.Since(s.t0)
 	r.rssProc, r.rssTree = s.mon.stop()
 	stopped = true
-	s.proc.Stop(10 * time.Second)
+	if c.Restart {
+		b.restart(s, r)
+	} else {
+		s.proc.Stop(10 * time.Second)
+	}
 	fmt.Printf("%s: CPU %.1fs in %v; peak RSS %.0f MB (with children %.0f MB)\n", kind, r.cpuTotal, r.wall.Round(time.Second),
 		mb(r.rssProc), mb(r.rssTree))
 	return r
+}
+
+// restart is phase 6: with the API state unchanged, the proxy is stopped
+// (SIGTERM) and started again on its node, while the client connects to
+// svc-0's ClusterIP every 10 ms, from before the stop until 2 s after the
+// new process's first full sync. The rules stay in the kernel meanwhile
+// (neither proxy removes them on exit); what the new process does with
+// them shows in its kernel operations and its time to programmed.
+func (b *bench) restart(s *started, r *result) {
+	stop := make(chan struct{})
+	type probed struct {
+		attempts int
+		failures fails
+	}
+	res := make(chan probed, 1)
+	go func() {
+		n, f := s.client.probe(b.stableAddr, "srv-0", 10*time.Millisecond, stop)
+		res <- probed{n, f}
+	}()
+	time.Sleep(time.Second)
+	s.proc.Stop(10 * time.Second)
+	s2 := &started{kind: s.kind, node: s.node, client: s.client, t0: time.Now()}
+	s2.proc = s.node.Start(b.command(s.kind, s.node)...)
+	s2.mon = startSampler(s2.proc.Pid())
+	r.restartReady, _ = b.waitFirstSync(s2)
+	k := b.counters(s2)
+	r.restartOps = k.kernelOps
+	ops := "kernel operations not counted"
+	if k.nft {
+		ops = fmt.Sprintf("%.0f kernel operations", k.kernelOps)
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	p := <-res
+	r.restartAttempts, r.restartFailures = p.attempts, p.failures
+	r.restartRSS, _ = s2.mon.stop()
+	s2.proc.Stop(10 * time.Second)
+	fmt.Printf("restart: rules programmed %v after start, %s; peak RSS %.0f MB; %d of %d connections through the ClusterIP without answer (%v)\n",
+		r.restartReady.Round(time.Millisecond), ops, mb(r.restartRSS), p.failures.total(), p.attempts, p.failures)
 }
 
 // timedChange is one idle single change: data-path latency and the

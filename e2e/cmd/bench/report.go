@@ -45,6 +45,13 @@ type result struct {
 	fpBase        []time.Duration // via ClusterIP at the baseline size
 	fpBaseDirect  []time.Duration // direct to the pod at the baseline size
 	probeFailures fails           // attempts without (the right) answer, idle and churn changes and first packets
+
+	// Phase 6, restart with the API state unchanged.
+	restartReady    time.Duration // the new process's start → first full sync done
+	restartOps      float64       // its kernel operations (nftproxy_sync_kernel_operations_sum) by then
+	restartRSS      int64         // its peak RSS (VmHWM)
+	restartAttempts int           // connections through the ClusterIP during the restart
+	restartFailures fails         // of those, without (the right) answer
 }
 
 type noopResult struct {
@@ -239,6 +246,14 @@ func (rep *report) rows() []row {
 	add(fmt.Sprintf("first packet direct to the pod, %d Services: p50", c.Services), false, func(r *result) cell { return durCell(pct(r.fpDirect, 0.5)) })
 	add(fmt.Sprintf("first packet direct to the pod, %d Services: p99", c.Services), false, func(r *result) cell { return durCell(pct(r.fpDirect, 0.99)) })
 	add("data-path attempts without answer", false, func(r *result) cell { return textCell(0, r.probeFailures.String()) })
+	if c.Restart {
+		add("restart, API unchanged: start → rules programmed", true, func(r *result) cell { return durCell(r.restartReady) })
+		add("restart: kernel operations of its first sync (own metric)", false, nftOnly(func(r *result) cell { return numCell(r.restartOps) }))
+		add("restart: peak RSS of the new process (VmHWM)", true, func(r *result) cell { return mbCell(r.restartRSS) })
+		add("restart: connections through the ClusterIP (every 10 ms) without answer", false, func(r *result) cell {
+			return textCell(float64(r.restartFailures.total()), fmt.Sprintf("%s of %d", r.restartFailures.String(), r.restartAttempts))
+		})
+	}
 	return rows
 }
 
@@ -395,6 +410,15 @@ func (rep *report) validate() []string {
 	inRange("first packet p50 (s)", pct(r.fpN, 0.5).Seconds(), 1e-6, 1)
 	if r.probeFailures.total() > 0 {
 		bad("data-path attempts without answer: %v", r.probeFailures)
+	}
+	if c.Restart {
+		inRange("restart: start → rules programmed (s)", r.restartReady.Seconds(), 1e-3, 60)
+		if r.nft && r.restartOps != 0 {
+			bad("the restart with the API state unchanged sent %.0f kernel operations, want 0", r.restartOps)
+		}
+		if r.restartAttempts < 10 || r.restartFailures.total() > 0 {
+			bad("restart: %v of %d connections through the ClusterIP without answer", r.restartFailures, r.restartAttempts)
+		}
 	}
 	if len(rep.results) > 1 {
 		u := rep.results[1]
