@@ -211,8 +211,9 @@ func (f fails) String() string {
 }
 
 // probe connects to addr every pause until stop is closed, and returns how
-// many attempts it made and those that got no answer from want.
-func (t *nsThread) probe(addr, want string, pause time.Duration, stop <-chan struct{}) (attempts int, failures fails) {
+// many attempts it made, those that got no answer from want, and when the
+// first and the last of those began (zero if none).
+func (t *nsThread) probe(addr, want string, pause time.Duration, stop <-chan struct{}) (attempts int, failures fails, first, last time.Time) {
 	t.do(func() {
 		for {
 			select {
@@ -221,15 +222,20 @@ func (t *nsThread) probe(addr, want string, pause time.Duration, stop <-chan str
 			default:
 			}
 			attempts++
+			t0 := time.Now()
 			name, _, err := dialOnce(addr, time.Second)
 			if err == nil && name != want {
 				err = fmt.Errorf("answered by %s", name)
 			}
 			if err != nil {
 				failures.add(err)
+				if first.IsZero() {
+					first = t0
+				}
+				last = t0
 			}
 			time.Sleep(pause)
 		}
 	})
-	return attempts, failures
+	return attempts, failures, first, last
 }

@@ -497,15 +497,17 @@ func (b *bench) measure(kind string) *result {
 func (b *bench) restart(s *started, r *result) {
 	stop := make(chan struct{})
 	type probed struct {
-		attempts int
-		failures fails
+		attempts    int
+		failures    fails
+		first, last time.Time
 	}
 	res := make(chan probed, 1)
 	go func() {
-		n, f := s.client.probe(b.stableAddr, "srv-0", 10*time.Millisecond, stop)
-		res <- probed{n, f}
+		n, f, first, last := s.client.probe(b.stableAddr, "srv-0", 10*time.Millisecond, stop)
+		res <- probed{n, f, first, last}
 	}()
 	time.Sleep(time.Second)
+	stopAt := time.Now()
 	s.proc.Stop(10 * time.Second)
 	s2 := &started{kind: s.kind, node: s.node, client: s.client, t0: time.Now()}
 	s2.proc = s.node.Start(b.command(s.kind, s.node)...)
@@ -525,6 +527,10 @@ func (b *bench) restart(s *started, r *result) {
 	s2.proc.Stop(10 * time.Second)
 	fmt.Printf("restart: rules programmed %v after start, %s; peak RSS %.0f MB; %d of %d connections through the ClusterIP without answer (%v)\n",
 		r.restartReady.Round(time.Millisecond), ops, mb(r.restartRSS), p.failures.total(), p.attempts, p.failures)
+	if !p.first.IsZero() {
+		fmt.Printf("restart: failed connections from %v to %v after the stop began (new process started %v after it)\n",
+			p.first.Sub(stopAt).Round(time.Millisecond), p.last.Sub(stopAt).Round(time.Millisecond), s2.t0.Sub(stopAt).Round(time.Millisecond))
+	}
 }
 
 // timedChange is one idle single change: data-path latency and the
