@@ -210,10 +210,17 @@ func (f fails) String() string {
 	return fmt.Sprintf("%d (%s)", f.total(), strings.Join(parts, ", "))
 }
 
-// probe connects to addr every pause until stop is closed, and returns how
-// many attempts it made, those that got no answer from want, and when the
-// first and the last of those began (zero if none).
-func (t *nsThread) probe(addr, want string, pause time.Duration, stop <-chan struct{}) (attempts int, failures fails, first, last time.Time) {
+// probed is what probe saw.
+type probed struct {
+	attempts    int
+	failures    fails
+	first, last time.Time // when the first and the last failed attempt began (zero: none)
+}
+
+// probe connects to addr every pause until stop is closed and reports the
+// attempts that got no answer from want.
+func (t *nsThread) probe(addr, want string, pause time.Duration, stop <-chan struct{}) probed {
+	var p probed
 	t.do(func() {
 		for {
 			select {
@@ -221,21 +228,21 @@ func (t *nsThread) probe(addr, want string, pause time.Duration, stop <-chan str
 				return
 			default:
 			}
-			attempts++
+			p.attempts++
 			t0 := time.Now()
 			name, _, err := dialOnce(addr, time.Second)
 			if err == nil && name != want {
 				err = fmt.Errorf("answered by %s", name)
 			}
 			if err != nil {
-				failures.add(err)
-				if first.IsZero() {
-					first = t0
+				p.failures.add(err)
+				if p.first.IsZero() {
+					p.first = t0
 				}
-				last = t0
+				p.last = t0
 			}
 			time.Sleep(pause)
 		}
 	})
-	return attempts, failures, first, last
+	return p
 }

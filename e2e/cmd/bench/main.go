@@ -496,16 +496,8 @@ func (b *bench) measure(kind string) *result {
 // them shows in its kernel operations and its time to programmed.
 func (b *bench) restart(s *started, r *result) {
 	stop := make(chan struct{})
-	type probed struct {
-		attempts    int
-		failures    fails
-		first, last time.Time
-	}
 	res := make(chan probed, 1)
-	go func() {
-		n, f, first, last := s.client.probe(b.stableAddr, "srv-0", 10*time.Millisecond, stop)
-		res <- probed{n, f, first, last}
-	}()
+	go func() { res <- s.client.probe(b.stableAddr, "srv-0", 10*time.Millisecond, stop) }()
 	time.Sleep(time.Second)
 	stopAt := time.Now()
 	s.proc.Stop(10 * time.Second)
