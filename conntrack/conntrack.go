@@ -42,12 +42,14 @@ func familyOf(fl Flow) uint8 {
 
 // Interface deletes the stale flows of one IP family after a sync. The
 // proxier calls it after a successful transaction that changed a UDP or
-// SCTP frontend or its endpoints; Netlink does it in the kernel, Fake in
-// memory.
+// SCTP frontend or its endpoints, or added a TCP frontend; Netlink does it
+// in the kernel, Fake in memory.
 type Interface interface {
-	// Reconcile dumps the family's UDP and SCTP flows (only the protocols
-	// that previous or current use; nothing at all when neither has a UDP
-	// or SCTP frontend), decides with Stale and deletes what is stale.
+	// Reconcile dumps the family's flows of the protocols Stale looks at
+	// (UDP and SCTP that previous or current use, TCP that current uses,
+	// and of TCP only the flows never answered nor DNATed; nothing at all
+	// when there is no such frontend), decides with Stale and deletes what
+	// is stale.
 	// isNodePortAddr may be nil (see Stale). On error, Result still
 	// counts what was done.
 	//
@@ -74,12 +76,14 @@ type Result struct {
 	Elapsed time.Duration // everything, socket included
 }
 
-// protocols returns the reconciled protocols (UDP, SCTP) that previous or
-// current has a frontend of, in a fixed order.
+// protocols returns the protocols whose flows a Reconcile looks at, in a
+// fixed order: UDP and SCTP when previous or current has a frontend of
+// them, TCP when current has one (see Stale).
 func protocols(previous, current Frontends) []uint8 {
-	var udp, sctp bool
-	for _, fes := range []Frontends{previous, current} {
+	var tcp, udp, sctp bool
+	for i, fes := range []Frontends{previous, current} {
 		for fe := range fes {
+			tcp = tcp || (i == 1 && fe.Proto == ProtoTCP)
 			udp = udp || fe.Proto == ProtoUDP
 			sctp = sctp || fe.Proto == ProtoSCTP
 		}
@@ -90,6 +94,9 @@ func protocols(previous, current Frontends) []uint8 {
 	}
 	if sctp {
 		out = append(out, ProtoSCTP)
+	}
+	if tcp {
+		out = append(out, ProtoTCP)
 	}
 	return out
 }

@@ -20,10 +20,16 @@ const (
 	// enum ctattr_type
 	ctaTupleOrig  = 1
 	ctaTupleReply = 2
+	ctaStatus     = 3
 	ctaTimeout    = 7 // tests only: creating flows
 	ctaID         = 12
 	ctaZone       = 18
 	ctaFilter     = 25 // Linux ≥ 5.8
+	ctaStatusMask = 26 // Linux ≥ 5.19: a dump's status filter
+
+	// enum ip_conntrack_status
+	ipsSeenReply = 1 << 1
+	ipsDstNAT    = 1 << 5
 
 	// enum ctattr_tuple
 	ctaTupleIP    = 1
@@ -137,8 +143,11 @@ func (e *encoder) tuple(typ uint16, proto uint8, t Tuple) {
 // filtering for dump"): the kernel still walks the whole table, but does
 // not serialize the other flows, which is most of the cost (see
 // Netlink.Dump). Older kernels ignore the unknown attribute and send every
-// flow; Stale filters by protocol anyway.
-func (e *encoder) appendDump(seq uint32, family, proto uint8) {
+// flow; Stale filters by protocol anyway. With unansweredOnly, it also asks
+// for only the flows that never saw a reply and were never DNATed
+// (CTA_STATUS and CTA_STATUS_MASK, Linux ≥ 5.19): on a busy node, a TCP
+// dump then returns a handful of flows instead of every connection.
+func (e *encoder) appendDump(seq uint32, family, proto uint8, unansweredOnly bool) {
 	m := e.begin(ctMsgGet, unix.NLM_F_REQUEST|unix.NLM_F_DUMP, seq, family)
 	if proto != 0 {
 		t := e.nest(ctaTupleOrig)
@@ -149,6 +158,12 @@ func (e *encoder) appendDump(seq uint32, family, proto uint8) {
 		f := e.nest(ctaFilter)
 		e.attr(ctaFilterOrigFlags, binary.NativeEndian.AppendUint32(nil, ctaFilterFlagProtoNum))
 		e.endNest(f)
+	}
+	if unansweredOnly {
+		// (status & mask) == 0: never answered, never DNATed. A kernel
+		// older than 5.19 ignores both; Stale decides anyway.
+		e.be32(ctaStatus, 0)
+		e.be32(ctaStatusMask, ipsSeenReply|ipsDstNAT)
 	}
 	e.end(m)
 }
@@ -204,6 +219,10 @@ func parseFlow(payload []byte) (Flow, error) {
 		case ctaTupleReply:
 			fl.Reply, _, err = parseTuple(data)
 			haveReply = err == nil
+		case ctaStatus:
+			if len(data) >= 4 {
+				fl.Unanswered = binary.BigEndian.Uint32(data)&ipsSeenReply == 0
+			}
 		case ctaID:
 			if len(data) >= 4 {
 				fl.ID = binary.BigEndian.Uint32(data)

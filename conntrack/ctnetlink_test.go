@@ -9,6 +9,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ipsConfirmed: a created entry is confirmed at once, and a CTA_STATUS
+// that clears the bit is refused (EBUSY).
+const ipsConfirmed = 1 << 3
+
 // appendCreate encodes the creation of a flow with the given timeout in
 // seconds (CT_NEW with NLM_F_CREATE|NLM_F_EXCL). nftproxy never creates
 // flows; tests use it to fill a table quickly.
@@ -17,6 +21,9 @@ func (e *encoder) appendCreate(seq uint32, fl Flow, timeout uint32) {
 	e.tuple(ctaTupleOrig, fl.Proto, fl.Orig)
 	e.tuple(ctaTupleReply, fl.Proto, fl.Reply)
 	e.be32(ctaTimeout, timeout)
+	if !fl.Unanswered {
+		e.be32(ctaStatus, ipsSeenReply|ipsConfirmed)
+	}
 	if fl.Zone != 0 {
 		e.be16(ctaZone, fl.Zone)
 	}
@@ -119,9 +126,10 @@ func TestDeleteMessage(t *testing.T) {
 }
 
 func TestDumpRequest(t *testing.T) {
-	for _, proto := range []uint8{0, ProtoUDP} {
+	for _, proto := range []uint8{0, ProtoUDP, ProtoTCP} {
+		unanswered := proto == ProtoTCP
 		var e encoder
-		e.appendDump(3, uint8(IPv6), proto)
+		e.appendDump(3, uint8(IPv6), proto, unanswered)
 		typ, flags, _, payload := oneMessage(t, e.b)
 		if typ != ctType(ctMsgGet) || flags != unix.NLM_F_REQUEST|unix.NLM_F_DUMP || payload[0] != unix.AF_INET6 {
 			t.Errorf("header: type %#x flags %#x family %d", typ, flags, payload[0])
@@ -129,9 +137,14 @@ func TestDumpRequest(t *testing.T) {
 		var types []uint16
 		var filterFlags uint32
 		var num uint8
+		status, mask := uint32(1), uint32(0)
 		_ = attrs(payload[nfgenHeaderLen:], func(typ uint16, data []byte) {
 			types = append(types, typ)
 			switch typ {
+			case ctaStatus:
+				status = binary.BigEndian.Uint32(data)
+			case ctaStatusMask:
+				mask = binary.BigEndian.Uint32(data)
 			case ctaFilter:
 				_ = attrs(data, func(typ uint16, data []byte) {
 					if typ == ctaFilterOrigFlags {
@@ -151,8 +164,15 @@ func TestDumpRequest(t *testing.T) {
 		if proto == 0 && len(types) != 0 {
 			t.Errorf("unfiltered dump has attributes %v", types)
 		}
-		if proto != 0 && (!slices.Equal(types, []uint16{ctaTupleOrig, ctaFilter}) || filterFlags != ctaFilterFlagProtoNum || num != proto) {
+		want := []uint16{ctaTupleOrig, ctaFilter}
+		if unanswered {
+			want = append(want, ctaStatus, ctaStatusMask)
+		}
+		if proto != 0 && (!slices.Equal(types, want) || filterFlags != ctaFilterFlagProtoNum || num != proto) {
 			t.Errorf("filtered dump: attributes %v, flags %#x, protocol %d", types, filterFlags, num)
+		}
+		if unanswered && (status != 0 || mask != ipsSeenReply|ipsDstNAT) {
+			t.Errorf("status filter: status %#x mask %#x, want 0 and %#x", status, mask, ipsSeenReply|ipsDstNAT)
 		}
 	}
 }

@@ -13,6 +13,8 @@
 //     protocol in use, filtered by the kernel, and deletes in batches;
 //   - Fake (fake.go) does the same in memory for the proxier's tests.
 //
-// TCP flows are never touched. ApplySysctls (sysctl.go) runs once at
+// TCP flows are left alone but for one kind: a connection attempt that
+// went past a frontend before its rules existed and was never answered
+// (Stale says why it must go). ApplySysctls (sysctl.go) runs once at
 // startup. The package imports neither proxier/ nor nft/ nor k8s.io/api.
 package conntrack

@@ -8,9 +8,10 @@ import (
 )
 
 // Fake is an in-memory conntrack table for the proxier's unit tests. Its
-// Reconcile behaves like Netlink's: nothing at all without a UDP or SCTP
-// frontend, a "dump" of the family's flows of the protocols in use, Stale,
-// and deletion. It records every Reconcile and never touches the metrics.
+// Reconcile behaves like Netlink's: nothing at all without a frontend to
+// look at, a "dump" of the family's flows of the protocols in use (of TCP,
+// only those never answered nor DNATed, as the kernel's status filter
+// returns), Stale, and deletion. It records every Reconcile and never touches the metrics.
 // It is safe for concurrent use.
 type Fake struct {
 	mu         sync.Mutex
@@ -101,7 +102,7 @@ func (f *Fake) Reconcile(ctx context.Context, family Family, previous Frontends,
 	}
 	var dumped []Flow
 	for _, fl := range f.flows {
-		if family.contains(fl) && slices.Contains(protos, fl.Proto) {
+		if family.contains(fl) && slices.Contains(protos, fl.Proto) && (fl.Proto != ProtoTCP || fl.Unanswered && !dnated(fl)) {
 			dumped = append(dumped, fl)
 		}
 	}

@@ -78,9 +78,16 @@ func insertArgs(fl Flow) string {
 		fl.Reply.Src.Addr(), fl.Reply.Dst.Addr(), fl.Reply.Src.Port(), fl.Reply.Dst.Port())
 	switch fl.Proto {
 	case ProtoTCP:
-		b.WriteString(" --state ESTABLISHED")
+		if fl.Unanswered {
+			b.WriteString(" --state SYN_SENT")
+		} else {
+			b.WriteString(" --state ESTABLISHED")
+		}
 	case ProtoSCTP:
 		b.WriteString(" --state ESTABLISHED --orig-vtag 1 --reply-vtag 2")
+	}
+	if !fl.Unanswered {
+		b.WriteString(" --status SEEN_REPLY")
 	}
 	if fl.Zone != 0 {
 		fmt.Fprintf(&b, " --zone %d", fl.Zone)
@@ -126,6 +133,8 @@ func parseListLine(line string) (Flow, error) {
 	for _, f := range fields[2:] {
 		k, v, ok := strings.Cut(f, "=")
 		switch {
+		case f == "[UNREPLIED]":
+			fl.Unanswered = true
 		case !ok:
 		case k == "src" || k == "dst" || k == "sport" || k == "dport":
 			vals = append(vals, v)

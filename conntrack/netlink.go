@@ -273,7 +273,7 @@ func (s *session) dumpOne(ctx context.Context, family Family, proto uint8, flows
 	if s.noKernelFilter {
 		filter = 0
 	}
-	s.enc.appendDump(seq, uint8(family), filter)
+	s.enc.appendDump(seq, uint8(family), filter, filter == ProtoTCP)
 	if err := s.send(s.enc.b); err != nil {
 		return flows, wrap(err)
 	}

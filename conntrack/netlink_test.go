@@ -74,8 +74,8 @@ func TestReconcile100k(t *testing.T) {
 	}
 }
 
-// kernelWorld merges every case of staleCases, UDP and SCTP, of one
-// family into one table.
+// kernelWorld merges every case of staleCases, UDP and SCTP, and of
+// tcpCases, of one family into one table.
 func kernelWorld(t *testing.T, family Family) (all, stale []Flow, previous, current Frontends) {
 	t.Helper()
 	previous, current = Frontends{}, Frontends{}
@@ -95,6 +95,13 @@ func kernelWorld(t *testing.T, family Family) (all, stale []Flow, previous, curr
 			all = append(all, sc.all()...)
 			stale = append(stale, sc.stale...)
 		}
+	}
+	for k, c := range tcpCases {
+		sc := c.build(world{family: family, proto: ProtoTCP, k: k})
+		merge(previous, sc.previous)
+		merge(current, sc.current)
+		all = append(all, sc.all()...)
+		stale = append(stale, sc.stale...)
 	}
 	return all, stale, previous, current
 }
@@ -134,6 +141,15 @@ func TestReconcileKernel(t *testing.T) {
 		}
 		if diff := flowDiff(ns.list(t, f.family), f.all); diff != "" {
 			t.Fatalf("%s conntrack -L vs loaded flows:%s", f.family, diff)
+		}
+		// A TCP dump asks the kernel for unanswered flows only.
+		tcp, err := nl.Dump(reconcileCtx(t), f.family, ProtoTCP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := slices.DeleteFunc(slices.Clone(f.all), func(fl Flow) bool { return fl.Proto != ProtoTCP || !fl.Unanswered })
+		if diff := flowDiff(withoutIDs(tcp), want); diff != "" || len(want) == 0 {
+			t.Fatalf("%s TCP dump vs the unanswered TCP flows loaded (%d):%s", f.family, len(want), diff)
 		}
 	}
 

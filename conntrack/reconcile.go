@@ -6,10 +6,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Protocol numbers of the flows the reconciler looks at. TCP flows are
-// never deleted: a TCP client notices a dead backend (RST or timeout) and
-// reconnects, and deleting an established TCP flow would break a connection
-// that may still work (upstream kube-proxy leaves TCP alone too).
+// Protocol numbers of the flows the reconciler looks at. A TCP flow that
+// was ever answered is never deleted: a TCP client notices a dead backend
+// (RST or timeout) and reconnects, and deleting an established TCP flow
+// would break a connection that may still work (upstream kube-proxy leaves
+// TCP alone). Only a TCP connection attempt that went past a frontend
+// before its rules existed is deleted (see Stale).
 const (
 	ProtoTCP  uint8 = unix.IPPROTO_TCP
 	ProtoUDP  uint8 = unix.IPPROTO_UDP
@@ -53,21 +55,21 @@ type Flow struct {
 	// newer one that reused the tuple after the dump (the kernel answers
 	// ENOENT instead). 0 means unknown: delete by tuple alone.
 	ID uint32
+	// Unanswered: no packet ever came back (IPS_SEEN_REPLY is clear;
+	// conntrack -L prints [UNREPLIED]).
+	Unanswered bool
 }
-
-// reconciled reports whether flows of proto are ever deleted.
-func reconciled(proto uint8) bool { return proto == ProtoUDP || proto == ProtoSCTP }
 
 // Stale returns the flows to delete after a sync that changed the
 // frontends from previous to current (both of one IP family, as flows).
-// Only UDP and SCTP flows are considered. For each flow, the frontend it
-// was sent to is looked up by its original destination: first exactly
-// (Proto, Addr, Port), then as a NodePort (Proto, Port) when
-// isNodePortAddr accepts the destination address — the order in which our
-// ruleset dispatches. A nil isNodePortAddr accepts every address, which is
-// what upstream kube-proxy does (it matches NodePort flows by port alone).
+// For each flow, the frontend it was sent to is looked up by its original
+// destination: first exactly (Proto, Addr, Port), then as a NodePort
+// (Proto, Port) when isNodePortAddr accepts the destination address — the
+// order in which our ruleset dispatches. A nil isNodePortAddr accepts every
+// address, which is what upstream kube-proxy does (it matches NodePort
+// flows by port alone).
 //
-// A flow is stale when:
+// A UDP or SCTP flow is stale when:
 //   - its frontend is current and has endpoints, and its reply source is
 //     not one of them: it is DNAT'd to an endpoint that is gone or no
 //     longer serving, or it was created while the frontend had no
@@ -81,6 +83,16 @@ func reconciled(proto uint8) bool { return proto == ProtoUDP || proto == ProtoSC
 //     deleted, or lost that ClusterIP, ExternalIP, LoadBalancer IP,
 //     NodePort, port or protocol. Upstream does not clean these.
 //
+// A TCP frontend in current means that its rules were just installed
+// (previous is not consulted for TCP, nor endpoints). A TCP flow to it is
+// stale when it was never DNAT'd and never answered: a connection attempt
+// that went past before the rules existed (at a node's first sync, say).
+// Conntrack keeps such an attempt in SYN_SENT for two minutes, and every
+// retransmission of its SYN, or a new connection from the same source
+// port, belongs to it and skips the NAT hook: the client is refused (or
+// black-holed) although the Service works. Deleted, the next SYN makes a
+// new flow that the rules DNAT. Upstream does not clean these.
+//
 // Every other flow is left alone, including flows that reach an endpoint
 // directly.
 func Stale(flows []Flow, previous, current Frontends, isNodePortAddr func(netip.Addr) bool) []Flow {
@@ -88,9 +100,6 @@ func Stale(flows []Flow, previous, current Frontends, isNodePortAddr func(netip.
 	prev := newFrontendIndex(previous)
 	var stale []Flow
 	for _, fl := range flows {
-		if !reconciled(fl.Proto) {
-			continue
-		}
 		if isStale(fl, cur, prev, isNodePortAddr) {
 			stale = append(stale, fl)
 		}
@@ -99,15 +108,26 @@ func Stale(flows []Flow, previous, current Frontends, isNodePortAddr func(netip.
 }
 
 func isStale(fl Flow, cur, prev *frontendIndex, isNodePortAddr func(netip.Addr) bool) bool {
+	switch fl.Proto {
+	case ProtoTCP:
+		_, ok := cur.lookup(fl, isNodePortAddr)
+		return ok && fl.Unanswered && !dnated(fl)
+	case ProtoUDP, ProtoSCTP:
+	default:
+		return false
+	}
 	if fe, ok := cur.lookup(fl, isNodePortAddr); ok {
 		if cur.hasEndpoints(fe) {
 			return !cur.serves(fe, fl.Reply.Src)
 		}
-		return unmap(fl.Reply.Src) != unmap(fl.Orig.Dst)
+		return dnated(fl)
 	}
 	_, ok := prev.lookup(fl, isNodePortAddr)
 	return ok
 }
+
+// dnated reports whether the flow's destination was rewritten.
+func dnated(fl Flow) bool { return unmap(fl.Reply.Src) != unmap(fl.Orig.Dst) }
 
 // frontendIndex answers, per flow, "which frontend" and "is this an
 // endpoint of it" with map lookups, so that deciding costs the same with

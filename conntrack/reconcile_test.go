@@ -20,6 +20,21 @@ func TestFamilyValues(t *testing.T) {
 	}
 }
 
+func TestStaleTCP(t *testing.T) {
+	for _, family := range []Family{IPv4, IPv6} {
+		for k, c := range tcpCases {
+			t.Run(fmt.Sprintf("%s/%s", family, c.name), func(t *testing.T) {
+				w := world{family: family, proto: ProtoTCP, k: k}
+				sc := c.build(w)
+				got := Stale(sc.all(), sc.previous, sc.current, w.isNodePortAddr)
+				if diff := flowDiff(got, sc.stale); diff != "" {
+					t.Error(diff)
+				}
+			})
+		}
+	}
+}
+
 // forEachWorld runs fn for every family and reconciled protocol.
 func forEachWorld(t *testing.T, fn func(t *testing.T, family Family, proto uint8)) {
 	for _, family := range []Family{IPv4, IPv6} {
@@ -123,9 +138,10 @@ func TestProtocols(t *testing.T) {
 		want      []uint8
 	}{
 		{nil, nil, nil},
-		{Frontends{tcp: nil}, Frontends{tcp: nil}, nil},
+		{Frontends{tcp: nil}, nil, nil},
+		{Frontends{tcp: nil}, Frontends{tcp: nil}, []uint8{ProtoTCP}},
 		{Frontends{udp: nil}, nil, []uint8{ProtoUDP}},
-		{nil, Frontends{sctp: nil, tcp: nil}, []uint8{ProtoSCTP}},
+		{nil, Frontends{sctp: nil, tcp: nil}, []uint8{ProtoSCTP, ProtoTCP}},
 		{Frontends{sctp: nil}, Frontends{udp: nil}, []uint8{ProtoUDP, ProtoSCTP}},
 	} {
 		if got := protocols(tc.prev, tc.cur); !slices.Equal(got, tc.want) {

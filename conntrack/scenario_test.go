@@ -17,10 +17,13 @@ type world struct {
 
 func (w world) v6() bool { return w.family == IPv6 }
 
-// pi separates the addresses of the UDP and SCTP runs of a case.
+// pi separates the addresses of the UDP, SCTP and TCP runs of a case.
 func (w world) pi() int {
-	if w.proto == ProtoSCTP {
+	switch w.proto {
+	case ProtoSCTP:
 		return 1
+	case ProtoTCP:
+		return 2
 	}
 	return 0
 }
@@ -273,6 +276,57 @@ var staleCases = []struct {
 			current:  Frontends{np: eps(w.ep(1)), external: eps(w.ep(2))},
 			stale:    []Flow{w.nat(1, ap(w.node(), np.Port), w.ep(1))},
 			kept:     []Flow{w.nat(2, ap(w.node(), np.Port), w.ep(2))},
+		}
+	}},
+}
+
+// unanswered is flow fl as conntrack holds a connection attempt nothing
+// answered.
+func unanswered(fl Flow) Flow {
+	fl.Unanswered = true
+	return fl
+}
+
+// tcpCases are the TCP cases: a TCP frontend in current is one whose rules
+// were just installed, and only the attempts that went past it before they
+// existed are stale.
+var tcpCases = []struct {
+	name  string
+	build func(w world) scenario
+}{
+	{"new ClusterIP: the attempt that went past its rules is stale, nothing else", func(w world) scenario {
+		svc, other := w.fe(w.cip(1), 80), w.fe(w.cip(2), 80)
+		return scenario{
+			current: Frontends{svc: nil},
+			stale:   []Flow{unanswered(w.direct(1, ap(svc.Addr, 80)))},
+			kept: []Flow{
+				w.direct(2, ap(svc.Addr, 80)),                   // answered: someone else's connection
+				unanswered(w.nat(3, ap(svc.Addr, 80), w.ep(1))), // DNATed: the rules' own attempt
+				w.nat(4, ap(svc.Addr, 80), w.ep(1)),             // an established connection
+				unanswered(w.direct(5, ap(svc.Addr, 81))),       // another port
+				unanswered(w.direct(6, ap(other.Addr, 80))),     // a frontend not new
+			},
+		}
+	}},
+	{"new NodePort: attempts to this node's address only", func(w world) scenario {
+		np := w.np(1)
+		return scenario{
+			current: Frontends{np: nil},
+			stale:   []Flow{unanswered(w.direct(1, ap(w.node(), np.Port)))},
+			kept:    []Flow{unanswered(w.direct(2, ap(w.other(), np.Port)))},
+		}
+	}},
+	{"endpoints do not matter, nor a previous frontend", func(w world) scenario {
+		svc, gone := w.fe(w.cip(1), 80), w.fe(w.cip(2), 80)
+		return scenario{
+			previous: Frontends{gone: eps(w.ep(1))},
+			current:  Frontends{svc: eps(w.ep(1))},
+			stale:    []Flow{unanswered(w.direct(1, ap(svc.Addr, 80)))},
+			kept: []Flow{
+				w.nat(2, ap(svc.Addr, 80), w.ep(2)),  // to an endpoint no longer listed
+				w.nat(3, ap(gone.Addr, 80), w.ep(1)), // to a frontend that is gone
+				unanswered(w.direct(4, ap(gone.Addr, 80))),
+			},
 		}
 	}},
 }

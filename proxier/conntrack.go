@@ -14,22 +14,27 @@ import (
 
 // cleanup is the conntrack cleanup of one family: the UDP and SCTP flows to
 // a frontend of a changed Service that point at an endpoint that no longer
-// serves it (or at no endpoint, created while it had none), and flows to
-// frontends that are gone. A sync collects one as it goes through the
-// changed Services (add); the cleaner merges those that queue up.
+// serves it (or at no endpoint, created while it had none), flows to
+// frontends that are gone, and TCP connection attempts that went past a
+// frontend before this sync installed its rules (see conntrack.Stale). A
+// sync collects one as it goes through the changed Services (add); the
+// cleaner merges those that queue up.
 type cleanup struct {
 	previous       conntrack.Frontends                       // the frontends before
 	current        map[model.ServiceName]conntrack.Frontends // each Service's, as of its latest sync
+	opened         conntrack.Frontends                       // TCP frontends whose rules a sync installed
 	isNodePortAddr func(netip.Addr) bool
 }
 
 func newCleanup() *cleanup {
-	return &cleanup{previous: conntrack.Frontends{}, current: map[model.ServiceName]conntrack.Frontends{}}
+	return &cleanup{previous: conntrack.Frontends{}, current: map[model.ServiceName]conntrack.Frontends{}, opened: conntrack.Frontends{}}
 }
 
-// add records that Service name's ports went from old to now. Only
-// Services with a UDP or SCTP port before or after count.
+// add records that Service name's ports went from old to now: its UDP and
+// SCTP frontends before and after, if it has any, and its TCP frontends
+// that old did not have.
 func (w *cleanup) add(name model.ServiceName, old, now []model.ServicePortState) {
+	addOpened(w.opened, old, now)
 	if !hasDatagramPort(old) && !hasDatagramPort(now) {
 		return
 	}
@@ -39,8 +44,12 @@ func (w *cleanup) add(name model.ServiceName, old, now []model.ServicePortState)
 	w.current[name] = cur
 }
 
+// empty reports whether the cleanup has nothing to look for.
+func (w *cleanup) empty() bool { return len(w.current) == 0 && len(w.opened) == 0 }
+
 // cleanConntrack hands the conntrack cleanup of a sync to the cleaner. It
-// does nothing (not even a dump) when no UDP or SCTP port changed.
+// does nothing (not even a dump) when no UDP or SCTP port changed and no
+// TCP frontend was added.
 //
 // The cleanup runs outside the sync loop (conntrackCleaner): a dump of a
 // large table takes a quarter of a second at 100,000 flows, and a change
@@ -48,7 +57,7 @@ func (w *cleanup) add(name model.ServiceName, old, now []model.ServicePortState)
 // until then, a stale flow keeps sending to its old endpoint, which is
 // what it did before the sync too.
 func (p *Proxier) cleanConntrack(f nft.Family, fs *familyState, w *cleanup) {
-	if p.cleaner == nil || len(w.current) == 0 {
+	if p.cleaner == nil || w.empty() {
 		return
 	}
 	w.isNodePortAddr = nodePortAddrMatcher(fs)
@@ -81,6 +90,7 @@ func (c *conntrackCleaner) enqueue(f nft.Family, w *cleanup) {
 		c.pending[f] = w
 	} else {
 		mergeFrontends(q.previous, w.previous)
+		mergeFrontends(q.opened, w.opened)
 		for name, fes := range w.current {
 			q.current[name] = fes
 		}
@@ -121,18 +131,22 @@ func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) 
 	// cleanup). A flow to an endpoint that serves again in a newer sync
 	// may have been created by its rules: the next cleanup judges it.
 	current := func() conntrack.Frontends {
-		out := conntrack.Frontends{}
+		parts := []conntrack.Frontends{w.opened}
 		for _, fes := range w.current {
-			mergeFrontends(out, fes)
+			parts = append(parts, fes)
 		}
 		c.mu.Lock()
-		if newer := c.pending[f]; newer != nil {
-			for _, fes := range newer.current {
-				mergeFrontends(out, fes)
-			}
+		defer c.mu.Unlock()
+		newer := c.pending[f]
+		if newer == nil {
+			return union(parts, false)
 		}
-		c.mu.Unlock()
-		return out
+		// newer is still being merged into: copy it, under the lock.
+		parts = append(parts, newer.opened)
+		for _, fes := range newer.current {
+			parts = append(parts, fes)
+		}
+		return union(parts, true)
 	}
 	// The metrics are the backend's to observe (conntrack.Netlink does).
 	res, err := c.ct.Reconcile(ctx, conntrack.Family(f), w.previous, current, w.isNodePortAddr)
@@ -145,8 +159,30 @@ func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) 
 		klog.ErrorS(err, "Conntrack cleanup failed", "ipFamily", f.IPFamily(), "deleted", res.Deleted)
 		return
 	}
-	klog.V(2).InfoS("Conntrack cleaned", "ipFamily", f.IPFamily(), "services", len(w.current),
+	klog.V(2).InfoS("Conntrack cleaned", "ipFamily", f.IPFamily(), "services", len(w.current), "openedTCP", len(w.opened),
 		"dumped", res.Dumped, "deleted", res.Deleted, "elapsed", res.Elapsed)
+}
+
+// union returns the frontends of all parts: unless mustCopy, the only
+// non-empty part itself (at a first sync, the TCP frontends of every
+// Service: no copy of them), else a merged copy.
+func union(parts []conntrack.Frontends, mustCopy bool) conntrack.Frontends {
+	var only conntrack.Frontends
+	n := 0
+	for _, p := range parts {
+		if len(p) > 0 {
+			only = p
+			n++
+		}
+	}
+	if n <= 1 && !mustCopy {
+		return only
+	}
+	out := conntrack.Frontends{}
+	for _, p := range parts {
+		mergeFrontends(out, p)
+	}
+	return out
 }
 
 // mergeFrontends adds src's frontends and their endpoints to dst.
@@ -172,28 +208,56 @@ func hasDatagramPort(ports []model.ServicePortState) bool {
 	return false
 }
 
-// addFrontends adds the UDP and SCTP frontends of the ports: ClusterIP,
-// external IPs, load balancer IPs and NodePort, each with every endpoint a
-// flow to it may legitimately be DNATed to (cluster-wide and local ones:
-// which applies depends on the client).
+// addFrontends adds the UDP and SCTP frontends of the ports, each with
+// every endpoint a flow to it may legitimately be DNATed to (cluster-wide
+// and local ones: which applies depends on the client).
 func addFrontends(out conntrack.Frontends, ports []model.ServicePortState) {
 	for _, sp := range ports {
-		proto := sp.Name.Protocol
-		if proto != nft.ProtoUDP && proto != nft.ProtoSCTP {
+		if sp.Name.Protocol != nft.ProtoUDP && sp.Name.Protocol != nft.ProtoSCTP {
 			continue
 		}
 		eps := append(append([]netip.AddrPort(nil), sp.Endpoints...), sp.LocalEndpoints...)
-		add := func(fe conntrack.Frontend) { out[fe] = append(out[fe], eps...) }
-		add(conntrack.Frontend{Proto: proto, Addr: sp.ClusterIP, Port: sp.Port})
-		for _, a := range sp.ExternalIPs {
-			add(conntrack.Frontend{Proto: proto, Addr: a, Port: sp.Port})
+		eachFrontend(sp, func(fe conntrack.Frontend) { out[fe] = append(out[fe], eps...) })
+	}
+}
+
+// addOpened adds the TCP frontends of now that old does not have, without
+// endpoints (conntrack.Stale ignores them for TCP).
+func addOpened(out conntrack.Frontends, old, now []model.ServicePortState) {
+	var had map[conntrack.Frontend]bool
+	for _, sp := range now {
+		if sp.Name.Protocol != nft.ProtoTCP {
+			continue
 		}
-		for _, a := range sp.LoadBalancerIPs {
-			add(conntrack.Frontend{Proto: proto, Addr: a, Port: sp.Port})
+		if had == nil && len(old) > 0 {
+			had = map[conntrack.Frontend]bool{}
+			for _, o := range old {
+				if o.Name.Protocol == nft.ProtoTCP {
+					eachFrontend(o, func(fe conntrack.Frontend) { had[fe] = true })
+				}
+			}
 		}
-		if sp.NodePort != 0 {
-			add(conntrack.Frontend{Proto: proto, Port: sp.NodePort})
-		}
+		eachFrontend(sp, func(fe conntrack.Frontend) {
+			if !had[fe] {
+				out[fe] = nil
+			}
+		})
+	}
+}
+
+// eachFrontend calls fn with each frontend of the port: ClusterIP,
+// external IPs, load balancer IPs and NodePort.
+func eachFrontend(sp model.ServicePortState, fn func(conntrack.Frontend)) {
+	proto := sp.Name.Protocol
+	fn(conntrack.Frontend{Proto: proto, Addr: sp.ClusterIP, Port: sp.Port})
+	for _, a := range sp.ExternalIPs {
+		fn(conntrack.Frontend{Proto: proto, Addr: a, Port: sp.Port})
+	}
+	for _, a := range sp.LoadBalancerIPs {
+		fn(conntrack.Frontend{Proto: proto, Addr: a, Port: sp.Port})
+	}
+	if sp.NodePort != 0 {
+		fn(conntrack.Frontend{Proto: proto, Port: sp.NodePort})
 	}
 }
 

@@ -95,6 +95,52 @@ func TestConntrackCleanedAfterUDPChange(t *testing.T) {
 	waitFor(t, "the deleted Service's flow to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 1 })
 }
 
+// tcpAttempt is a TCP connection attempt from client to vip that went past
+// without DNAT and was never answered: what a SYN sent before the rules
+// existed leaves in conntrack.
+func tcpAttempt(client, vip string) conntrack.Flow {
+	c, v := netip.MustParseAddrPort(client), netip.MustParseAddrPort(vip)
+	return conntrack.Flow{Proto: conntrack.ProtoTCP, Orig: conntrack.Tuple{Src: c, Dst: v}, Reply: conntrack.Tuple{Src: v, Dst: c}, Unanswered: true}
+}
+
+// TestConntrackTCPAttemptsBeforeRules: the sync that installs a TCP
+// frontend's rules deletes the connection attempts that went past it
+// before, and nothing else; a sync that adds no TCP frontend does not
+// look.
+func TestConntrackTCPAttemptsBeforeRules(t *testing.T) {
+	early := tcpAttempt("10.244.1.5:40000", "10.96.0.10:80")
+	answered := early
+	answered.Orig.Src = netip.MustParseAddrPort("10.244.1.5:40001")
+	answered.Reply.Dst, answered.Unanswered = answered.Orig.Src, false
+	elsewhere := tcpAttempt("10.244.1.5:40002", "10.96.0.77:80")
+	later := tcpAttempt("10.244.1.5:40003", "10.96.0.11:80")
+	ct := conntrack.NewFake(early, answered, elsewhere, later)
+	h, _ := startDNSAndWeb(t, ct)
+	waitFor(t, "the attempt to web to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 3 })
+	if got, want := ct.Flows(conntrack.IPv4), []conntrack.Flow{answered, elsewhere, later}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("after the first sync: %v, want %v", got, want)
+	}
+	calls := len(ct.Reconciles())
+
+	ctx := context.Background()
+	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
+	if n := len(ct.Reconciles()); n != calls {
+		t.Errorf("a TCP endpoint change reconciled conntrack (%d calls, was %d)", n, calls)
+	}
+
+	if _, err := h.client.CoreV1().Services("default").Create(ctx, service("default", "api", "10.96.0.11", 80, v1.ProtocolTCP), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the attempt to the new Service to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 2 })
+	if got, want := ct.Flows(conntrack.IPv4), []conntrack.Flow{answered, elsewhere}; !reflect.DeepEqual(got, want) {
+		t.Errorf("after adding api: %v, want %v", got, want)
+	}
+}
+
 // heldConntrack holds every Reconcile until the test releases it.
 type heldConntrack struct {
 	*conntrack.Fake
