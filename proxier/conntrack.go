@@ -22,19 +22,22 @@ import (
 type cleanup struct {
 	previous       conntrack.Frontends                       // the frontends before
 	current        map[model.ServiceName]conntrack.Frontends // each Service's, as of its latest sync
-	opened         conntrack.Frontends                       // TCP frontends whose rules a sync installed
+	// opened are the TCP frontends whose rules a sync installed: at a
+	// first sync, every one (a slice: 40 bytes each, half what a map
+	// costs, while the sync's batch is being applied).
+	opened         []conntrack.Frontend
 	isNodePortAddr func(netip.Addr) bool
 }
 
 func newCleanup() *cleanup {
-	return &cleanup{previous: conntrack.Frontends{}, current: map[model.ServiceName]conntrack.Frontends{}, opened: conntrack.Frontends{}}
+	return &cleanup{previous: conntrack.Frontends{}, current: map[model.ServiceName]conntrack.Frontends{}}
 }
 
 // add records that Service name's ports went from old to now: its UDP and
 // SCTP frontends before and after, if it has any, and its TCP frontends
 // that old did not have.
 func (w *cleanup) add(name model.ServiceName, old, now []model.ServicePortState) {
-	addOpened(w.opened, old, now)
+	w.opened = addOpened(w.opened, old, now)
 	if !hasDatagramPort(old) && !hasDatagramPort(now) {
 		return
 	}
@@ -90,7 +93,7 @@ func (c *conntrackCleaner) enqueue(f nft.Family, w *cleanup) {
 		c.pending[f] = w
 	} else {
 		mergeFrontends(q.previous, w.previous)
-		mergeFrontends(q.opened, w.opened)
+		q.opened = append(q.opened, w.opened...)
 		for name, fes := range w.current {
 			q.current[name] = fes
 		}
@@ -130,8 +133,12 @@ func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) 
 	// the syncs that committed since it was taken (queued for the next
 	// cleanup). A flow to an endpoint that serves again in a newer sync
 	// may have been created by its rules: the next cleanup judges it.
+	opened := conntrack.Frontends{}
+	for _, fe := range w.opened {
+		opened[fe] = nil
+	}
 	current := func() conntrack.Frontends {
-		parts := []conntrack.Frontends{w.opened}
+		parts := []conntrack.Frontends{opened}
 		for _, fes := range w.current {
 			parts = append(parts, fes)
 		}
@@ -142,7 +149,11 @@ func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) 
 			return union(parts, false)
 		}
 		// newer is still being merged into: copy it, under the lock.
-		parts = append(parts, newer.opened)
+		newOpened := conntrack.Frontends{}
+		for _, fe := range newer.opened {
+			newOpened[fe] = nil
+		}
+		parts = append(parts, newOpened)
 		for _, fes := range newer.current {
 			parts = append(parts, fes)
 		}
@@ -221,9 +232,9 @@ func addFrontends(out conntrack.Frontends, ports []model.ServicePortState) {
 	}
 }
 
-// addOpened adds the TCP frontends of now that old does not have, without
-// endpoints (conntrack.Stale ignores them for TCP).
-func addOpened(out conntrack.Frontends, old, now []model.ServicePortState) {
+// addOpened appends to out the TCP frontends of now that old does not have
+// (conntrack.Stale ignores a TCP frontend's endpoints).
+func addOpened(out []conntrack.Frontend, old, now []model.ServicePortState) []conntrack.Frontend {
 	var had map[conntrack.Frontend]bool
 	for _, sp := range now {
 		if sp.Name.Protocol != nft.ProtoTCP {
@@ -239,10 +250,11 @@ func addOpened(out conntrack.Frontends, old, now []model.ServicePortState) {
 		}
 		eachFrontend(sp, func(fe conntrack.Frontend) {
 			if !had[fe] {
-				out[fe] = nil
+				out = append(out, fe)
 			}
 		})
 	}
+	return out
 }
 
 // eachFrontend calls fn with each frontend of the port: ClusterIP,
