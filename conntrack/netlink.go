@@ -146,7 +146,9 @@ func (n *Netlink) reconcile(ctx context.Context, family Family, protos []uint8, 
 }
 
 // Dump returns the flows of one family, only those of proto unless proto
-// is 0. It is Reconcile's first step, exported for tests and debugging.
+// is 0; of TCP, only those never answered nor DNATed, as Reconcile asks
+// for them. It is Reconcile's first step, exported for tests and
+// debugging.
 func (n *Netlink) Dump(ctx context.Context, family Family, proto uint8) ([]Flow, error) {
 	s, err := n.open()
 	if err != nil {
