@@ -20,8 +20,8 @@ import (
 // sync collects one as it goes through the changed Services (add); the
 // cleaner merges those that queue up.
 type cleanup struct {
-	previous       conntrack.Frontends                       // the frontends before
-	current        map[model.ServiceName]conntrack.Frontends // each Service's, as of its latest sync
+	previous conntrack.Frontends                       // the frontends before
+	current  map[model.ServiceName]conntrack.Frontends // each Service's, as of its latest sync
 	// opened are the TCP frontends whose rules a sync installed: at a
 	// first sync, every one (a slice: 40 bytes each, half what a map
 	// costs, while the sync's batch is being applied).
@@ -67,6 +67,17 @@ func (p *Proxier) cleanConntrack(f nft.Family, fs *familyState, w *cleanup) {
 	p.cleaner.enqueue(f, w)
 }
 
+// committing tells the cleaner, before a sync applies its transaction,
+// the frontends its rules will have (w; nil when the transaction failed).
+// A flow those rules make may be dumped by a cleanup that runs before the
+// sync hands over its own (cleanConntrack, which ends this): that cleanup
+// judges it by them, not as stale.
+func (p *Proxier) committing(f nft.Family, w *cleanup) {
+	if p.cleaner != nil && (w == nil || !w.empty()) {
+		p.cleaner.setCommitting(f, w)
+	}
+}
+
 // conntrackCleaner runs the conntrack cleanups of the syncs, one at a
 // time, in a goroutine of its own. Cleanups that pile up while one runs
 // are merged, per family, into one: the frontends any of them had before
@@ -76,19 +87,22 @@ type conntrackCleaner struct {
 	ct   conntrack.Interface
 	wake chan struct{}
 
-	mu      sync.Mutex
-	pending map[nft.Family]*cleanup
-	running bool // a cleanup is under way (for tests: idle)
+	mu         sync.Mutex
+	pending    map[nft.Family]*cleanup
+	committing map[nft.Family]*cleanup // of a sync between its Apply and its enqueue
+	running    bool                    // a cleanup is under way (for tests: idle)
 }
 
 func newConntrackCleaner(ct conntrack.Interface) *conntrackCleaner {
-	return &conntrackCleaner{ct: ct, wake: make(chan struct{}, 1), pending: map[nft.Family]*cleanup{}}
+	return &conntrackCleaner{ct: ct, wake: make(chan struct{}, 1), pending: map[nft.Family]*cleanup{},
+		committing: map[nft.Family]*cleanup{}}
 }
 
 // enqueue queues cleanup w of family f, merged into the one queued, if any.
 // w is the cleaner's from then on.
 func (c *conntrackCleaner) enqueue(f nft.Family, w *cleanup) {
 	c.mu.Lock()
+	delete(c.committing, f)
 	if q := c.pending[f]; q == nil {
 		c.pending[f] = w
 	} else {
@@ -103,6 +117,19 @@ func (c *conntrackCleaner) enqueue(f nft.Family, w *cleanup) {
 	select {
 	case c.wake <- struct{}{}:
 	default:
+	}
+}
+
+// setCommitting records (or, with nil, forgets) the cleanup of family f's
+// sync that is applying its transaction; enqueue forgets it too. The sync
+// does not change w from then on.
+func (c *conntrackCleaner) setCommitting(f nft.Family, w *cleanup) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w == nil {
+		delete(c.committing, f)
+	} else {
+		c.committing[f] = w
 	}
 }
 
@@ -131,7 +158,7 @@ func (c *conntrackCleaner) run(ctx context.Context) {
 func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) {
 	// The frontends the flows are judged by: the cleanup's, and those of
 	// the syncs that committed since it was taken (queued for the next
-	// cleanup). A flow to an endpoint that serves again in a newer sync
+	// cleanup, or still returning from their Apply). A flow to an endpoint that serves again in a newer sync
 	// may have been created by its rules: the next cleanup judges it.
 	opened := conntrack.Frontends{}
 	for _, fe := range w.opened {
@@ -144,18 +171,24 @@ func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) 
 		}
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		newer := c.pending[f]
-		if newer == nil {
+		newer := []*cleanup{c.pending[f], c.committing[f]}
+		if newer[0] == nil && newer[1] == nil {
 			return union(parts, false)
 		}
-		// newer is still being merged into: copy it, under the lock.
-		newOpened := conntrack.Frontends{}
-		for _, fe := range newer.opened {
-			newOpened[fe] = nil
-		}
-		parts = append(parts, newOpened)
-		for _, fes := range newer.current {
-			parts = append(parts, fes)
+		// A pending cleanup is still being merged into: copy it, under
+		// the lock.
+		for _, n := range newer {
+			if n == nil {
+				continue
+			}
+			newOpened := conntrack.Frontends{}
+			for _, fe := range n.opened {
+				newOpened[fe] = nil
+			}
+			parts = append(parts, newOpened)
+			for _, fes := range n.current {
+				parts = append(parts, fes)
+			}
 		}
 		return union(parts, true)
 	}

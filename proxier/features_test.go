@@ -210,6 +210,78 @@ func TestConntrackCleanupDoesNotHoldSyncs(t *testing.T) {
 	}
 }
 
+// heldBackend applies each transaction and then, while hold is set, waits
+// for the test (at most 5 s): a sync whose rules are in the kernel and
+// which has not returned yet.
+type heldBackend struct {
+	nft.Interface
+	hold               atomic.Bool
+	committed, release chan struct{}
+}
+
+func (b *heldBackend) Apply(ctx context.Context, tx *nft.Transaction) error {
+	err := b.Interface.Apply(ctx, tx)
+	if err == nil && b.hold.Load() {
+		b.committed <- struct{}{}
+		select {
+		case <-b.release:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	return err
+}
+
+// TestConntrackCleanupSeesCommittingSync: a cleanup that dumps the table
+// while another sync has committed its rules, but not yet handed over its
+// own cleanup, judges the flows those rules made by them: a flow to the
+// endpoint the newer sync added is not stale.
+func TestConntrackCleanupSeesCommittingSync(t *testing.T) {
+	f21 := udpFlow("10.244.1.5:40001", "10.96.0.53:53", "10.244.1.21:5353")
+	f22 := udpFlow("10.244.1.5:40002", "10.96.0.53:53", "10.244.1.22:5353")
+	ct := &heldConntrack{Fake: conntrack.NewFake(), started: make(chan struct{}, 8), release: make(chan struct{})}
+	var be *heldBackend
+	h := startWith(t, func(d *Deps) {
+		d.Conntrack = ct
+		be = &heldBackend{Interface: d.NFT[nft.IPv4], committed: make(chan struct{}, 1), release: make(chan struct{}, 1)}
+		d.NFT = map[nft.Family]nft.Interface{nft.IPv4: be}
+	},
+		service("kube-system", "dns", "10.96.0.53", 53, v1.ProtocolUDP),
+		slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, "10.244.1.20"))
+	<-ct.started // the first sync's cleanup
+	ct.release <- struct{}{}
+	waitFor(t, "the first cleanup", func() bool { return len(ct.Reconciles()) == 1 })
+
+	udp := tcp("10.96.0.53", 53)
+	udp.Proto = nft.ProtoUDP
+	moveDNS := func(ip string) {
+		t.Helper()
+		es := slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, ip)
+		if _, err := h.client.DiscoveryV1().EndpointSlices("kube-system").Update(context.Background(), es, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		h.eventually(udp, nft.VerdictAccept, ip+":5353")
+	}
+	moveDNS("10.244.1.21")
+	<-ct.started // cleanup A (the move to .21), held before its dump
+	be.hold.Store(true)
+	moveDNS("10.244.1.22") // sync B: committed, held before it returns
+	<-be.committed
+	ct.Add(f21, f22) // f22 made by B's rules
+	ct.release <- struct{}{}
+	waitFor(t, "cleanup A", func() bool { return len(ct.Reconciles()) == 2 })
+	if got := ct.Flows(conntrack.IPv4); !slices.Contains(got, f22) {
+		t.Errorf("cleanup A deleted the flow to the endpoint sync B had committed; left %v", got)
+	}
+	be.hold.Store(false)
+	be.release <- struct{}{}
+	<-ct.started // cleanup B
+	ct.release <- struct{}{}
+	waitFor(t, "the cleaner to be idle", h.p.cleaner.idle)
+	if got := ct.Flows(conntrack.IPv4); !reflect.DeepEqual(got, []conntrack.Flow{f22}) {
+		t.Errorf("flows left %v, want only the one to the current endpoint", got)
+	}
+}
+
 // TestNodePortFollowsNodeObject: with --nodeport-addresses=primary the
 // NodePort answers on the Node object's InternalIP, and moves with it.
 func TestNodePortFollowsNodeObject(t *testing.T) {

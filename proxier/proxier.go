@@ -373,7 +373,9 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	}
 	tx := fs.editor.Transaction()
 	if !tx.Empty() {
+		p.committing(f, ct)
 		if err := backend.Apply(ctx, tx); err != nil {
+			p.committing(f, nil)
 			// A transaction diffed against what was read back failed:
 			// do not build on a reading again, rewrite.
 			fs.editor, fs.noLoad = nil, fs.loaded
