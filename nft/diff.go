@@ -21,7 +21,12 @@ import (
 // Sets and base chains are defined by nftproxy's code and never change while
 // it runs; if their definition differs from the committed one (an upgrade),
 // Diff falls back to a full rewrite.
-func Diff(committed, desired *Ruleset) *Transaction {
+func Diff(committed, desired *Ruleset) *Transaction { return diff(committed, desired, nil) }
+
+// diff is Diff where the element changes of the adopted sets (swept, see
+// adoption) are the keys their adoption recorded, not a comparison of the
+// two rulesets' elements: committed's adopted sets have none left.
+func diff(committed, desired *Ruleset, adopted map[string]*adoption) *Transaction {
 	if committed == nil || committed.Family != desired.Family || definitionsChanged(committed, desired) {
 		return fullRewrite(desired)
 	}
@@ -36,6 +41,17 @@ func Diff(committed, desired *Ruleset) *Transaction {
 	}
 	for _, name := range desired.SortedSetNames() {
 		want := desired.Sets[name]
+		if ad := adopted[name]; ad != nil {
+			for _, k := range sortedKeys(ad.before) {
+				var before *Element
+				if b := ad.before[k]; b.had {
+					e := unpackElement(k, b.value)
+					before = &e
+				}
+				c.element(want, before, want.Elements.at(k))
+			}
+			continue
+		}
 		have := &Elements{}
 		if old, ok := committed.Sets[name]; ok {
 			have = &old.Elements

@@ -231,3 +231,108 @@ func TestFragmentReuse(t *testing.T) {
 		t.Errorf("fragments built in one's memory:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestEditorAdoptionMatchesDiff: an editor from the table read back, which
+// builds the desired sets in the memory of the sets read back, sends what
+// Diff of the table read back against the desired ruleset built beside it
+// sends, and leaves the kernel equal to that ruleset: with elements kept,
+// changed (in the kernel behind our back too), added, dropped, shared by
+// several fragments, stray ones the kernel has and no fragment wants, and
+// fragments replaced before the first transaction.
+func TestEditorAdoptionMatchesDiff(t *testing.T) {
+	ctx := context.Background()
+	for seed := int64(1); seed <= 40; seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		randomBackends := func() []int {
+			seen := map[int]bool{}
+			var out []int
+			for n := rng.Intn(4); n > 0; n-- {
+				if b := rng.Intn(30); !seen[b] {
+					seen[b] = true
+					out = append(out, b)
+				}
+			}
+			return out
+		}
+		fk := NewFake()
+		ed := NewEditor(IPv4)
+		for _, s := range editorSets() {
+			ed.AddSet(s)
+		}
+		for i := range 40 {
+			ed.Replace(nil, svcFragment(i, randomBackends()))
+		}
+		if err := fk.Apply(ctx, ed.Transaction()); err != nil {
+			t.Fatal(err)
+		}
+		// Behind our back: a stray shared element, a dispatch element
+		// whose comment differs.
+		sets := map[string]*Set{}
+		for _, s := range editorSets() {
+			sets[s.Name] = s
+		}
+		drift := &Transaction{Family: IPv4, Ops: []Op{
+			{Kind: OpAddElements, Set: sets["ips"], Elements: []Element{{Key: []Datum{Addr(netip.MustParseAddr("10.244.9.9"))}}}},
+		}}
+		if rs := fk.Ruleset(IPv4); rs != nil {
+			for e := range rs.Sets["dispatch"].Elements.All() {
+				changed := e
+				changed.Comment = "drifted"
+				drift.Ops = append(drift.Ops,
+					Op{Kind: OpDeleteElements, Set: sets["dispatch"], Elements: []Element{e}},
+					Op{Kind: OpAddElements, Set: sets["dispatch"], Elements: []Element{changed}})
+				break
+			}
+		}
+		if err := fk.Apply(ctx, drift); err != nil {
+			t.Fatal(err)
+		}
+
+		// The desired state: some Services changed, gone or new; a few
+		// replaced once more before the first transaction.
+		final := map[int]*Fragment{}
+		adopting := NewEditorFrom(IPv4, mustLoad(t, fk, IPv4))
+		beside := NewEditor(IPv4)
+		for _, e := range []*Editor{adopting, beside} {
+			for _, s := range editorSets() {
+				e.AddSet(s)
+			}
+		}
+		for i := range 50 {
+			if rng.Intn(5) == 0 {
+				continue // gone (or never there)
+			}
+			fr := svcFragment(i, randomBackends())
+			adopting.Replace(nil, fr)
+			if rng.Intn(6) == 0 {
+				next := svcFragment(i, randomBackends())
+				adopting.Replace(fr, next)
+				fr = next
+			}
+			final[i] = fr
+			beside.Replace(nil, fr)
+		}
+		want := Diff(mustLoad(t, fk, IPv4), beside.Ruleset())
+		got := adopting.Transaction()
+		if opCounts(got) != opCounts(want) || got.Changes() != want.Changes() {
+			t.Fatalf("seed %d: adopting editor sends %s (%d changes), Diff %s (%d)",
+				seed, opCounts(got), got.Changes(), opCounts(want), want.Changes())
+		}
+		if err := fk.Apply(ctx, got); err != nil {
+			t.Fatal(err)
+		}
+		adopting.Commit()
+		if g, w := fk.Dump(IPv4), beside.Ruleset().Dump(); g != w {
+			t.Fatalf("seed %d: kernel after the adopting editor's transaction:\n%s\nwant:\n%s", seed, g, w)
+		}
+		// The editor goes on incrementally from there.
+		adopting.Replace(final[1], svcFragment(1, []int{31, 32}))
+		if err := fk.Apply(ctx, adopting.Transaction()); err != nil {
+			t.Fatal(err)
+		}
+		adopting.Commit()
+		if tx := adopting.Transaction(); !tx.Empty() {
+			t.Fatalf("seed %d: no change, but %s", seed, opCounts(tx))
+		}
+	}
+}

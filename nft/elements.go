@@ -6,6 +6,7 @@ import (
 	"iter"
 	"net/netip"
 	"slices"
+	"strings"
 	"unsafe"
 )
 
@@ -39,6 +40,10 @@ type Elements struct {
 	n       int      // elements
 	tombs   int      // tombstones in index
 	garbage int      // bytes of records no longer indexed
+	// marks, while not nil, holds a bit per index slot: the element in
+	// that slot was put since startMarking (see Editor, adopting a set
+	// read back).
+	marks []uint64
 }
 
 const tombstone = ^uint32(0)
@@ -99,7 +104,11 @@ func (es *Elements) Clone() Elements {
 // reserve makes room for n elements if there are none.
 func (es *Elements) reserve(n int) {
 	if es.n == 0 && n > 0 {
+		marking := es.marks != nil
 		*es = Elements{index: make([]uint32, indexSize(n)), slab: make([]byte, 0, recordRoom*n)}
+		if marking {
+			es.startMarking()
+		}
 	}
 }
 
@@ -222,6 +231,49 @@ func (es *Elements) setEnd(k string, end uint32) bool {
 	return true
 }
 
+// startMarking clears every element's mark and starts marking the
+// elements put from now on (putMarked).
+func (es *Elements) startMarking() { es.marks = make([]uint64, (len(es.index)+63)/64) }
+
+// stopMarking forgets the marks.
+func (es *Elements) stopMarking() { es.marks = nil }
+
+func (es *Elements) marked(i int) bool { return es.marks[i/64]&(1<<(i%64)) != 0 }
+func (es *Elements) mark(i int)        { es.marks[i/64] |= 1 << (i % 64) }
+func (es *Elements) unmark(i int)      { es.marks[i/64] &^= 1 << (i % 64) }
+
+// putMarked is put for an Elements that is marking: it marks the element
+// and reports whether the key was there, whether it was marked already,
+// and its value before (a view of the slab).
+func (es *Elements) putMarked(k, v string) (existed, wasMarked bool, old string) {
+	if es.n > 0 {
+		if i, ok := es.find(k); ok {
+			_, old = es.record(es.index[i] - 1)
+			wasMarked = es.marked(i)
+			es.put(k, v) // the same slot: replacing a value moves nothing
+			es.mark(i)
+			return true, wasMarked, old
+		}
+	}
+	es.put(k, v) // may rehash, which keeps the marks
+	i, _ := es.find(k)
+	es.mark(i)
+	return false, false, ""
+}
+
+// unmarked returns the packed keys of the elements not marked, each a
+// string of its own.
+func (es *Elements) unmarked() []string {
+	var keys []string
+	for i, e := range es.index {
+		if e != 0 && e != tombstone && !es.marked(i) {
+			k, _ := es.record(e - 1)
+			keys = append(keys, strings.Clone(k))
+		}
+	}
+	return keys
+}
+
 // store appends the record of k and v to the slab and points index slot i
 // at it.
 func (es *Elements) store(i int, k, v string) {
@@ -241,6 +293,9 @@ func (es *Elements) del(k string) {
 	rk, v := es.record(es.index[i] - 1)
 	es.garbage += recordLen(rk, v)
 	es.index[i] = tombstone
+	if es.marks != nil {
+		es.unmark(i)
+	}
 	es.n--
 	es.tombs++
 	if es.garbage > 64<<10 && es.garbage > len(es.slab)/2 {
@@ -266,10 +321,20 @@ func (es *Elements) rehash(n int) {
 	old := *es
 	*es = Elements{index: make([]uint32, indexSize(max(n, old.n))),
 		slab: make([]byte, 0, max(len(old.slab)-old.garbage, 0)+recordRoom*max(n-old.n, 0)+64)}
-	for k, v := range old.each() {
+	if old.marks != nil {
+		es.startMarking()
+	}
+	for j, e := range old.index {
+		if e == 0 || e == tombstone {
+			continue
+		}
+		k, v := old.record(e - 1)
 		i, _ := es.find(k)
 		es.store(i, k, v)
 		es.n++
+		if old.marks != nil && old.marked(j) {
+			es.mark(i)
+		}
 	}
 }
 

@@ -162,3 +162,46 @@ func TestElementsSetEnd(t *testing.T) {
 		t.Errorf("element without an end: %+v", e)
 	}
 }
+
+// TestElementsMarksSurviveRehash: marks stay with their elements while the
+// index grows and tombstones come and go, and unmarked names exactly the
+// elements not put since startMarking.
+func TestElementsMarksSurviveRehash(t *testing.T) {
+	key := func(i int) string { return packKey([]Datum{Int(uint32(i))}) }
+	var es Elements
+	for i := range 10 {
+		es.put(key(i), "")
+	}
+	es.startMarking()
+	if got := len(es.unmarked()); got != 10 {
+		t.Fatalf("%d unmarked after startMarking, want 10", got)
+	}
+	for i := 5; i < 2000; i++ { // 0-4 stay unmarked; the index grows many times
+		existed, marked, _ := es.putMarked(key(i), "")
+		if existed != (i < 10) || marked {
+			t.Fatalf("put %d: existed %v marked %v", i, existed, marked)
+		}
+	}
+	if existed, marked, _ := es.putMarked(key(7), "x"); !existed || !marked {
+		t.Fatalf("second put of 7: existed %v marked %v", existed, marked)
+	}
+	for i := 1000; i < 1900; i++ { // tombstones, and a compaction
+		es.del(key(i))
+	}
+	es.putMarked(key(1500), "")
+	got := map[string]bool{}
+	for _, k := range es.unmarked() {
+		got[k] = true
+	}
+	if len(got) != 5 {
+		t.Fatalf("%d unmarked, want 5 (0-4)", len(got))
+	}
+	for i := range 5 {
+		if !got[key(i)] {
+			t.Errorf("element %d not unmarked", i)
+		}
+	}
+	if es.Len() != 2000-900+1 {
+		t.Errorf("%d elements", es.Len())
+	}
+}
