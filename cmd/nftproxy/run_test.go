@@ -146,3 +146,22 @@ func TestRunInitOnly(t *testing.T) {
 		t.Errorf("run --init-only = %v", err)
 	}
 }
+
+func TestGCPercent(t *testing.T) {
+	env := func(v string) func(string) string {
+		return func(k string) string {
+			if k == "GOGC" {
+				return v
+			}
+			return ""
+		}
+	}
+	if p, ok := gcPercent(env("")); !ok || p != defaultGCPercent {
+		t.Errorf("GOGC unset: %d, %v; want %d", p, ok, defaultGCPercent)
+	}
+	for _, v := range []string{"100", "off"} {
+		if _, ok := gcPercent(env(v)); ok {
+			t.Errorf("GOGC=%s: overridden", v)
+		}
+	}
+}
