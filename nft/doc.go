@@ -11,7 +11,9 @@
 // A restarted nftproxy does not start from nothing: a Loader (Netlink, or
 // the Fake) reads the table back, chains carrying a digest of their rules
 // instead of the rules (digest.go), and an Editor started from it
-// (NewEditorFrom) writes only what differs.
+// (NewEditorFrom) writes only what differs. That editor builds the desired
+// sets in the memory of the sets read back (adoption, edit.go), so that a
+// restart does not hold two copies of every element.
 //
 // Rules are built only from the closed set of phrases in rule.go. Each phrase
 // knows the nft text it stands for, the kernel expressions it lowers to, and
