@@ -160,10 +160,7 @@ func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) 
 	// the syncs that committed since it was taken (queued for the next
 	// cleanup, or still returning from their Apply). A flow to an endpoint that serves again in a newer sync
 	// may have been created by its rules: the next cleanup judges it.
-	opened := conntrack.Frontends{}
-	for _, fe := range w.opened {
-		opened[fe] = nil
-	}
+	opened := frontendSet(w.opened)
 	current := func() conntrack.Frontends {
 		parts := []conntrack.Frontends{opened}
 		for _, fes := range w.current {
@@ -181,11 +178,7 @@ func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) 
 			if n == nil {
 				continue
 			}
-			newOpened := conntrack.Frontends{}
-			for _, fe := range n.opened {
-				newOpened[fe] = nil
-			}
-			parts = append(parts, newOpened)
+			parts = append(parts, frontendSet(n.opened))
 			for _, fes := range n.current {
 				parts = append(parts, fes)
 			}
@@ -205,6 +198,15 @@ func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) 
 	}
 	klog.V(2).InfoS("Conntrack cleaned", "ipFamily", f.IPFamily(), "services", len(w.current), "openedTCP", len(w.opened),
 		"dumped", res.Dumped, "deleted", res.Deleted, "elapsed", res.Elapsed)
+}
+
+// frontendSet returns the frontends, without endpoints.
+func frontendSet(fes []conntrack.Frontend) conntrack.Frontends {
+	out := make(conntrack.Frontends, len(fes))
+	for _, fe := range fes {
+		out[fe] = nil
+	}
+	return out
 }
 
 // union returns the frontends of all parts: unless mustCopy, the only
