@@ -87,21 +87,19 @@ func kernelWorld(t *testing.T, family Family) (all, stale []Flow, previous, curr
 			dst[fe] = e
 		}
 	}
-	for _, proto := range []uint8{ProtoUDP, ProtoSCTP} {
-		for k, c := range staleCases {
-			sc := c.build(world{family: family, proto: proto, k: k})
-			merge(previous, sc.previous)
-			merge(current, sc.current)
-			all = append(all, sc.all()...)
-			stale = append(stale, sc.stale...)
-		}
-	}
-	for k, c := range tcpCases {
-		sc := c.build(world{family: family, proto: ProtoTCP, k: k})
+	add := func(sc scenario) {
 		merge(previous, sc.previous)
 		merge(current, sc.current)
 		all = append(all, sc.all()...)
 		stale = append(stale, sc.stale...)
+	}
+	for _, proto := range []uint8{ProtoUDP, ProtoSCTP} {
+		for k, c := range staleCases {
+			add(c.build(world{family: family, proto: proto, k: k}))
+		}
+	}
+	for k, c := range tcpCases {
+		add(c.build(world{family: family, proto: ProtoTCP, k: k}))
 	}
 	return all, stale, previous, current
 }

@@ -50,6 +50,22 @@ func startDNSAndWeb(t *testing.T, ct conntrack.Interface) (*harness, nft.Packet)
 	return h, udp
 }
 
+// giveWebAnEndpoint gives the TCP Service default/web of startDNSAndWeb an
+// endpoint and checks that this change, which adds no TCP frontend and no
+// UDP or SCTP one, started no conntrack cleanup.
+func giveWebAnEndpoint(t *testing.T, h *harness, ct *conntrack.Fake) {
+	t.Helper()
+	calls := len(ct.Reconciles())
+	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(context.Background(), es, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
+	if n := len(ct.Reconciles()); n != calls {
+		t.Errorf("a TCP endpoint change reconciled conntrack (%d calls, was %d)", n, calls)
+	}
+}
+
 // TestConntrackCleanedAfterUDPChange: moving a UDP Service to a new backend
 // deletes the flow still DNATed to the old one; a TCP change does not even
 // dump the table; deleting the Service deletes its flows.
@@ -64,18 +80,10 @@ func TestConntrackCleanedAfterUDPChange(t *testing.T) {
 		t.Fatalf("the first sync deleted flows that were not stale: %v", got)
 	}
 	calls := len(ct.Reconciles())
+	giveWebAnEndpoint(t, h, ct)
 
 	ctx := context.Background()
-	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")
-	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
-	if n := len(ct.Reconciles()); n != calls {
-		t.Errorf("a TCP-only change reconciled conntrack (%d calls, was %d)", n, calls)
-	}
-
-	es = slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, "10.244.1.21")
+	es := slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, "10.244.1.21")
 	if _, err := h.client.DiscoveryV1().EndpointSlices("kube-system").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -120,17 +128,9 @@ func TestConntrackTCPAttemptsBeforeRules(t *testing.T) {
 	if got, want := ct.Flows(conntrack.IPv4), []conntrack.Flow{answered, elsewhere, later}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("after the first sync: %v, want %v", got, want)
 	}
-	calls := len(ct.Reconciles())
+	giveWebAnEndpoint(t, h, ct)
 
 	ctx := context.Background()
-	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")
-	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
-	if n := len(ct.Reconciles()); n != calls {
-		t.Errorf("a TCP endpoint change reconciled conntrack (%d calls, was %d)", n, calls)
-	}
 
 	if _, err := h.client.CoreV1().Services("default").Create(ctx, service("default", "api", "10.96.0.11", 80, v1.ProtocolTCP), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
