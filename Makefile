@@ -33,11 +33,13 @@ test: vet unit e2e
 
 # nftproxy and upstream kube-proxy side by side on the same API state (see
 # docs/benchmarks.md). Not part of `make test`. BENCH_SERVICES=10000 for more.
-BENCH_SERVICES  ?= 1000
+BENCH_SERVICES  ?= 1000 10000
 BENCH_ENDPOINTS ?= 5
 BENCH_CHANGES   ?= 20
 bench: e2e-tools
-	$(GO) run ./e2e/cmd/bench --upstream --services $(BENCH_SERVICES) --endpoints $(BENCH_ENDPOINTS) --changes $(BENCH_CHANGES)
+	for n in $(BENCH_SERVICES); do \
+		$(GO) run ./e2e/cmd/bench --upstream --services $$n --endpoints $(BENCH_ENDPOINTS) --changes $(BENCH_CHANGES) || exit 1; \
+	done
 
 # A local control plane, a node with two pods, traffic through a Service.
 demo: e2e-tools
