@@ -162,7 +162,6 @@ func (e *Editor) loadedSet(name string) *Set {
 // nobody put (sweep) and diffs only the keys of before.
 type adoption struct {
 	before map[string]adoptedValue
-	swept  bool
 }
 
 // adoptedValue is the kernel's value of an element; !had: the kernel has
@@ -182,12 +181,8 @@ func (a *adoption) record(k string, had bool, value string) {
 }
 
 // sweep deletes the elements of s nobody put, noting them, and stops
-// marking.
+// marking (so a second sweep finds nothing).
 func (a *adoption) sweep(s *Set) {
-	if a.swept {
-		return
-	}
-	a.swept = true
 	for _, k := range s.Elements.unmarked() {
 		v, _ := s.Elements.get(k)
 		a.record(k, true, v)

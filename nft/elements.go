@@ -181,16 +181,20 @@ func (es *Elements) get(k string) (string, bool) {
 
 // put sets the packed value of packed key k. Replacing the value of a
 // key does not move the others: it may be done while iterating over each.
-func (es *Elements) put(k, v string) {
-	i, ok := -1, false
+func (es *Elements) put(k, v string) { es.upsert(k, v) }
+
+// upsert is put, returning the index slot of k afterwards, whether k was
+// there, and its value before (a view of the slab).
+func (es *Elements) upsert(k, v string) (i int, existed bool, old string) {
+	i = -1
 	if es.n > 0 {
-		i, ok = es.find(k)
+		i, existed = es.find(k)
 	}
 	switch {
-	case ok:
-		_, old := es.record(es.index[i] - 1)
+	case existed:
+		_, old = es.record(es.index[i] - 1)
 		if old == v {
-			return
+			return i, true, old
 		}
 		es.garbage += recordLen(k, old)
 	case (es.n+es.tombs+1)*4 > len(es.index)*3:
@@ -207,6 +211,7 @@ func (es *Elements) put(k, v string) {
 		es.n++
 	}
 	es.store(i, k, v)
+	return i, existed, old
 }
 
 // setEnd sets, in place, the range end of the element of packed key k,
@@ -246,24 +251,18 @@ func (es *Elements) unmark(i int)      { es.marks[i/64] &^= 1 << (i % 64) }
 // and reports whether the key was there, whether it was marked already,
 // and its value before (a view of the slab).
 func (es *Elements) putMarked(k, v string) (existed, wasMarked bool, old string) {
-	if es.n > 0 {
-		if i, ok := es.find(k); ok {
-			_, old = es.record(es.index[i] - 1)
-			wasMarked = es.marked(i)
-			es.put(k, v) // the same slot: replacing a value moves nothing
-			es.mark(i)
-			return true, wasMarked, old
-		}
-	}
-	es.put(k, v) // may rehash, which keeps the marks
-	i, _ := es.find(k)
+	i, existed, old := es.upsert(k, v) // a rehash (new keys only) keeps the marks
+	wasMarked = existed && es.marked(i)
 	es.mark(i)
-	return false, false, ""
+	return existed, wasMarked, old
 }
 
 // unmarked returns the packed keys of the elements not marked, each a
-// string of its own.
+// string of its own; none when not marking.
 func (es *Elements) unmarked() []string {
+	if es.marks == nil {
+		return nil
+	}
 	var keys []string
 	for i, e := range es.index {
 		if e != 0 && e != tombstone && !es.marked(i) {
