@@ -11,8 +11,8 @@ import (
 // Reconcile behaves like Netlink's: nothing at all without a frontend to
 // look at, a "dump" of the family's flows of the protocols in use (of TCP,
 // only those never answered nor DNATed, as the kernel's status filter
-// returns), Stale, and deletion. It records every Reconcile and never touches the metrics.
-// It is safe for concurrent use.
+// returns), Stale, and deletion. It records every Reconcile and never
+// touches the metrics. It is safe for concurrent use.
 type Fake struct {
 	mu         sync.Mutex
 	flows      []Flow

@@ -158,8 +158,9 @@ func (c *conntrackCleaner) run(ctx context.Context) {
 func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) {
 	// The frontends the flows are judged by: the cleanup's, and those of
 	// the syncs that committed since it was taken (queued for the next
-	// cleanup, or still returning from their Apply). A flow to an endpoint that serves again in a newer sync
-	// may have been created by its rules: the next cleanup judges it.
+	// cleanup, or still returning from their Apply). A flow to an endpoint
+	// that serves again in a newer sync may have been created by its
+	// rules: the next cleanup judges it.
 	opened := frontendSet(w.opened)
 	current := func() conntrack.Frontends {
 		parts := []conntrack.Frontends{opened}
@@ -168,22 +169,20 @@ func (c *conntrackCleaner) clean(ctx context.Context, f nft.Family, w *cleanup) 
 		}
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		newer := []*cleanup{c.pending[f], c.committing[f]}
-		if newer[0] == nil && newer[1] == nil {
-			return union(parts, false)
-		}
-		// A pending cleanup is still being merged into: copy it, under
-		// the lock.
-		for _, n := range newer {
+		newer := false
+		for _, n := range []*cleanup{c.pending[f], c.committing[f]} {
 			if n == nil {
 				continue
 			}
+			newer = true
 			parts = append(parts, frontendSet(n.opened))
 			for _, fes := range n.current {
 				parts = append(parts, fes)
 			}
 		}
-		return union(parts, true)
+		// A pending cleanup is still merged into after the lock is
+		// released: the union is a copy then.
+		return union(parts, newer)
 	}
 	// The metrics are the backend's to observe (conntrack.Netlink does).
 	res, err := c.ct.Reconcile(ctx, conntrack.Family(f), w.previous, current, w.isNodePortAddr)

@@ -499,8 +499,10 @@ func (b *bench) measure(kind string) *result {
 // the rules existed left conntrack entries without NAT, unanswered, for
 // the 120 s of nf_conntrack_tcp_timeout_syn_sent; a later connection that
 // happens to reuse one of those source ports is taken for a retransmitted
-// SYN of it, skips the NAT hook and is refused, whatever the proxy does
-// (seen with `nft monitor trace` and `conntrack -E` at 100,000 Services).
+// SYN of it, skips the NAT hook and is refused (seen with `nft monitor
+// trace` and `conntrack -E` at 100,000 Services). nftproxy's first sync
+// deletes such entries, kube-proxy does not: a fresh client measures the
+// restart alone, for both.
 func (b *bench) restart(s *started, r *result) {
 	client, err := newNSThread(s.node.AddPod("client-restart").NS)
 	must(b.tb, err)
