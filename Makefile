@@ -1,35 +1,43 @@
 # nftproxy — see README.md. Everything that touches the kernel needs root.
+# A fresh machine may have Go only where deps.sh puts it.
+export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
 GO        ?= go
 BIN       := bin
 E2E_FLAGS ?= -timeout 30m
 
-.PHONY: all build test unit e2e-tools e2e demo bench vet clean
+.PHONY: all deps build test unit e2e-tools e2e demo bench vet clean
 
 all: build
+
+# Debian packages the tests use and, without one, a Go toolchain (as root; a
+# no-op when everything is there). Every target that runs tests depends on it,
+# so that `make demo` and `make test` are all the set-up a fresh machine needs.
+deps:
+	e2e/tools/deps.sh
 
 build:
 	$(GO) build -o $(BIN)/nftproxy ./cmd/nftproxy
 	$(GO) build -o $(BIN)/probe ./e2e/cmd/probe
 
-vet:
+vet: deps
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 
 # Unit tests (pure code, fakes) and kernel integration tests (root: each in
 # its own network namespace), with the race detector.
-unit:
+unit: deps
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e/)
 
 # kube-apiserver, etcd and upstream kube-proxy, built from the Go module
 # proxy into ~/.cache/nftproxy-e2e (instant when up to date).
-e2e-tools:
+e2e-tools: deps
 	e2e/tools/build.sh
 
 # The real test bed: apiserver + etcd, nodes and pods as network namespaces.
 e2e: e2e-tools
 	NFTPROXY_E2E=1 $(GO) test -count=1 $(E2E_FLAGS) ./e2e/...
 
-test: vet unit e2e
+test: deps vet unit e2e
 
 # nftproxy and upstream kube-proxy side by side on the same API state (see
 # docs/benchmarks.md). Not part of `make test`. BENCH_SERVICES=10000 for more.
