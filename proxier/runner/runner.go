@@ -1,42 +1,77 @@
-// Package runner drives a sync function: at most once per MinInterval, at
-// least once per MaxInterval, as soon as allowed after a Trigger, and again
-// after a failure with exponential backoff. Triggers that arrive while a sync
-// runs are coalesced into one following sync.
+// Package runner decides when the proxier syncs, and calls it then.
+//
+// The decision is a pure function of what happened so far (schedule): the
+// end of the last sync, whether it failed and how often in a row, and
+// whether a change is waiting. It is computed again after every event, so
+// no event can postpone what another one scheduled: a Trigger asks for a
+// sync MinInterval after the last one ended, a failure for a retry one
+// backoff step after it, and neither moves the other (a retry is never
+// pushed back by triggers arriving faster than the backoff).
+//
+// The rules are upstream's (pkg/proxy/runner/bounded_frequency_runner.go):
+// at least MinInterval from the end of one sync to the start of the next, so
+// that syncs never come in bursts; at most MaxInterval; after a failure a
+// retry, here with exponential backoff from RetryMin to RetryMax, that any
+// success cancels.
 package runner
 
 import (
 	"context"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // Config tunes a Runner.
 type Config struct {
-	MinInterval time.Duration // shortest time between the starts of two syncs
-	MaxInterval time.Duration // longest time without a sync (0: no periodic sync)
-	// RetryMin and RetryMax bound the backoff after failures.
+	// MinInterval is the least time from the end of a sync to the start of
+	// the next (0: a trigger syncs at once).
+	MinInterval time.Duration
+	// MaxInterval is the most time from the end of a sync to the start of
+	// the next, triggered or not (0: no periodic sync).
+	MaxInterval time.Duration
+	// RetryMin and RetryMax bound the backoff after failures: the first
+	// retry comes RetryMin after the failed sync ended, each further one
+	// twice as late, at most RetryMax.
 	RetryMin, RetryMax time.Duration
+	// Clock is the time source; nil means the real clock.
+	Clock clock.Clock
 }
+
+// Defaults for Config fields left zero.
+const (
+	defaultRetryMin = 100 * time.Millisecond
+	defaultRetryMax = 30 * time.Second
+)
 
 // Runner calls a sync function according to Config.
 type Runner struct {
-	cfg     Config
+	clock   clock.Clock
 	sync    func(ctx context.Context) error
 	trigger chan struct{}
-	now     func() time.Time
+	sched   schedule
+	// waiting, if set (tests), is called each time the loop starts to wait,
+	// with the time the next sync is due (zero: none is).
+	waiting func(due time.Time)
 }
 
-// New returns a runner for sync.
+// New returns a runner for sync. It syncs once as soon as Run starts.
 func New(cfg Config, sync func(ctx context.Context) error) *Runner {
 	if cfg.RetryMin <= 0 {
-		cfg.RetryMin = 100 * time.Millisecond
+		cfg.RetryMin = defaultRetryMin
 	}
 	if cfg.RetryMax < cfg.RetryMin {
-		cfg.RetryMax = 30 * time.Second
+		cfg.RetryMax = max(defaultRetryMax, cfg.RetryMin)
 	}
-	return &Runner{cfg: cfg, sync: sync, trigger: make(chan struct{}, 1), now: time.Now}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	return &Runner{clock: cfg.Clock, sync: sync, trigger: make(chan struct{}, 1),
+		sched: schedule{cfg: cfg, pending: true}}
 }
 
-// Trigger asks for a sync as soon as MinInterval allows. It never blocks.
+// Trigger asks for a sync as soon as MinInterval allows. It never blocks;
+// triggers that arrive before the sync starts make one sync.
 func (r *Runner) Trigger() {
 	select {
 	case r.trigger <- struct{}{}:
@@ -44,47 +79,85 @@ func (r *Runner) Trigger() {
 	}
 }
 
-// Run syncs once at start, then as triggered, until ctx is done.
+// Run syncs when the schedule says, until ctx is done.
 func (r *Runner) Run(ctx context.Context) {
-	var last time.Time
-	backoff := time.Duration(0)
-	pending := true // the first sync
 	for {
-		var wait time.Duration
-		switch {
-		case backoff > 0:
-			wait = backoff
-		case pending:
-			wait = r.cfg.MinInterval - r.now().Sub(last)
-		case r.cfg.MaxInterval > 0:
-			wait = r.cfg.MaxInterval - r.now().Sub(last)
-		default:
-			wait = time.Hour
+		now := r.clock.Now()
+		due, ok := r.sched.next(now)
+		var timer clock.Timer
+		var fire <-chan time.Time
+		if ok {
+			timer = r.clock.NewTimer(max(due.Sub(now), 0))
+			fire = timer.C()
 		}
-		if wait < 0 {
-			wait = 0
+		if r.waiting != nil {
+			r.waiting(due)
 		}
-		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-			timer.Stop()
+			stop(timer)
 			return
 		case <-r.trigger:
-			timer.Stop()
-			pending = true
+			stop(timer)
+			r.sched.triggered()
 			continue
-		case <-timer.C:
+		case <-fire:
 		}
-		last = r.now()
-		pending = false
-		if err := r.sync(ctx); err != nil {
-			if backoff == 0 {
-				backoff = r.cfg.RetryMin
-			} else if backoff *= 2; backoff > r.cfg.RetryMax {
-				backoff = r.cfg.RetryMax
-			}
-			continue
-		}
-		backoff = 0
+		r.sched.started()
+		err := r.sync(ctx)
+		r.sched.finished(r.clock.Now(), err)
+	}
+}
+
+func stop(t clock.Timer) {
+	if t != nil {
+		t.Stop()
+	}
+}
+
+// schedule is what the runner knows, and when it syncs next.
+type schedule struct {
+	cfg      Config
+	lastEnd  time.Time // end of the last sync; zero before the first
+	pending  bool      // a sync was asked for since the last one started
+	failures int       // failed syncs in a row
+}
+
+// next returns when the next sync is due, now or later; false means none
+// is (nothing pending, no periodic sync).
+func (s *schedule) next(now time.Time) (time.Time, bool) {
+	switch {
+	case s.lastEnd.IsZero():
+		return now, true // the first sync, at once
+	case s.failures > 0:
+		return s.lastEnd.Add(max(s.backoff(), s.cfg.MinInterval)), true
+	case s.pending:
+		return s.lastEnd.Add(s.cfg.MinInterval), true
+	case s.cfg.MaxInterval > 0:
+		return s.lastEnd.Add(s.cfg.MaxInterval), true
+	}
+	return time.Time{}, false
+}
+
+// backoff is the wait before the retry of the failures-th failure in a row.
+func (s *schedule) backoff() time.Duration {
+	d := s.cfg.RetryMin
+	for i := 1; i < s.failures && d < s.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	return min(d, s.cfg.RetryMax)
+}
+
+func (s *schedule) triggered() { s.pending = true }
+
+// started: the sync about to run covers everything asked for so far.
+func (s *schedule) started() { s.pending = false }
+
+func (s *schedule) finished(end time.Time, err error) {
+	s.lastEnd = end
+	if err != nil {
+		s.failures++
+	} else {
+		s.failures = 0
 	}
 }

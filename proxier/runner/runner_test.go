@@ -3,55 +3,249 @@ package runner
 import (
 	"context"
 	"errors"
-	"sync/atomic"
+	"slices"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
-func TestCoalescesBurstsAndRespectsMinInterval(t *testing.T) {
-	var calls atomic.Int32
-	r := New(Config{MinInterval: 200 * time.Millisecond}, func(context.Context) error { calls.Add(1); return nil })
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go r.Run(ctx)
-	time.Sleep(50 * time.Millisecond) // first sync done
-	for i := 0; i < 100; i++ {
-		r.Trigger()
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+const ms = time.Millisecond
+
+// every returns the times from `from` to `to` (inclusive), step apart.
+func every(step, from, to time.Duration) []time.Duration {
+	var out []time.Duration
+	for t := from; t <= to; t += step {
+		out = append(out, t)
 	}
-	time.Sleep(100 * time.Millisecond)
-	if n := calls.Load(); n != 1 {
-		t.Fatalf("sync ran %d times within MinInterval, want 1", n)
-	}
-	time.Sleep(250 * time.Millisecond)
-	if n := calls.Load(); n != 2 {
-		t.Fatalf("burst of 100 triggers gave %d syncs after MinInterval, want 2 in all", n)
-	}
+	return out
 }
 
-func TestRetriesWithBackoff(t *testing.T) {
-	var calls atomic.Int32
-	r := New(Config{RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond},
-		func(context.Context) error {
-			if calls.Add(1) < 4 {
-				return errors.New("kernel said no")
+// world is what happens around a runner in a simulation: when triggers
+// arrive, how long a sync takes and which syncs fail.
+type world struct {
+	triggers []time.Duration            // sorted
+	takes    time.Duration              // each sync's duration
+	fails    func(n int) bool           // whether the n-th sync (from 1) fails
+	until    time.Duration              // syncs that would start later are not run
+	failAt   func(t time.Duration) bool // alternatively, by start time
+}
+
+// simulate runs the schedule through w as Run would, and returns the start
+// times of the syncs.
+func simulate(cfg Config, w world) []time.Duration {
+	s := schedule{cfg: cfg, pending: true}
+	var starts []time.Duration
+	t, ti := time.Duration(0), 0
+	for n := 1; ; n++ {
+		var start time.Duration
+		for {
+			due, ok := s.next(epoch.Add(t))
+			dueOff := due.Sub(epoch)
+			if ti < len(w.triggers) && (!ok || w.triggers[ti] <= max(t, dueOff)) {
+				t = max(t, w.triggers[ti])
+				ti++
+				s.triggered()
+				continue
 			}
-			return nil
-		})
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	r.Run(ctx)
-	if n := calls.Load(); n != 4 {
-		t.Fatalf("want 3 failures then 1 success and no more syncs, got %d calls", n)
+			if !ok {
+				return starts
+			}
+			start = max(t, dueOff)
+			break
+		}
+		if start > w.until {
+			return starts
+		}
+		starts = append(starts, start)
+		s.started()
+		t = start + w.takes
+		var err error
+		if (w.fails != nil && w.fails(n)) || (w.failAt != nil && w.failAt(start)) {
+			err = errors.New("refused")
+		}
+		s.finished(epoch.Add(t), err)
 	}
 }
 
-func TestPeriodicSync(t *testing.T) {
-	var calls atomic.Int32
-	r := New(Config{MaxInterval: 30 * time.Millisecond}, func(context.Context) error { calls.Add(1); return nil })
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	r.Run(ctx)
-	if n := calls.Load(); n < 3 {
-		t.Fatalf("want periodic syncs every 30ms, got %d in 200ms", n)
+func TestSchedule(t *testing.T) {
+	s := time.Second
+	tests := []struct {
+		name string
+		cfg  Config
+		w    world
+		want []time.Duration
+	}{
+		{
+			name: "first sync at once, then periodic",
+			cfg:  Config{MinInterval: s, MaxInterval: 30 * s},
+			w:    world{until: 100 * s},
+			want: []time.Duration{0, 30 * s, 60 * s, 90 * s},
+		},
+		{
+			name: "a burst of triggers makes one sync, MinInterval after the last",
+			cfg:  Config{MinInterval: s, MaxInterval: 30 * s},
+			w:    world{triggers: every(100*ms, 100*ms, 900*ms), until: 40 * s},
+			want: []time.Duration{0, s, 31 * s},
+		},
+		{
+			name: "a trigger during a sync makes one more, MinInterval after its end",
+			cfg:  Config{MinInterval: s, MaxInterval: 30 * s},
+			w:    world{triggers: []time.Duration{200 * ms}, takes: 500 * ms, until: 40 * s},
+			want: []time.Duration{0, 1500 * ms, 32 * s},
+		},
+		{
+			name: "MinInterval counts from the end of a sync",
+			cfg:  Config{MinInterval: s, MaxInterval: 30 * s},
+			w:    world{triggers: every(100*ms, 100*ms, 10*s), takes: 2 * s, until: 10 * s},
+			want: []time.Duration{0, 3 * s, 6 * s, 9 * s},
+		},
+		{
+			name: "MinInterval 0: every trigger syncs at once",
+			cfg:  Config{MaxInterval: 30 * s},
+			w:    world{triggers: []time.Duration{s, 2 * s, 2 * s}, until: 10 * s},
+			want: []time.Duration{0, s, 2 * s},
+		},
+		{
+			name: "no periodic sync: wait for a trigger",
+			cfg:  Config{MinInterval: s},
+			w:    world{triggers: []time.Duration{10 * s}, until: 100 * s},
+			want: []time.Duration{0, 10 * s},
+		},
+		{
+			// kubernetes-style churn while the kernel refuses: triggers every
+			// 50 ms must neither postpone the retries nor hurry them.
+			name: "retries keep their backoff whatever triggers arrive",
+			cfg:  Config{MaxInterval: 30 * s, RetryMin: 100 * ms, RetryMax: s},
+			w: world{triggers: every(50*ms, 50*ms, 1200*ms), until: 40 * s,
+				fails: func(n int) bool { return n <= 4 }},
+			want: []time.Duration{0, 100 * ms, 300 * ms, 700 * ms, 1500 * ms, 31500 * ms},
+		},
+		{
+			name: "a retry still waits MinInterval",
+			cfg:  Config{MinInterval: s, MaxInterval: 30 * s, RetryMin: 100 * ms},
+			w:    world{until: 40 * s, fails: func(n int) bool { return n == 1 }},
+			want: []time.Duration{0, s, 31 * s},
+		},
+		{
+			name: "the backoff doubles up to RetryMax",
+			cfg:  Config{MaxInterval: 60 * s, RetryMin: s, RetryMax: 4 * s},
+			w:    world{until: 100 * s, fails: func(n int) bool { return n <= 6 }},
+			want: []time.Duration{0, s, 3 * s, 7 * s, 11 * s, 15 * s, 19 * s, 79 * s},
+		},
+		{
+			name: "a success resets the backoff",
+			cfg:  Config{MaxInterval: 60 * s, RetryMin: s, RetryMax: 4 * s},
+			w:    world{until: 70 * s, fails: func(n int) bool { return n == 1 || n == 2 || n == 4 }},
+			want: []time.Duration{0, s, 3 * s, 63 * s, 64 * s},
+		},
+		{
+			name: "the first success after an obstacle is gone is within one backoff step",
+			cfg:  Config{MinInterval: s, MaxInterval: 30 * s, RetryMin: 100 * ms, RetryMax: 10 * s},
+			w: world{triggers: every(50*ms, 50*ms, 20*s), until: 21 * s,
+				failAt: func(t time.Duration) bool { return t < 12*s }},
+			// 0, then retries 1 s (MinInterval), 2, 3, 4 (backoff 800 ms < 1 s),
+			// 5.6 (1.6 s), 8.8 (3.2 s), 15.2 (6.4 s, after the obstacle went at
+			// 12 s: succeeds), then the triggers: one sync per MinInterval.
+			want: []time.Duration{0, s, 2 * s, 3 * s, 4 * s, 5600 * ms, 8800 * ms, 15200 * ms,
+				16200 * ms, 17200 * ms, 18200 * ms, 19200 * ms, 20200 * ms},
+		},
 	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := New(tt.cfg, nil).sched.cfg // the defaults New applies
+			if got := simulate(cfg, tt.w); !slices.Equal(got, tt.want) {
+				t.Errorf("syncs started at\n %v\nwant\n %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// driver runs a Runner on a fake clock. The runner tells the test each time
+// it waits (and for when); the test then moves time or triggers.
+type driver struct {
+	t       *testing.T
+	clock   *clocktesting.FakeClock
+	r       *Runner
+	waits   chan time.Time
+	synced  chan time.Time
+	results chan error
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+func newDriver(t *testing.T, cfg Config) *driver {
+	d := &driver{t: t, clock: clocktesting.NewFakeClock(epoch), waits: make(chan time.Time),
+		synced: make(chan time.Time), results: make(chan error), done: make(chan struct{})}
+	cfg.Clock = d.clock
+	d.r = New(cfg, func(context.Context) error {
+		d.synced <- d.clock.Now()
+		return <-d.results
+	})
+	d.r.waiting = func(due time.Time) { d.waits <- due }
+	ctx, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
+	go func() { d.r.Run(ctx); close(d.done) }()
+	t.Cleanup(func() {
+		cancel()
+		go func() { // let a runner stuck reporting a wait see ctx
+			for range d.waits {
+			}
+		}()
+		<-d.done
+	})
+	return d
+}
+
+// waiting expects the runner to wait for a sync due at want (zero: none).
+func (d *driver) waiting(want time.Time) {
+	d.t.Helper()
+	if due := <-d.waits; !due.Equal(want) {
+		d.t.Fatalf("runner waits for a sync at %v, want %v", due.Sub(epoch), want.Sub(epoch))
+	}
+}
+
+// syncs moves the clock to at, expects a sync to start then and ends it
+// with err.
+func (d *driver) syncs(at time.Time, err error) {
+	d.t.Helper()
+	d.clock.SetTime(at)
+	if got := <-d.synced; !got.Equal(at) {
+		d.t.Fatalf("sync at %v, want %v", got.Sub(epoch), at.Sub(epoch))
+	}
+	d.results <- err
+}
+
+func TestRunFollowsTheSchedule(t *testing.T) {
+	d := newDriver(t, Config{MinInterval: time.Second, MaxInterval: 30 * time.Second})
+	d.waiting(epoch)
+	d.syncs(epoch, nil)
+
+	d.waiting(epoch.Add(30 * time.Second)) // periodic
+	d.r.Trigger()
+	d.waiting(epoch.Add(time.Second)) // triggered: MinInterval after the end
+	d.syncs(epoch.Add(time.Second), errors.New("refused"))
+
+	d.waiting(epoch.Add(2 * time.Second)) // retry: max(RetryMin, MinInterval)
+	d.r.Trigger()
+	d.waiting(epoch.Add(2 * time.Second)) // a trigger does not move the retry
+	d.syncs(epoch.Add(2*time.Second), nil)
+
+	d.waiting(epoch.Add(32 * time.Second))
+	d.cancel()
+	<-d.done
+}
+
+func TestRunWithoutPeriodicSyncWaitsForATrigger(t *testing.T) {
+	d := newDriver(t, Config{})
+	d.waiting(epoch)
+	d.syncs(epoch, nil)
+	d.waiting(time.Time{})
+	d.clock.Step(time.Hour)
+	d.r.Trigger()
+	d.waiting(epoch) // MinInterval (0) after the last sync ended: due already
+	d.syncs(epoch.Add(time.Hour), nil)
+	d.waiting(time.Time{})
 }
