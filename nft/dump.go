@@ -156,13 +156,18 @@ func DurationText(d time.Duration) string {
 // Canonical rewrites the listing of one table (`nft list table …`) into the
 // form Dump produces: set and map blocks sorted by name, then chain blocks
 // sorted by name, set elements sorted one per line. Rule order is kept. It
-// understands the subset of nft syntax nftproxy writes.
+// understands the subset of nft syntax nftproxy writes. The table's flags
+// and its owner's name (`flags owner`, `# progname nftproxy`) say who may
+// change the table, not what it holds, and are left out.
 func Canonical(listing string) string {
 	lines := strings.Split(strings.TrimRight(listing, "\n"), "\n")
 	if len(lines) < 2 {
 		return listing
 	}
-	header := lines[0]
+	header, _, _ := strings.Cut(lines[0], " #")
+	if len(lines) > 2 && strings.HasPrefix(lines[1], "\tflags") {
+		lines = lines[1:]
+	}
 	var sets, chains []string
 	var cur []string
 	flush := func() {

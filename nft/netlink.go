@@ -46,6 +46,11 @@ type Netlink struct {
 	// tests set it to compare the two ways.
 	ackEvery bool
 	opts     NetlinkOptions // what it was opened with (Load opens a second socket)
+	// owning: the table is to be owned by this socket (opts.OwnTable, until
+	// the kernel turned out not to support it); claimed: it is.
+	owning, claimed bool
+	// ownErr is why the table is not owned though opts.OwnTable asked.
+	ownErr error
 }
 
 var _ Interface = (*Netlink)(nil)
@@ -55,6 +60,13 @@ type NetlinkOptions struct {
 	// NetNSFd is an open file descriptor of the network namespace to
 	// program; 0 means the current one.
 	NetNSFd int
+	// OwnTable makes the table owned by this socket and persistent
+	// (NFT_TABLE_F_OWNER | NFT_TABLE_F_PERSIST, Linux 6.9): no other
+	// process can change or delete it while nftproxy runs (`nft flush
+	// ruleset` skips it), and it outlives nftproxy, ownerless, until the
+	// next nftproxy claims it. On an older kernel the table is written
+	// without flags (Owning reports it).
+	OwnTable bool
 }
 
 // BatchStats describes the last batch Apply sent.
@@ -96,7 +108,7 @@ func NewNetlink(opts NetlinkOptions) (*Netlink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open nftables netlink socket: %w", err)
 	}
-	n := &Netlink{conn: conn, opts: opts}
+	n := &Netlink{conn: conn, opts: opts, owning: opts.OwnTable}
 	if err := nlsock.Acks(conn); err != nil {
 		conn.Close()
 		return nil, err
@@ -125,6 +137,26 @@ func (n *Netlink) Close() error {
 	return err
 }
 
+// PortID is the netlink port of the socket that sends the batches: the
+// kernel's change notifications name it as their sender (Monitor).
+func (n *Netlink) PortID() uint32 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.conn == nil {
+		return 0
+	}
+	return n.conn.PID()
+}
+
+// Owning reports whether the table is owned by this socket (or will be
+// from the next transaction on), and if NetlinkOptions.OwnTable asked for
+// it but the kernel refused, why not.
+func (n *Netlink) Owning() (bool, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.owning, n.ownErr
+}
+
 // LastBatch returns the statistics of the last batch sent.
 func (n *Netlink) LastBatch() BatchStats {
 	n.mu.Lock()
@@ -147,18 +179,42 @@ func (n *Netlink) Apply(ctx context.Context, tx *Transaction) error {
 		return wrap(errors.New("netlink socket closed"))
 	}
 
+	err := n.apply(ctx, tx)
+	if err != nil && n.owning && errors.Is(err, errOwnedRefused) {
+		// A kernel without NFT_TABLE_F_PERSIST (before 6.9) refuses the
+		// flags. An owned table that is not persistent would die with
+		// the process, and traffic with it: do without.
+		n.owning, n.ownErr = false, fmt.Errorf("the kernel refused an owned persistent table: %w", err)
+		err = n.apply(ctx, tx)
+	}
+	if err != nil {
+		return wrap(err)
+	}
+	return nil
+}
+
+// apply encodes tx, sends it and reads the replies. Unless the
+// transaction recreates the table (OpResetTable, with the owned flags), a
+// table to be owned is claimed by the first batch after the socket opened.
+func (n *Netlink) apply(ctx context.Context, tx *Transaction) error {
 	start := time.Now()
 	var msgFlags uint16
 	if n.ackEvery {
 		msgFlags = flagAck
 	}
+	opts := batchOptions{msgFlags: msgFlags, endFlags: flagAck}
+	if n.owning {
+		opts.tableFlags = ownedFlags
+		opts.claim = !n.claimed && tx.Ops[0].Kind != OpResetTable && tx.Ops[0].Kind != OpDeleteTable
+	}
 	first := n.nextSeqs(0)
+	opts.firstSeq = first
 	buf := &batchBuffer{}
 	defer buf.release()
-	b, err := encodeTransaction(tx, batchOptions{firstSeq: first, msgFlags: msgFlags,
-		endFlags: flagAck, buffer: buf.get})
+	opts.buffer = buf.get
+	b, err := encodeTransaction(tx, opts)
 	if err != nil {
-		return wrap(err)
+		return err
 	}
 	n.seq = first + uint32(len(b.owners))
 	n.last = BatchStats{Ops: len(tx.Ops), Messages: len(b.owners), Bytes: len(b.enc.b),
@@ -168,12 +224,12 @@ func (n *Netlink) Apply(ctx context.Context, tx *Transaction) error {
 	// interrupted; a cancellation stops the wait for the replies.
 	stop, err := nlsock.Deadline(ctx, n.conn, nlsock.Until(ctx, replyTimeout))
 	if err != nil {
-		return wrap(err)
+		return err
 	}
 	defer stop()
 	sent := time.Now()
 	if n.last.KernelCPU, err = n.send(b.enc.b); err != nil {
-		return wrap(fmt.Errorf("send batch of %d bytes: %w", len(b.enc.b), err))
+		return fmt.Errorf("send batch of %d bytes: %w", len(b.enc.b), err)
 	}
 	res, err := n.readReplies(b)
 	n.last.Kernel = time.Since(sent)
@@ -184,16 +240,34 @@ func (n *Netlink) Apply(ctx context.Context, tx *Transaction) error {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w: %w", err, ctx.Err())
 		}
-		return wrap(err)
+		return err
 	}
 	if len(res.errs) > 0 {
 		err := describeError(tx, b, res.errs)
 		if res.overflow {
 			err = fmt.Errorf("%w (more lost: receive buffer overflow)", err)
 		}
-		return wrap(err)
+		if first := res.errs[0]; first.errno == unix.EOPNOTSUPP && setsTableFlags(tx, b.owners[first.index]) && opts.tableFlags != 0 {
+			err = fmt.Errorf("%w: %w", errOwnedRefused, err)
+		}
+		return err
+	}
+	switch last := tx.Ops[len(tx.Ops)-1].Kind; {
+	case last == OpDeleteTable:
+		n.claimed = false
+	case n.owning:
+		n.claimed = true
 	}
 	return nil
+}
+
+// errOwnedRefused: the kernel refused the flags of an owned table.
+var errOwnedRefused = errors.New("owned table refused")
+
+// setsTableFlags reports whether the message of owner (an index into
+// tx.Ops, or opClaim) is one that sets the table's flags.
+func setsTableFlags(tx *Transaction, owner int) bool {
+	return owner == opClaim || (owner >= 0 && tx.Ops[owner].Kind == OpResetTable)
 }
 
 // offHeapBatch is the size from which a batch is encoded into memory of
@@ -514,6 +588,11 @@ func describeError(tx *Transaction, b *batch, errs []msgError) error {
 	first := errs[0]
 	var what string
 	switch op := b.owners[first.index]; {
+	case op == opClaim:
+		what = "claim table " + TableName
+		if first.errno == unix.EPERM {
+			what += " (owned by another running process)"
+		}
 	case op < 0 && first.index == 0:
 		what = "commit"
 	case op < 0:

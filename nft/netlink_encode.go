@@ -136,9 +136,12 @@ type batch struct {
 	enc      encoder
 	family   Family
 	firstSeq uint32
-	owners   []int
-	op       int    // index of the Op being encoded
-	msgFlags uint16 // extra flags for every message (flagAck to measure ACK-all)
+	// owners holds, per message, the index of the Op it belongs to, or
+	// opControl (BATCH_BEGIN, BATCH_END) or opClaim.
+	owners     []int
+	op         int    // index of the Op being encoded
+	msgFlags   uint16 // extra flags for every message (flagAck to measure ACK-all)
+	tableFlags uint32 // of a table the batch creates
 
 	// setIDs names the sets created in this batch: NEWSET carries an ID
 	// that later messages of the same batch may use to find the set. IDs
@@ -149,9 +152,20 @@ type batch struct {
 	scratch   elemScratch
 }
 
+// Owners of the messages that belong to no Op.
+const (
+	opControl = -1 // BATCH_BEGIN, BATCH_END
+	opClaim   = -2 // the NEWTABLE that claims the table (batchOptions.claim)
+)
+
 // batchOptions are what encodeTransaction needs besides the transaction.
 type batchOptions struct {
 	firstSeq uint32
+	// tableFlags are the flags of a table the batch creates (OpResetTable).
+	tableFlags uint32
+	// claim starts the batch with a NEWTABLE that claims the table for the
+	// sending socket (ownedFlags).
+	claim    bool
 	msgFlags uint16 // added to every nf_tables message (flagAck: ACK-every-message mode)
 	endFlags uint16 // added to BATCH_END
 	// buffer, if set, returns the buffer to encode into: length 0,
@@ -167,7 +181,8 @@ func newBatch(tx *Transaction, o batchOptions) *batch {
 		alloc = func(n int) []byte { return make([]byte, 0, n) }
 	}
 	return &batch{enc: encoder{b: alloc(sizeHint(tx))}, family: tx.Family, firstSeq: o.firstSeq,
-		owners: make([]int, 0, len(tx.Ops)+2), msgFlags: o.msgFlags, setIDs: map[string]uint32{}}
+		owners: make([]int, 0, len(tx.Ops)+3), msgFlags: o.msgFlags, setIDs: map[string]uint32{},
+		tableFlags: o.tableFlags}
 }
 
 // sizeHint estimates the bytes of tx's batch, a little high for the rules
@@ -222,7 +237,7 @@ func (b *batch) end(start int) { b.enc.endMsg(start) }
 // NFNL_SUBSYS_NFTABLES so that the kernel hands the batch to nf_tables.
 func (b *batch) control(msgType uint16, flags uint16) {
 	start := b.enc.beginMsg(msgType, flagRequest|flags, b.seq(), unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)
-	b.owners = append(b.owners, -1)
+	b.owners = append(b.owners, opControl)
 	b.enc.endMsg(start)
 }
 
@@ -230,6 +245,10 @@ func (b *batch) control(msgType uint16, flags uint16) {
 func encodeTransaction(tx *Transaction, o batchOptions) (*batch, error) {
 	b := newBatch(tx, o)
 	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0)
+	if o.claim {
+		b.op = opClaim
+		b.newTable(ownedFlags)
+	}
 	for i, op := range tx.Ops {
 		b.op = i
 		if err := b.addOp(op); err != nil {
@@ -239,7 +258,7 @@ func encodeTransaction(tx *Transaction, o batchOptions) (*batch, error) {
 			return nil, fmt.Errorf("op %d %s %q: %w", i, op.Kind, op.target(), b.enc.err)
 		}
 	}
-	b.op = -1
+	b.op = opControl
 	b.control(unix.NFNL_MSG_BATCH_END, o.endFlags)
 	return b, nil
 }
@@ -263,12 +282,12 @@ func (b *batch) addOp(op Op) error {
 		// add; delete; add: the table exists and is empty whatever was
 		// there, in one atomic step (the kernel's DELTABLE drops the
 		// table's chains, rules and sets).
-		b.table(unix.NFT_MSG_NEWTABLE)
-		b.table(unix.NFT_MSG_DELTABLE)
-		b.table(unix.NFT_MSG_NEWTABLE)
+		b.ensureTable()
+		b.deleteTable()
+		b.newTable(b.tableFlags)
 	case OpDeleteTable:
-		b.table(unix.NFT_MSG_NEWTABLE)
-		b.table(unix.NFT_MSG_DELTABLE)
+		b.ensureTable()
+		b.deleteTable()
 	case OpAddChain:
 		b.newChain(op.Chain)
 	case OpFlushChain:
@@ -291,20 +310,43 @@ func (b *batch) addOp(op Op) error {
 	return nil
 }
 
-func (b *batch) table(msgType uint16) {
-	flags := uint16(0)
-	if msgType == unix.NFT_MSG_NEWTABLE {
-		flags = flagCreate
-	}
-	m := b.begin(msgType, flags)
+// Table flags, include/uapi/linux/netfilter/nf_tables.h.
+const (
+	// tableOwner: only the socket that set it may change the table, and
+	// the kernel deletes the table when that socket closes (Linux 5.12)...
+	tableOwner = 0x2 // NFT_TABLE_F_OWNER
+	// ...unless tablePersist is set too: then the table stays, ownerless,
+	// and a new owner may claim it (Linux 6.9).
+	tablePersist = 0x4 // NFT_TABLE_F_PERSIST
+	// ownedFlags are those of a table nftproxy owns.
+	ownedFlags = tableOwner | tablePersist
+)
+
+// newTable writes a NEWTABLE that creates the table with flags, or, on a
+// table that exists, sets them: the kernel claims an ownerless persistent
+// table for this socket when flags are ownedFlags, and refuses
+// (EOPNOTSUPP) to drop or add tablePersist on a table that exists.
+func (b *batch) newTable(flags uint32) {
+	m := b.begin(unix.NFT_MSG_NEWTABLE, flagCreate)
 	b.enc.str(unix.NFTA_TABLE_NAME, TableName)
-	if msgType == unix.NFT_MSG_NEWTABLE {
-		b.enc.u32(unix.NFTA_TABLE_FLAGS, 0)
-	}
+	b.enc.u32(unix.NFTA_TABLE_FLAGS, flags)
 	b.end(m)
-	if msgType == unix.NFT_MSG_DELTABLE {
-		b.setIDs = map[string]uint32{}
-	}
+}
+
+// ensureTable writes a NEWTABLE without flags: it creates the table if it
+// does not exist and leaves the flags of one that does alone, so that it
+// is accepted whatever flags an earlier owner left.
+func (b *batch) ensureTable() {
+	m := b.begin(unix.NFT_MSG_NEWTABLE, flagCreate)
+	b.enc.str(unix.NFTA_TABLE_NAME, TableName)
+	b.end(m)
+}
+
+func (b *batch) deleteTable() {
+	m := b.begin(unix.NFT_MSG_DELTABLE, 0)
+	b.enc.str(unix.NFTA_TABLE_NAME, TableName)
+	b.end(m)
+	b.setIDs = map[string]uint32{}
 }
 
 // hookNum maps a hook to its number in include/uapi/linux/netfilter.h.

@@ -101,6 +101,18 @@ func (n *Netlink) Load(ctx context.Context, f Family) (*Ruleset, error) {
 	}
 }
 
+// buildsOn reports whether a table with flags can be changed in place: a
+// dormant table (or one with flags we never set) is not what incremental
+// transactions expect, and a table to be owned must be persistent to be
+// claimed (the kernel never adds the flag to a table that exists). Other
+// tables are rewritten.
+func (n *Netlink) buildsOn(flags uint32) bool {
+	if n.owning {
+		return flags&tablePersist != 0 && flags&^ownedFlags == 0
+	}
+	return flags == 0
+}
+
 // loadOnce reads the table once, between two generation reads.
 func (n *Netlink) loadOnce(ctx context.Context, deadline time.Time, f Family) (*Ruleset, error) {
 	gen, err := n.generation()
@@ -133,9 +145,7 @@ func (n *Netlink) loadDumps(ctx context.Context, deadline time.Time, f Family) (
 			}
 		})
 		if cstr(name) == TableName {
-			// A dormant table (or one with flags we never set) is not
-			// what the incremental transactions expect: rewrite it.
-			found, usable = true, flags == 0
+			found, usable = true, n.buildsOn(flags)
 		}
 		return nil
 	})

@@ -1,0 +1,147 @@
+package nft
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// ownedNetlink opens a Netlink that owns the table, closed when the test
+// ends (closing it early is part of some tests: Close twice is harmless).
+func (ns *testNS) ownedNetlink(t testing.TB) *Netlink {
+	t.Helper()
+	n, err := NewNetlink(NetlinkOptions{NetNSFd: ns.Fd, OwnTable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// loadOn reads the table back on n's socket.
+func loadOn(t testing.TB, n *Netlink, f Family) *Ruleset {
+	t.Helper()
+	rs, err := n.Load(context.Background(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+// TestNetlinkOwnedTable: an owned table cannot be changed by anyone else,
+// survives `nft flush ruleset` and its owner's exit, is claimed by the next
+// owner without being rewritten, and is refused to a second owner while the
+// first lives.
+func TestNetlinkOwnedTable(t *testing.T) {
+	ns := newTestNS(t)
+	f := IPv4
+	svcs := makeServices(f, 20, 2)
+	desired := realisticRuleset(f, svcs)
+
+	first := ns.ownedNetlink(t)
+	apply(t, first, fullRewrite(desired))
+	if owning, err := first.Owning(); !owning {
+		t.Fatalf("not owning the table on this kernel: %v", err)
+	}
+	listing := ns.list(t, f)
+	if !strings.Contains(listing, "flags owner") {
+		t.Fatalf("owned table lists without its flag:\n%s", listing)
+	}
+	if out, err := ns.nft("", "add", "chain", "ip", TableName, "intruder"); err == nil ||
+		!strings.Contains(out+err.Error(), "Operation not permitted") {
+		t.Fatalf("another process added a chain to the owned table: %v %s", err, out)
+	}
+	ns.mustNft(t, "", "flush", "ruleset")
+	if got := Canonical(ns.list(t, f)); got != desired.Dump() {
+		t.Fatalf("nft flush ruleset changed the owned table:\n%s", got)
+	}
+
+	// The owner goes (kill -9 closes its socket just the same): the table
+	// stays, and serves, ownerless.
+	first.Close()
+	if got := Canonical(ns.list(t, f)); got != desired.Dump() {
+		t.Fatalf("the table changed when its owner's socket closed:\n%s", got)
+	}
+
+	// The next owner reads it back and claims it with a change of one
+	// element: no rewrite.
+	second := ns.ownedNetlink(t)
+	loaded := loadOn(t, second, f)
+	if loaded == nil {
+		t.Fatal("an ownerless persistent table is not read back for the next owner to build on")
+	}
+	next := realisticRuleset(f, append(svcs, makeService(f, 99, 2)))
+	tx := Diff(loaded, next)
+	for _, op := range tx.Ops {
+		if op.Kind == OpResetTable {
+			t.Fatal("the claim rewrites the table")
+		}
+	}
+	apply(t, second, tx)
+	if got := Canonical(ns.list(t, f)); got != next.Dump() {
+		t.Fatalf("after the claim the kernel differs from the desired ruleset:\n%s", got)
+	}
+	if _, err := ns.nft("", "add", "chain", "ip", TableName, "intruder"); err == nil {
+		t.Fatal("another process changed the claimed table")
+	}
+
+	// A second live owner is refused, and so is a cleanup while the owner
+	// lives; the table is left as it was.
+	third := ns.ownedNetlink(t)
+	err := third.Apply(context.Background(), Diff(loadOn(t, third, f), desired))
+	if !errors.Is(err, unix.EPERM) || !strings.Contains(err.Error(), "owned by another running process") {
+		t.Fatalf("a second owner's transaction: %v, want EPERM naming the owner", err)
+	}
+	cleanup := ns.netlink(t)
+	if err := cleanup.Apply(context.Background(), &Transaction{Family: f, Ops: []Op{{Kind: OpDeleteTable}}}); !errors.Is(err, unix.EPERM) {
+		t.Fatalf("deleting the table of a running owner: %v, want EPERM", err)
+	}
+	if got := Canonical(ns.list(t, f)); got != next.Dump() {
+		t.Fatalf("refused transactions changed the table:\n%s", got)
+	}
+
+	// Once the owner is gone, --cleanup deletes the table.
+	second.Close()
+	third.Close()
+	apply(t, cleanup, &Transaction{Family: f, Ops: []Op{{Kind: OpDeleteTable}}})
+	if out, err := ns.nft("", "list", "table", "ip", TableName); err == nil {
+		t.Fatalf("table left after cleanup:\n%s", out)
+	}
+}
+
+// TestNetlinkOwnershipChanges: a table written without ownership is
+// rewritten owned when ownership is asked for, and an ownerless persistent
+// one is rewritten without flags when it is not: the kernel never adds or
+// drops the persistence of a table that exists.
+func TestNetlinkOwnershipChanges(t *testing.T) {
+	ns := newTestNS(t)
+	f := IPv6
+	desired := realisticRuleset(f, makeServices(f, 5, 2))
+
+	plain := ns.netlink(t)
+	apply(t, plain, fullRewrite(desired))
+	owned := ns.ownedNetlink(t)
+	if rs := loadOn(t, owned, f); rs != nil {
+		t.Fatal("a table without persistence is read back for an owner to claim")
+	}
+	apply(t, owned, fullRewrite(desired))
+	if l := ns.list(t, f); !strings.Contains(l, "flags owner") {
+		t.Fatalf("rewritten table is not owned:\n%s", l)
+	}
+	owned.Close()
+
+	unowned := ns.netlink(t)
+	if rs := loadOn(t, unowned, f); rs != nil {
+		t.Fatal("an ownerless persistent table is read back to be changed in place without ownership")
+	}
+	apply(t, unowned, fullRewrite(desired))
+	if l := ns.list(t, f); strings.Contains(l, "flags") {
+		t.Fatalf("table still has flags after a rewrite without ownership:\n%s", l)
+	}
+	if rs := loadOn(t, unowned, f); rs == nil {
+		t.Fatal("a table without flags is not read back")
+	}
+}
