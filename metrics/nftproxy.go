@@ -49,6 +49,17 @@ var (
 		Help:      "Number of Services whose rules changed, by IP family",
 	}, []string{"ip_family"})
 
+	// RepairsTotal counts repairs of nftproxy's tables after another
+	// process changed them (nft.Monitor), by the kind of object changed
+	// (table, chain, rule, set, element, object, flowtable, or unknown
+	// after notifications were lost). A repair that mends several kinds
+	// counts once for each. Labels: ip_family, kind.
+	RepairsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "repairs_total",
+		Help:      "Number of repairs of nftproxy's tables changed by another process, by IP family and kind of object changed",
+	}, []string{"ip_family", "kind"})
+
 	// APIEventsTotal counts informer events received (add, update, delete).
 	// Label: kind ("Service", "EndpointSlice", "Node", "ServiceCIDR").
 	APIEventsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -66,5 +77,6 @@ func nftproxyCollectors() []prometheus.Collector {
 		InvalidObjectsTotal,
 		APIEventsTotal,
 		ServiceRuleChangesTotal,
+		RepairsTotal,
 	}
 }

@@ -228,12 +228,12 @@ func (m *Monitor) receive() (int, error) {
 // Pause stops the notifications until resume is called, for a large commit
 // of nftproxy's own: while anyone listens, the kernel builds a notification
 // for every object a batch changes, which made the commit of a first sync
-// of 10,000 Services half again as costly (docs/benchmarks.md). resume
-// takes the number of transactions nftproxy committed meanwhile; when the
-// ruleset's generation moved by more than that, another process committed
+// of 10,000 Services half again as costly (docs/benchmarks.md). Each of
+// nftproxy's commits meanwhile must be counted with Committed; when the
+// ruleset's generation moved by more than those, another process committed
 // while nobody listened, and a Lost commit is reported. Pauses nest (the
 // families sync at once): the subscription resumes with the last resume.
-func (m *Monitor) Pause() (resume func(commits int)) {
+func (m *Monitor) Pause() (resume func()) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.paused == 0 {
@@ -247,12 +247,23 @@ func (m *Monitor) Pause() (resume func(commits int)) {
 	}
 	m.paused++
 	var once sync.Once
-	return func(commits int) { once.Do(func() { m.resume(commits) }) }
+	return func() { once.Do(m.resume) }
 }
 
-func (m *Monitor) resume(commits int) {
+// Committed counts a transaction nftproxy committed, for a pause under
+// way. (One counted that the pause's first generation already held makes
+// the count too high: that reports a Lost commit for nothing, never hides
+// one.)
+func (m *Monitor) Committed() {
 	m.mu.Lock()
-	m.commits += commits
+	defer m.mu.Unlock()
+	if m.paused > 0 {
+		m.commits++
+	}
+}
+
+func (m *Monitor) resume() {
+	m.mu.Lock()
 	m.paused--
 	if m.paused > 0 {
 		m.mu.Unlock()

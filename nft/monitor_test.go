@@ -119,7 +119,8 @@ func TestMonitorPause(t *testing.T) {
 
 	resume := m.Pause()
 	apply(t, n, fullRewrite(rs))
-	resume(1)
+	m.Committed()
+	resume()
 	ns.mustNft(t, "", "add", "chain", "ip6", TableName, "probe-1")
 	if c := next(t, reports); c.Lost || len(c.Changes) != 1 || c.Changes[0].Name != "probe-1" {
 		t.Fatalf("after a pause with only our commit: %+v, want the probe's chain", c)
@@ -129,8 +130,8 @@ func TestMonitorPause(t *testing.T) {
 	// commits in the middle.
 	resumeA, resumeB := m.Pause(), m.Pause()
 	ns.mustNft(t, "", "add", "chain", "ip6", TableName, "unseen")
-	resumeA(0)
-	resumeB(0)
+	resumeA()
+	resumeB()
 	if c := next(t, reports); !c.Lost {
 		t.Fatalf("after a pause with a foreign commit: %+v, want Lost", c)
 	}

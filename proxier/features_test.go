@@ -3,6 +3,7 @@ package proxier
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -314,14 +315,14 @@ type recordingHealthCheck struct {
 func (r *recordingHealthCheck) SyncServices(m map[healthcheck.ServiceName]uint16) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.services = maps(m)
+	r.services = maps.Clone(m)
 	return nil
 }
 
 func (r *recordingHealthCheck) SyncEndpoints(m map[healthcheck.ServiceName]int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.endpoints = maps(m)
+	r.endpoints = maps.Clone(m)
 	return nil
 }
 
@@ -329,14 +330,6 @@ func (r *recordingHealthCheck) get() (map[healthcheck.ServiceName]uint16, map[he
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.services, r.endpoints
-}
-
-func maps[K comparable, V any](m map[K]V) map[K]V {
-	out := make(map[K]V, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // TestHealthCheckNodePorts: an eTP=Local LoadBalancer Service gets its

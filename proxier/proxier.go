@@ -38,6 +38,9 @@ type Deps struct {
 	HealthCheck map[nft.Family]HealthCheckServer
 	// Conntrack, if set, deletes stale UDP and SCTP flows after syncs.
 	Conntrack conntrack.Interface
+	// Monitor, if set, reports changes other processes make to the
+	// tables, which are then repaired at once.
+	Monitor Monitor
 }
 
 // HealthCheckServer serves the health check node ports of Services
@@ -58,6 +61,7 @@ type Proxier struct {
 	mu              sync.Mutex
 	apiServiceCIDRs []netip.Prefix // from ServiceCIDR objects; none: use Config.ServiceCIDRs
 	node            model.Node     // this node, from its Node object
+	repairs         map[nft.Family]*repair
 
 	// Owned by the sync loop: the objects as of the last checkout, and per
 	// family what was programmed.
@@ -82,6 +86,8 @@ type familyState struct {
 	services map[model.ServiceName]programmed
 	ports    int            // service ports programmed
 	slots    *ruleset.Slots // endpoints-map slots of the programmed chains
+	// repairing is the repair the sync under way makes (nil: none).
+	repairing *repair
 	// reserve: the sizes the last full sync into an empty table reserved
 	// room for (zero after one diffed against the table read back).
 	reserve  ruleset.Counts
@@ -116,7 +122,8 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 		services:    map[model.ServiceName]*model.Service{},
 		slicesBySvc: map[model.ServiceName][]*model.EndpointSlice{},
 		sliceSvc:    map[model.SliceKey]model.ServiceName{},
-		families:    map[nft.Family]*familyState{}}
+		families:    map[nft.Family]*familyState{},
+		repairs:     map[nft.Family]*repair{}}
 	for f := range deps.NFT {
 		p.families[f] = &familyState{}
 	}
@@ -148,6 +155,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	go p.watchTables(ctx)
 	if watch.ServiceCIDRsAvailable(ctx, p.deps.Client) {
 		if err := w.WatchServiceCIDRs(p.deps.Client, hooks, p.setAPIServiceCIDRs); err != nil {
 			return err
@@ -374,8 +382,16 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	tx := fs.editor.Transaction()
 	if !tx.Empty() {
 		p.committing(f, ct)
-		if err := backend.Apply(ctx, tx); err != nil {
+		resume := p.pauseMonitor(tx)
+		err := backend.Apply(ctx, tx)
+		if err == nil {
+			p.committed()
+		}
+		resume()
+		if err != nil {
 			p.committing(f, nil)
+			p.requeueRepair(f, fs.repairing)
+			fs.repairing = nil
 			// A transaction diffed against what was read back failed:
 			// do not build on a reading again, rewrite.
 			fs.editor, fs.noLoad = nil, fs.loaded
@@ -393,10 +409,14 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	if full {
 		fs.lastFull = fst.at
 	}
+	if fs.repairing != nil {
+		repaired(f, fs.repairing, len(tx.Ops))
+		fs.repairing = nil
+	}
 	metrics.ServiceRuleChangesTotal.WithLabelValues(fam).Add(float64(changed))
 	p.recordSync(f, fs, full, time.Since(start), tx)
 	if klog.V(2).Enabled() {
-		kv := []any{"ipFamily", fam, "full", full, "fromKernel", fromKernel, "servicePorts", fs.ports,
+		kv := []any{"ipFamily", fam, "full", full, "fromKernel", fromKernel, "repair", fst != nil && fst.repair, "servicePorts", fs.ports,
 			"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", time.Since(start)}
 		if b, ok := backend.(batchReporter); ok && !tx.Empty() {
 			// Where the time went: the rest of elapsed is building.
@@ -430,18 +450,21 @@ func (p *Proxier) eachFamily(fn func(f nft.Family, backend nft.Interface) error)
 
 // fullStart is how a full sync of a family began.
 type fullStart struct {
-	at   time.Time     // when it began
-	took time.Duration // reading the table back and starting over
+	at     time.Time     // when it began
+	took   time.Duration // reading the table back and starting over
+	repair bool          // it repairs a change by another process
 }
 
 // startFull starts a full sync of family f when one is due (at start,
-// after a failure, and every FullSyncPeriod): the table is read back
-// (loadTable) and the family's state starts over from it. It returns nil
-// when the sync is not full.
+// after a failure, every FullSyncPeriod, and when another process changed
+// the table): the table is read back (loadTable) and the family's state
+// starts over from it. It returns nil when the sync is not full.
 func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Interface) *fullStart {
 	start := time.Now()
 	fs := p.families[f]
-	if fs.editor != nil && (p.cfg.FullSyncPeriod <= 0 || start.Sub(fs.lastFull) < p.cfg.FullSyncPeriod) {
+	fs.repairing = p.takeRepair(f)
+	if fs.editor != nil && fs.repairing == nil &&
+		(p.cfg.FullSyncPeriod <= 0 || start.Sub(fs.lastFull) < p.cfg.FullSyncPeriod) {
 		return nil
 	}
 	var loaded *nft.Ruleset
@@ -461,7 +484,7 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 		fs.reserve = p.counts(f)
 		ruleset.Reserve(fs.editor, fs.reserve)
 	}
-	return &fullStart{at: start, took: time.Since(start)}
+	return &fullStart{at: start, took: time.Since(start), repair: fs.repairing != nil}
 }
 
 // batchReporter is a backend that reports on the batch it sent last

@@ -49,6 +49,7 @@ type Runner struct {
 	clock   clock.Clock
 	sync    func(ctx context.Context) error
 	trigger chan struct{}
+	urgent  chan struct{}
 	sched   schedule
 	// waiting, if set (tests), is called each time the loop starts to wait,
 	// with the time the next sync is due (zero: none is).
@@ -66,15 +67,22 @@ func New(cfg Config, sync func(ctx context.Context) error) *Runner {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	return &Runner{clock: cfg.Clock, sync: sync, trigger: make(chan struct{}, 1),
+	return &Runner{clock: cfg.Clock, sync: sync, trigger: make(chan struct{}, 1), urgent: make(chan struct{}, 1),
 		sched: schedule{cfg: cfg, pending: true}}
 }
 
 // Trigger asks for a sync as soon as MinInterval allows. It never blocks;
 // triggers that arrive before the sync starts make one sync.
-func (r *Runner) Trigger() {
+func (r *Runner) Trigger() { r.send(r.trigger) }
+
+// TriggerNow asks for a sync at once, MinInterval or not (a repair of a
+// table someone else changed), but no more often than one per MinInterval,
+// and not before a retry is due. It never blocks.
+func (r *Runner) TriggerNow() { r.send(r.urgent) }
+
+func (r *Runner) send(ch chan struct{}) {
 	select {
-	case r.trigger <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }
@@ -101,9 +109,13 @@ func (r *Runner) Run(ctx context.Context) {
 			stop(timer)
 			r.sched.triggered()
 			continue
+		case <-r.urgent:
+			stop(timer)
+			r.sched.triggeredNow()
+			continue
 		case <-fire:
 		}
-		r.sched.started()
+		r.sched.started(r.clock.Now())
 		err := r.sync(ctx)
 		r.sched.finished(r.clock.Now(), err)
 	}
@@ -120,23 +132,44 @@ type schedule struct {
 	cfg      Config
 	lastEnd  time.Time // end of the last sync; zero before the first
 	pending  bool      // a sync was asked for since the last one started
+	urgent   bool      // ... at once (TriggerNow)
 	failures int       // failed syncs in a row
+	// lastUrgent is when the last sync asked for at once started.
+	lastUrgent time.Time
 }
 
 // next returns when the next sync is due, now or later; false means none
 // is (nothing pending, no periodic sync).
 func (s *schedule) next(now time.Time) (time.Time, bool) {
-	switch {
-	case s.lastEnd.IsZero():
+	if s.lastEnd.IsZero() {
 		return now, true // the first sync, at once
-	case s.failures > 0:
-		return s.lastEnd.Add(max(s.backoff(), s.cfg.MinInterval)), true
-	case s.pending:
-		return s.lastEnd.Add(s.cfg.MinInterval), true
-	case s.cfg.MaxInterval > 0:
-		return s.lastEnd.Add(s.cfg.MaxInterval), true
 	}
-	return time.Time{}, false
+	if s.failures > 0 {
+		return s.lastEnd.Add(max(s.backoff(), s.cfg.MinInterval)), true
+	}
+	var due time.Time
+	earliest := func(t time.Time) {
+		if due.IsZero() || t.Before(due) {
+			due = t
+		}
+	}
+	if s.urgent {
+		earliest(latest(s.lastEnd, s.lastUrgent.Add(s.cfg.MinInterval)))
+	}
+	if s.pending {
+		earliest(s.lastEnd.Add(s.cfg.MinInterval))
+	}
+	if s.cfg.MaxInterval > 0 {
+		earliest(s.lastEnd.Add(s.cfg.MaxInterval))
+	}
+	return due, !due.IsZero()
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // backoff is the wait before the retry of the failures-th failure in a row.
@@ -148,10 +181,17 @@ func (s *schedule) backoff() time.Duration {
 	return min(d, s.cfg.RetryMax)
 }
 
-func (s *schedule) triggered() { s.pending = true }
+func (s *schedule) triggered()    { s.pending = true }
+func (s *schedule) triggeredNow() { s.urgent = true }
 
-// started: the sync about to run covers everything asked for so far.
-func (s *schedule) started() { s.pending = false }
+// started: the sync about to run, at now, covers everything asked for so
+// far.
+func (s *schedule) started(now time.Time) {
+	if s.urgent {
+		s.lastUrgent = now
+	}
+	s.pending, s.urgent = false, false
+}
 
 func (s *schedule) finished(end time.Time, err error) {
 	s.lastEnd = end

@@ -26,11 +26,12 @@ func every(step, from, to time.Duration) []time.Duration {
 // world is what happens around a runner in a simulation: when triggers
 // arrive, how long a sync takes and which syncs fail.
 type world struct {
-	triggers []time.Duration            // sorted
+	triggers []time.Duration            // Trigger, sorted
+	urgent   []time.Duration            // TriggerNow, sorted
 	takes    time.Duration              // each sync's duration
 	fails    func(n int) bool           // whether the n-th sync (from 1) fails
+	failAt   func(t time.Duration) bool // or whether a sync started at t fails
 	until    time.Duration              // syncs that would start later are not run
-	failAt   func(t time.Duration) bool // alternatively, by start time
 }
 
 // simulate runs the schedule through w as Run would, and returns the start
@@ -38,29 +39,44 @@ type world struct {
 func simulate(cfg Config, w world) []time.Duration {
 	s := schedule{cfg: cfg, pending: true}
 	var starts []time.Duration
-	t, ti := time.Duration(0), 0
+	t, ti, ui := time.Duration(0), 0, 0
+	// nextEvent returns the earlier of the next trigger and the next
+	// urgent trigger, and consumes it.
+	nextEvent := func(by time.Duration) (time.Duration, func(), bool) {
+		switch {
+		case ti < len(w.triggers) && w.triggers[ti] <= by && (ui == len(w.urgent) || w.triggers[ti] <= w.urgent[ui]):
+			ti++
+			return w.triggers[ti-1], s.triggered, true
+		case ui < len(w.urgent) && w.urgent[ui] <= by:
+			ui++
+			return w.urgent[ui-1], s.triggeredNow, true
+		}
+		return 0, nil, false
+	}
 	for n := 1; ; n++ {
 		var start time.Duration
 		for {
 			due, ok := s.next(epoch.Add(t))
-			dueOff := due.Sub(epoch)
-			if ti < len(w.triggers) && (!ok || w.triggers[ti] <= max(t, dueOff)) {
-				t = max(t, w.triggers[ti])
-				ti++
-				s.triggered()
+			by := time.Duration(1<<62 - 1)
+			if ok {
+				by = max(t, due.Sub(epoch))
+			}
+			if at, event, ok := nextEvent(by); ok {
+				t = max(t, at)
+				event()
 				continue
 			}
 			if !ok {
 				return starts
 			}
-			start = max(t, dueOff)
+			start = by
 			break
 		}
 		if start > w.until {
 			return starts
 		}
 		starts = append(starts, start)
-		s.started()
+		s.started(epoch.Add(start))
 		t = start + w.takes
 		var err error
 		if (w.fails != nil && w.fails(n)) || (w.failAt != nil && w.failAt(start)) {
@@ -151,6 +167,26 @@ func TestSchedule(t *testing.T) {
 			// 12 s: succeeds), then the triggers: one sync per MinInterval.
 			want: []time.Duration{0, s, 2 * s, 3 * s, 4 * s, 5600 * ms, 8800 * ms, 15200 * ms,
 				16200 * ms, 17200 * ms, 18200 * ms, 19200 * ms, 20200 * ms},
+		},
+		{
+			name: "TriggerNow syncs at once, at most once per MinInterval",
+			cfg:  Config{MinInterval: s, MaxInterval: 30 * s},
+			w:    world{urgent: []time.Duration{200 * ms, 500 * ms, 3 * s}, until: 40 * s},
+			want: []time.Duration{0, 200 * ms, 1200 * ms, 3 * s, 33 * s},
+		},
+		{
+			name: "TriggerNow does not wait for a pending trigger's MinInterval",
+			cfg:  Config{MinInterval: s, MaxInterval: 30 * s},
+			w: world{triggers: []time.Duration{100 * ms}, urgent: []time.Duration{300 * ms},
+				until: 40 * s},
+			want: []time.Duration{0, 300 * ms, 30300 * ms},
+		},
+		{
+			name: "TriggerNow does not hurry a retry",
+			cfg:  Config{MaxInterval: 30 * s, RetryMin: s},
+			w: world{urgent: []time.Duration{100 * ms}, until: 40 * s,
+				fails: func(n int) bool { return n == 1 }},
+			want: []time.Duration{0, s, 31 * s},
 		},
 	}
 	for _, tt := range tests {
