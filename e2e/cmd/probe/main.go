@@ -5,6 +5,8 @@
 //	probe serve --name NAME --port P [--tcp] [--udp] [--sctp-raw]
 //	probe dial  --proto tcp|udp|sctp --addr HOST:PORT [--timeout 1s] [--count N]
 //	            [--interval D] [--source-port N]
+//	probe load  --addr HOST:PORT [--rate 100] [--hold N] ...   (load.go)
+//	probe own-table --family ip --table NAME                  (owntable.go)
 //
 // serve answers every TCP connection and UDP datagram with the line "NAME PEER", where PEER
 // is the client address:port the server sees (IPv4-mapped IPv6 printed as plain IPv4). With
@@ -39,6 +41,10 @@ func main() {
 		err = dialMain(os.Args[2:])
 	case "stream": // see stream.go
 		err = streamMain(os.Args[2:])
+	case "load": // see load.go
+		err = loadMain(os.Args[2:])
+	case "own-table": // see owntable.go
+		err = ownTableMain(os.Args[2:])
 	default:
 		usage()
 	}
@@ -52,5 +58,7 @@ func usage() {
 	fmt.Fprintln(os.Stderr, "usage: probe serve --name NAME --port P [--tcp] [--udp] [--sctp-raw]")
 	fmt.Fprintln(os.Stderr, "       probe dial --proto tcp|udp|sctp --addr HOST:PORT [--timeout 1s] [--count N] [--interval D] [--source-port N]")
 	fmt.Fprintln(os.Stderr, "       probe stream --proto udp|sctp --addr HOST:PORT [--interval 10ms] [--duration D] [--sport N] [--gap 50ms]")
+	fmt.Fprintln(os.Stderr, "       probe load --addr HOST:PORT [--rate 100] [--hold N] [--check 100ms] [--timeout 1s] [--duration D]")
+	fmt.Fprintln(os.Stderr, "       probe own-table --family ip|ip6 --table NAME")
 	os.Exit(2)
 }

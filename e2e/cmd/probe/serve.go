@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -21,6 +22,7 @@ func serveMain(args []string) error {
 	tcp := fs.Bool("tcp", false, "serve TCP")
 	udp := fs.Bool("udp", false, "serve UDP")
 	sctp := fs.Bool("sctp-raw", false, "answer SCTP INIT with INIT-ACK over raw sockets")
+	echo := fs.Bool("echo", false, "after the line, echo what a TCP client sends until it closes (long-lived connections: probe load --hold)")
 	fs.Parse(args)
 	if *name == "" || *port <= 0 || *port > 65535 {
 		return errors.New("serve needs --name and --port")
@@ -34,7 +36,7 @@ func serveMain(args []string) error {
 		if err != nil {
 			return err
 		}
-		go func() { errc <- serveTCP(ln, *name) }()
+		go func() { errc <- serveTCP(ln, *name, *echo) }()
 	}
 	if *udp {
 		v4, v6, err := listenUDP(*port)
@@ -62,7 +64,7 @@ func replyLine(name string, peer netip.AddrPort) string {
 	return fmt.Sprintf("%s %s\n", name, peer)
 }
 
-func serveTCP(ln net.Listener, name string) error {
+func serveTCP(ln net.Listener, name string, echo bool) error {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -72,6 +74,9 @@ func serveTCP(ln net.Listener, name string) error {
 			defer c.Close()
 			peer := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 			c.Write([]byte(replyLine(name, peer)))
+			if echo {
+				io.Copy(c, c)
+			}
 		}()
 	}
 }
