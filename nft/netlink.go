@@ -195,7 +195,8 @@ func (n *Netlink) Apply(ctx context.Context, tx *Transaction) error {
 
 // apply encodes tx, sends it and reads the replies. Unless the
 // transaction recreates the table (OpResetTable, with the owned flags), a
-// table to be owned is claimed by the first batch after the socket opened.
+// table to be owned is claimed by the first batch after the socket opened
+// (an empty tx: only that).
 func (n *Netlink) apply(ctx context.Context, tx *Transaction) error {
 	start := time.Now()
 	var msgFlags uint16
@@ -205,7 +206,7 @@ func (n *Netlink) apply(ctx context.Context, tx *Transaction) error {
 	opts := batchOptions{msgFlags: msgFlags, endFlags: flagAck}
 	if n.owning {
 		opts.tableFlags = ownedFlags
-		opts.claim = !n.claimed && tx.Ops[0].Kind != OpResetTable && tx.Ops[0].Kind != OpDeleteTable
+		opts.claim = !n.claimed && (len(tx.Ops) == 0 || (tx.Ops[0].Kind != OpResetTable && tx.Ops[0].Kind != OpDeleteTable))
 	}
 	first := n.nextSeqs(0)
 	opts.firstSeq = first
@@ -252,8 +253,8 @@ func (n *Netlink) apply(ctx context.Context, tx *Transaction) error {
 		}
 		return err
 	}
-	switch last := tx.Ops[len(tx.Ops)-1].Kind; {
-	case last == OpDeleteTable:
+	switch {
+	case len(tx.Ops) > 0 && tx.Ops[len(tx.Ops)-1].Kind == OpDeleteTable:
 		n.claimed = false
 	case n.owning:
 		n.claimed = true

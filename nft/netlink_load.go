@@ -86,6 +86,9 @@ func (n *Netlink) Load(ctx context.Context, f Family) (*Ruleset, error) {
 		return nil, wrap(err)
 	}
 	defer stop()
+	if err := n.claimExisting(ctx, f); err != nil {
+		return nil, wrap(err)
+	}
 	for attempt := 1; ; attempt++ {
 		rs, err := n.loadOnce(ctx, deadline, f)
 		if err == nil {
@@ -131,28 +134,51 @@ func (n *Netlink) loadOnce(ctx context.Context, deadline time.Time, f Family) (*
 	return rs, nil
 }
 
-func (n *Netlink) loadDumps(ctx context.Context, deadline time.Time, f Family) (*Ruleset, error) {
-	found, usable := false, false
-	err := n.dump(unix.NFT_MSG_GETTABLE, f, nil, func(attrs []byte) error {
+// tableFlags returns the flags of the table of family f, if it exists.
+func (n *Netlink) tableFlags(f Family) (found bool, flags uint32, err error) {
+	err = n.dump(unix.NFT_MSG_GETTABLE, f, nil, func(attrs []byte) error {
 		var name []byte
-		var flags uint32
+		var fl uint32
 		forEachAttr(attrs, func(typ uint16, data []byte) {
 			switch typ {
 			case unix.NFTA_TABLE_NAME:
 				name = data
 			case unix.NFTA_TABLE_FLAGS:
-				flags = be32(data)
+				fl = be32(data)
 			}
 		})
 		if cstr(name) == TableName {
-			found, usable = true, n.buildsOn(flags)
+			found, flags = true, fl
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("dump tables: %w", err)
+		return false, 0, fmt.Errorf("dump tables: %w", err)
 	}
-	if !found || !usable {
+	return found, flags, nil
+}
+
+// claimExisting claims the table for this socket before it is read back,
+// when it is to be owned and can be claimed: then nobody can change it
+// between the reading and the transaction diffed against it. A table owned
+// by a running process is refused (EPERM).
+func (n *Netlink) claimExisting(ctx context.Context, f Family) error {
+	if !n.owning || n.claimed {
+		return nil
+	}
+	found, flags, err := n.tableFlags(f)
+	if err != nil || !found || !n.buildsOn(flags) {
+		return err
+	}
+	return n.apply(ctx, &Transaction{Family: f})
+}
+
+func (n *Netlink) loadDumps(ctx context.Context, deadline time.Time, f Family) (*Ruleset, error) {
+	found, flags, err := n.tableFlags(f)
+	if err != nil {
+		return nil, err
+	}
+	if !found || !n.buildsOn(flags) {
 		return nil, nil
 	}
 	rs := NewRuleset(f)

@@ -88,12 +88,16 @@ func TestNetlinkOwnedTable(t *testing.T) {
 		t.Fatal("another process changed the claimed table")
 	}
 
-	// A second live owner is refused, and so is a cleanup while the owner
-	// lives; the table is left as it was.
+	// A second live owner is refused: it cannot claim the table to read it
+	// back, nor rewrite it; so is a cleanup while the owner lives. The table
+	// is left as it was.
 	third := ns.ownedNetlink(t)
-	err := third.Apply(context.Background(), Diff(loadOn(t, third, f), desired))
-	if !errors.Is(err, unix.EPERM) || !strings.Contains(err.Error(), "owned by another running process") {
-		t.Fatalf("a second owner's transaction: %v, want EPERM naming the owner", err)
+	if _, err := third.Load(context.Background(), f); !errors.Is(err, unix.EPERM) ||
+		!strings.Contains(err.Error(), "owned by another running process") {
+		t.Fatalf("a second owner's reading: %v, want EPERM naming the owner", err)
+	}
+	if err := third.Apply(context.Background(), fullRewrite(desired)); !errors.Is(err, unix.EPERM) {
+		t.Fatalf("a second owner's rewrite: %v, want EPERM", err)
 	}
 	cleanup := ns.netlink(t)
 	if err := cleanup.Apply(context.Background(), &Transaction{Family: f, Ops: []Op{{Kind: OpDeleteTable}}}); !errors.Is(err, unix.EPERM) {
