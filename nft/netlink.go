@@ -591,9 +591,6 @@ func describeError(tx *Transaction, b *batch, errs []msgError) error {
 	switch op := b.owners[first.index]; {
 	case op == opClaim:
 		what = "claim table " + TableName
-		if first.errno == unix.EPERM {
-			what += " (owned by another running process)"
-		}
 	case op < 0 && first.index == 0:
 		what = "commit"
 	case op < 0:
@@ -604,6 +601,11 @@ func describeError(tx *Transaction, b *batch, errs []msgError) error {
 		if o.Kind == OpAddRule {
 			what += fmt.Sprintf(" (rule %q)", o.Rule.Text(tx.Family))
 		}
+	}
+	if first.errno == unix.EPERM {
+		// With CAP_NET_ADMIN, the only refusal is a table owned by
+		// another socket (NFT_TABLE_F_OWNER).
+		what += " (the table is owned by another running process)"
 	}
 	err := fmt.Errorf("%s: %w", what, first.errno)
 	if first.msg != "" {
