@@ -66,6 +66,11 @@ func TestUpstreamNames(t *testing.T) {
 			func() { ServiceRuleChangesTotal.WithLabelValues(IPv4).Add(2) }},
 		{"nftproxy_api_events_total", dto.MetricType_COUNTER, []string{"kind"},
 			func() { APIEventsTotal.WithLabelValues("EndpointSlice").Inc() }},
+		{"kubernetes_build_info", dto.MetricType_GAUGE,
+			[]string{"build_date", "compiler", "git_commit", "git_tree_state", "git_version", "go_version", "major", "minor", "platform"},
+			func() {
+				BuildInfo.WithLabelValues("0", "1", "v0.1.0", "abc", "clean", "2026-11-24T00:00:00Z", "go1.26", "gc", "linux/amd64").Set(1)
+			}},
 		{"rest_client_requests_total", dto.MetricType_COUNTER, []string{"code", "host", "method"},
 			func() { requestResultAdapter{}.Increment(context.Background(), "200", "GET", "10.0.0.1:6443") }},
 		{"rest_client_request_duration_seconds", dto.MetricType_HISTOGRAM, []string{"host", "verb"},

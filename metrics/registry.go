@@ -18,6 +18,7 @@ func init() {
 	Registry.MustRegister(kubeProxyCollectors()...)
 	Registry.MustRegister(nftproxyCollectors()...)
 	Registry.MustRegister(restClientCollectors()...)
+	Registry.MustRegister(buildInfoCollectors()...)
 	// process_resident_memory_bytes, process_cpu_seconds_total and
 	// go_goroutines are on the kubernetes-mixin "Kubernetes / Proxy"
 	// dashboard.

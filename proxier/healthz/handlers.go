@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/component-base/configz"
 
 	"github.com/nftproxy/nftproxy/metrics"
 )
@@ -58,8 +59,11 @@ func writeStatus(w http.ResponseWriter, st Status, healthy bool, counter *promet
 
 // MetricsMux serves, for the metrics port, /metrics (metricsHandler),
 // /proxyMode (plain text "nftables", which tools and the Kubernetes e2e tests
-// read to learn the proxy mode) and /healthz (plain "ok": upstream installs
-// that generic liveness check on the metrics port too). With profiling it
+// read to learn the proxy mode), /healthz (plain "ok": upstream installs
+// that generic liveness check on the metrics port too) and /configz
+// (component-base's: the configurations registered with it, as JSON keyed
+// by name; nftproxy registers its effective KubeProxyConfiguration under
+// "kubeproxy.config.k8s.io", as upstream). With profiling it
 // also serves Go's profiles under /debug/pprof/, as upstream does with
 // --profiling (enableProfiling).
 func MetricsMux(metricsHandler http.Handler, profiling bool) *http.ServeMux {
@@ -72,6 +76,7 @@ func MetricsMux(metricsHandler http.Handler, profiling bool) *http.ServeMux {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	mux.Handle("/metrics", metricsHandler)
+	configz.InstallHandler(mux)
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-base/configz"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/nftproxy/nftproxy/metrics"
@@ -115,6 +117,29 @@ func TestMetricsMux(t *testing.T) {
 				t.Errorf("Content-Type = %q, want %q", rec.Header().Get("Content-Type"), tt.contentType)
 			}
 		})
+	}
+}
+
+// TestMetricsMuxConfigz: /configz serves what is registered with
+// component-base's configz, as JSON keyed by name, as upstream.
+func TestMetricsMuxConfigz(t *testing.T) {
+	cz, err := configz.New("test.nftproxy.io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer configz.Delete("test.nftproxy.io")
+	obj := &metav1.Status{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Status"}, Message: "effective"}
+	if err := cz.Set(obj); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	MetricsMux(http.NotFoundHandler(), false).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/configz", nil))
+	var got map[string]metav1.Status
+	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || rec.Code != 200 {
+		t.Fatalf("GET /configz = %d %q: %v", rec.Code, rec.Body, err)
+	}
+	if got["test.nftproxy.io"].Message != "effective" || rec.Header().Get("Content-Type") != "application/json" {
+		t.Errorf("GET /configz = %q (%s)", rec.Body, rec.Header().Get("Content-Type"))
 	}
 }
 
