@@ -5,6 +5,14 @@ GO        ?= go
 BIN       := bin
 E2E_FLAGS ?= -timeout 30m
 
+# What nftproxy --version, its start-up log and kubernetes_build_info report
+# (cmd/nftproxy/version.go). git describe falls back to the commit when no
+# tag is reachable, and marks a dirty tree "-dirty".
+VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo v0.0.0-dev)
+GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+GO_LDFLAGS := -X main.version=$(VERSION) -X main.gitCommit=$(GIT_COMMIT) -X main.buildDate=$(BUILD_DATE)
+
 .PHONY: all deps build test unit e2e-tools e2e demo bench vet clean
 
 all: build
@@ -16,7 +24,7 @@ deps:
 	e2e/tools/deps.sh
 
 build:
-	$(GO) build -o $(BIN)/nftproxy ./cmd/nftproxy
+	$(GO) build -ldflags "$(GO_LDFLAGS)" -o $(BIN)/nftproxy ./cmd/nftproxy
 	$(GO) build -o $(BIN)/probe ./e2e/cmd/probe
 
 vet: deps

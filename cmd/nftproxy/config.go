@@ -2,24 +2,28 @@ package main
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/klog/v2"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 )
 
-// Defaults of kube-proxy v1.36 (pkg/proxy/apis/config/v1alpha1/defaults.go)
-// for the fields nftproxy reads.
+// Defaults of kube-proxy v1.36 (pkg/proxy/apis/config/v1alpha1/defaults.go).
 const (
-	defaultHealthzBindAddress  = "0.0.0.0:10256"
-	defaultMetricsBindAddress  = "127.0.0.1:10249"
+	defaultBindAddress         = "0.0.0.0"
 	defaultHealthzPort         = 10256
 	defaultMetricsPort         = 10249
 	defaultSyncPeriod          = 30 * time.Second
 	defaultMinSyncPeriod       = time.Second
 	defaultMasqueradeBit       = 14
+	defaultOOMScoreAdj         = -999
 	defaultConfigSyncPeriod    = 15 * time.Minute
 	defaultContentType         = "application/vnd.kubernetes.protobuf"
 	defaultQPS                 = 5
@@ -47,14 +51,24 @@ func defaultConfig() *kpconfig.KubeProxyConfiguration {
 	return cfg
 }
 
-// setDefaults fills what the file left unset, as upstream's defaulting does,
+// setDefaults fills what is unset as upstream's v1alpha1 defaulting does,
 // so that the flags (whose defaults are taken from cfg) show the values that
-// will be used.
+// will be used, and a written configuration reads like upstream's.
 func setDefaults(cfg *kpconfig.KubeProxyConfiguration) {
-	setString(&cfg.HealthzBindAddress, defaultHealthzBindAddress)
-	setString(&cfg.MetricsBindAddress, defaultMetricsBindAddress)
+	setString(&cfg.BindAddress, defaultBindAddress)
+	healthzHost, metricsHost := defaultServerHosts(cfg.BindAddress)
+	setString(&cfg.HealthzBindAddress, net.JoinHostPort(healthzHost, strconv.Itoa(defaultHealthzPort)))
+	setString(&cfg.MetricsBindAddress, net.JoinHostPort(metricsHost, strconv.Itoa(defaultMetricsPort)))
+	setInt32(&cfg.OOMScoreAdj, defaultOOMScoreAdj)
+	setDuration(&cfg.IPTables.SyncPeriod, defaultSyncPeriod)
+	setDuration(&cfg.IPTables.MinSyncPeriod, defaultMinSyncPeriod)
+	if cfg.IPTables.LocalhostNodePorts == nil {
+		cfg.IPTables.LocalhostNodePorts = ptr.To(true)
+	}
+	setDuration(&cfg.IPVS.SyncPeriod, defaultSyncPeriod)
 	setDuration(&cfg.NFTables.SyncPeriod, defaultSyncPeriod)
 	setDuration(&cfg.NFTables.MinSyncPeriod, defaultMinSyncPeriod)
+	setInt32(&cfg.IPTables.MasqueradeBit, defaultMasqueradeBit)
 	setInt32(&cfg.NFTables.MasqueradeBit, defaultMasqueradeBit)
 	setDuration(&cfg.ConfigSyncPeriod, defaultConfigSyncPeriod)
 	setString(&cfg.ClientConnection.ContentType, defaultContentType)
@@ -75,6 +89,16 @@ func setDefaults(cfg *kpconfig.KubeProxyConfiguration) {
 	if cfg.FeatureGates == nil {
 		cfg.FeatureGates = map[string]bool{}
 	}
+	logsapi.SetRecommendedLoggingConfiguration(&cfg.Logging)
+}
+
+// defaultServerHosts are the default health and metrics hosts: IPv6 ones
+// when bindAddress is not IPv4, as upstream.
+func defaultServerHosts(bindAddress string) (healthz, metrics string) {
+	if ip, err := netip.ParseAddr(bindAddress); err == nil && !ip.Unmap().Is4() {
+		return "::", "::1"
+	}
+	return "0.0.0.0", "127.0.0.1"
 }
 
 func setString(p *string, v string) {
@@ -98,25 +122,59 @@ func setInt32(p **int32, v int32) {
 // parseConfigFile decodes a KubeProxyConfiguration (YAML or JSON) and
 // applies the defaults. Like upstream, unknown fields are an error only if
 // the lenient decoding fails too: kube-proxy logs a warning and goes on, so
-// a file written for a newer kube-proxy keeps working.
-func parseConfigFile(data []byte) (*kpconfig.KubeProxyConfiguration, error) {
-	cfg := &kpconfig.KubeProxyConfiguration{}
+// a file written for a newer kube-proxy keeps working. lenient is the
+// strict decoding's error, for that warning.
+func parseConfigFile(data []byte) (cfg *kpconfig.KubeProxyConfiguration, lenient, err error) {
+	cfg = &kpconfig.KubeProxyConfiguration{}
 	if strictErr := yaml.UnmarshalStrict(data, cfg); strictErr != nil {
 		cfg = &kpconfig.KubeProxyConfiguration{}
 		if err := yaml.Unmarshal(data, cfg); err != nil {
-			return nil, fmt.Errorf("decode: %w", err)
+			return nil, nil, fmt.Errorf("decode: %w", err)
 		}
-		klog.InfoS("Using lenient decoding as strict decoding failed", "err", strictErr)
+		lenient = strictErr
 	}
 	if cfg.APIVersion != configAPIVersion || cfg.Kind != configKind {
-		return nil, fmt.Errorf("apiVersion %q kind %q: want apiVersion %q kind %q",
+		return nil, nil, fmt.Errorf("apiVersion %q kind %q: want apiVersion %q kind %q",
 			cfg.APIVersion, cfg.Kind, configAPIVersion, configKind)
 	}
 	if cfg.Mode == "" {
 		inheritIPTablesSettings(cfg)
 	}
 	setDefaults(cfg)
-	return cfg, nil
+	return cfg, lenient, nil
+}
+
+// completeForNFTables completes a merged configuration (whose mode is
+// nftables or empty) as upstream completes one for nftables mode
+// (platformApplyDefaults), and leaves it as upstream's conversion back to
+// v1alpha1 does: the sync periods and masqueradeAll live only in the
+// nftables section. The result is what --write-config-to writes and
+// /configz serves, and reads back to the same configuration.
+func completeForNFTables(cfg *kpconfig.KubeProxyConfiguration) {
+	cfg.TypeMeta = metav1.TypeMeta{APIVersion: configAPIVersion, Kind: configKind}
+	cfg.Mode = "nftables"
+	if cfg.DetectLocalMode == "" {
+		cfg.DetectLocalMode = "ClusterCIDR"
+	}
+	if len(cfg.NodePortAddresses) == 0 {
+		cfg.NodePortAddresses = []string{"primary"}
+	}
+	cfg.IPTables.SyncPeriod, cfg.IPTables.MinSyncPeriod = metav1.Duration{}, metav1.Duration{}
+	cfg.IPVS.SyncPeriod, cfg.IPVS.MinSyncPeriod = metav1.Duration{}, metav1.Duration{}
+	cfg.IPTables.MasqueradeAll = false
+}
+
+// writeConfigFile writes cfg as upstream's --write-config-to does: YAML
+// with the fields in JSON order (sorted), apiVersion and kind included.
+func writeConfigFile(path string, cfg *kpconfig.KubeProxyConfiguration) error {
+	data, err := yaml.Marshal(cfg)
+	if err != nil {
+		return fmt.Errorf("--write-config-to: encode: %w", err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return fmt.Errorf("--write-config-to: %w", err)
+	}
+	return nil
 }
 
 // inheritIPTablesSettings copies the iptables section into the nftables

@@ -2,91 +2,134 @@ package main
 
 import (
 	"github.com/spf13/pflag"
+	cliflag "k8s.io/component-base/cli/flag"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 )
 
 // flagValues is what the command line can set. Flags that have a config
-// file field write straight into cfg, so that "defaults, then the file, then
-// the flags given" is just: fill cfg, then parse the flags into it.
+// file field write straight into cfg (the defaults), so that without
+// --config cfg is "defaults, then the flags given"; with --config, as in
+// upstream kube-proxy, the file's configuration replaces cfg and only the
+// flags that live outside it (below) and the logging flags still count.
 type flagValues struct {
 	cfg *kpconfig.KubeProxyConfiguration
 
-	configFile   string
-	master       string
-	cleanup      bool
-	initOnly     bool
-	serviceCIDR  string
-	ipFamilies   string
-	healthzPort  int32
-	metricsPort  int32
-	featureGates map[string]string
+	// Commands and their arguments.
+	configFile    string
+	writeConfigTo string
+	cleanup       bool
+	initOnly      bool
+	version       versionFlag
+
+	// Applied whether or not --config is given, as upstream.
+	master           string
+	hostnameOverride string
+
+	// nftproxy's own flags: no config file field, so always applied.
+	serviceCIDR                string
+	ipFamilies                 string
+	metricsBindAddressOverride string
+
+	// Deprecated upstream flags that act on the bind addresses, only
+	// without --config (upstream's addressFromDeprecatedFlags).
+	healthzPort int32
+	metricsPort int32
 }
 
-// ignoredFlags are upstream flags nftproxy accepts so that existing
-// DaemonSets start, but which have no effect here (iptables/IPVS-only, or
-// features not carried over). run logs each one given.
-var ignoredFlags = []string{
-	"bind-address", "show-hidden-metrics-for-version", "oom-score-adj",
-	"iptables-localhost-nodeports", "pod-bridge-interface", "pod-interface-name-prefix",
-	"ipvs-sync-period", "ipvs-min-sync-period", "ipvs-scheduler", "ipvs-exclude-cidrs",
-	"ipvs-strict-arp", "ipvs-tcp-timeout", "ipvs-tcpfin-timeout", "ipvs-udp-timeout",
+// Flag annotations: which flags the --config file overrides, and which
+// have no effect in nftproxy (with why).
+const (
+	annotationConfigFile = "nftproxy.io/config-file"
+	annotationNoEffect   = "nftproxy.io/no-effect"
+)
+
+func newFlagValues() *flagValues {
+	return &flagValues{cfg: defaultConfig(), healthzPort: defaultHealthzPort, metricsPort: defaultMetricsPort}
 }
 
-// flagSet declares nftproxy's flags: upstream kube-proxy's names and
-// meanings, plus --service-cidr and --ip-families.
+// flagSet declares nftproxy's flags: every flag of kube-proxy v1.36 with
+// its name, type and meaning (upstream/flags.txt lists them), plus
+// nftproxy's own. Like upstream, "_" is accepted for "-" in flag names.
 func (fv *flagValues) flagSet() *pflag.FlagSet {
 	fs := pflag.NewFlagSet("nftproxy", pflag.ContinueOnError)
-	fv.addGeneralFlags(fs)
+	fs.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
+	fv.addCommandFlags(fs)
+	fv.addNodeAndClientFlags(fs)
+	fv.addNFTProxyFlags(fs)
+	logsapi.AddFlags(&fv.cfg.Logging, fs)
+	fs.AddFlagSet(fv.configFileFlags())
+	addNoEffectFlags(fs)
+	return fs
+}
+
+func (fv *flagValues) addCommandFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&fv.configFile, "config", fv.configFile, "The path to the configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1). As in kube-proxy, it replaces the flags that have a field in it; the logging flags, --hostname-override, --master and nftproxy's own flags still apply. nftproxy exits when the file changes on disk, so that its pod restarts with the new configuration.")
+	fs.StringVar(&fv.writeConfigTo, "write-config-to", fv.writeConfigTo, "If set, write the configuration nftproxy would use (defaults, --config and flags) to this file as a KubeProxyConfiguration and exit.")
+	fs.BoolVar(&fv.cleanup, "cleanup", fv.cleanup, "If true, delete nftproxy's nftables tables and exit.")
+	fs.BoolVar(&fv.initOnly, "init-only", fv.initOnly, "If true, do the initialization that needs full root privileges (the conntrack sysctls) and exit. nftproxy can then run with only CAP_NET_ADMIN.")
+	fs.Var(&fv.version, "version", "--version, --version=raw prints version information and quits; --version=vX.Y.Z... sets the reported version")
+	fs.Lookup("version").NoOptDefVal = string(versionTrue)
+}
+
+// addNodeAndClientFlags declares the upstream flags that have no config
+// file field of their own, or that upstream applies over the file.
+func (fv *flagValues) addNodeAndClientFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&fv.hostnameOverride, "hostname-override", fv.hostnameOverride, "If non-empty, will be used as the name of the Node that nftproxy is running on. If unset, the node name is assumed to be the same as the node's hostname. Overrides the config file's hostnameOverride.")
+	fs.StringVar(&fv.master, "master", fv.master, "The address of the Kubernetes API server (overrides any value in kubeconfig)")
+}
+
+func (fv *flagValues) addNFTProxyFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&fv.serviceCIDR, "service-cidr", fv.serviceCIDR, "nftproxy: comma-separated service CIDRs (at most one per IP family), used when the cluster has no ServiceCIDR objects: traffic to an unallocated address in them is dropped. Empty: no such drop unless ServiceCIDR objects exist.")
+	fs.StringVar(&fv.ipFamilies, "ip-families", fv.ipFamilies, "nftproxy: comma-separated IP families to program, 'ipv4' and/or 'ipv6'. Default: both (IPv6 is skipped if the kernel has it disabled).")
+	fs.StringVar(&fv.metricsBindAddressOverride, "metrics-bind-address-override", fv.metricsBindAddressOverride, "nftproxy: \"host:port\" or a bare IP (port 10249) for the metrics server, winning over --metrics-bind-address and the config file's metricsBindAddress. It exists so that a DaemonSet can serve metrics on the node's own IP (--metrics-bind-address-override=$(NODE_IP), from status.hostIP) for Prometheus to scrape, while kubeadm's kube-proxy ConfigMap, shared by all nodes, stays unchanged.")
+}
+
+// configFileFlags declares the flags that have a config file field (or,
+// for the deprecated ports, act on one); --config replaces them all.
+func (fv *flagValues) configFileFlags() *pflag.FlagSet {
+	fs := pflag.NewFlagSet("config-file", pflag.ContinueOnError)
 	fv.addClientFlags(fs)
 	fv.addProxyFlags(fs)
 	fv.addServerFlags(fs)
 	fv.addConntrackFlags(fs)
-	fv.addIgnoredFlags(fs)
+	fv.addUnusedConfigFlags(fs)
+	fs.VisitAll(func(f *pflag.Flag) { _ = fs.SetAnnotation(f.Name, annotationConfigFile, nil) })
 	return fs
 }
 
-func (fv *flagValues) addGeneralFlags(fs *pflag.FlagSet) {
-	c := fv.cfg
-	fs.StringVar(&fv.configFile, "config", fv.configFile, "The path to the configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1). Flags given on the command line override it.")
-	fs.BoolVar(&fv.cleanup, "cleanup", fv.cleanup, "If true, delete nftproxy's nftables tables and exit.")
-	fs.BoolVar(&fv.initOnly, "init-only", fv.initOnly, "If true, exit after validating the configuration (nftproxy needs no privileged initialization step).")
-	fs.StringVar(&c.HostnameOverride, "hostname-override", c.HostnameOverride, "If non-empty, will be used as the name of the Node that nftproxy is running on. If unset, the node name is assumed to be the same as the node's hostname.")
-	fs.StringToStringVar(&fv.featureGates, "feature-gates", fv.featureGates, "A set of key=value pairs for kube-proxy feature gates. Accepted for compatibility; nftproxy has no feature gates and ignores them.")
-	fs.VarP(logsapi.VerbosityLevelPflag(&c.Logging.Verbosity), "v", "v", "number for the log level verbosity")
-	fs.Var(logsapi.VModuleConfigurationPflag(&c.Logging.VModule), "vmodule", "comma-separated list of pattern=N settings for file-filtered logging (only works for text log format)")
-}
-
 func (fv *flagValues) addClientFlags(fs *pflag.FlagSet) {
-	cc := &fv.cfg.ClientConnection
+	c := fv.cfg
+	cc := &c.ClientConnection
 	fs.StringVar(&cc.Kubeconfig, "kubeconfig", cc.Kubeconfig, "Path to kubeconfig file with authorization information (the master location can be overridden by the master flag).")
-	fs.StringVar(&fv.master, "master", fv.master, "The address of the Kubernetes API server (overrides any value in kubeconfig)")
 	fs.StringVar(&cc.ContentType, "kube-api-content-type", cc.ContentType, "Content type of requests sent to apiserver.")
 	fs.Float32Var(&cc.QPS, "kube-api-qps", cc.QPS, "QPS to use while talking with kubernetes apiserver")
 	fs.Int32Var(&cc.Burst, "kube-api-burst", cc.Burst, "Burst to use while talking with kubernetes apiserver")
-	fs.DurationVar(&fv.cfg.ConfigSyncPeriod.Duration, "config-sync-period", fv.cfg.ConfigSyncPeriod.Duration, "How often configuration from the apiserver is refreshed.  Must be greater than 0.")
+	fs.DurationVar(&c.ConfigSyncPeriod.Duration, "config-sync-period", c.ConfigSyncPeriod.Duration, "How often configuration from the apiserver is refreshed.  Must be greater than 0.")
+	fs.Var(cliflag.NewMapStringBool(&c.FeatureGates), "feature-gates", "A set of key=value pairs for kube-proxy v1.36's feature gates (upstream/feature-gates.txt); unknown gates are an error, as upstream. nftproxy honours the logging gates (LoggingAlphaOptions, LoggingBetaOptions, ContextualLogging); the others have no effect.")
 }
 
 func (fv *flagValues) addProxyFlags(fs *pflag.FlagSet) {
 	c := fv.cfg
 	fs.Var((*stringValue)(&c.Mode), "proxy-mode", "Which proxy mode to use: nftproxy only implements 'nftables' (empty means the same).")
 	fs.StringVar(&c.ClusterCIDR, "cluster-cidr", c.ClusterCIDR, "The CIDR range of the pods in the cluster (for dual-stack clusters, a comma-separated IPv4,IPv6 pair). Traffic to a ClusterIP from outside it is masqueraded.")
-	fs.StringVar(&fv.serviceCIDR, "service-cidr", fv.serviceCIDR, "nftproxy: comma-separated service CIDRs (at most one per IP family), used when the cluster has no ServiceCIDR objects: traffic to an unallocated address in them is dropped. Empty: no such drop unless ServiceCIDR objects exist.")
 	fs.Var((*stringValue)(&c.DetectLocalMode), "detect-local-mode", "Mode to use to detect local traffic: ClusterCIDR (default), NodeCIDR, BridgeInterface or InterfaceNamePrefix.")
+	fs.StringVar(&c.DetectLocal.BridgeInterface, "pod-bridge-interface", c.DetectLocal.BridgeInterface, "A bridge interface name. With --detect-local-mode=BridgeInterface, traffic from this bridge is local.")
+	fs.StringVar(&c.DetectLocal.InterfaceNamePrefix, "pod-interface-name-prefix", c.DetectLocal.InterfaceNamePrefix, "An interface name prefix. With --detect-local-mode=InterfaceNamePrefix, traffic from interfaces whose name begins with it is local.")
 	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", c.NodePortAddresses, "A list of CIDR ranges that contain valid node IPs, or alternatively, the single string 'primary' (the default: the node's primary IPs). NodePorts answer only on these addresses.")
 	fs.BoolVar(&c.NFTables.MasqueradeAll, "masquerade-all", c.NFTables.MasqueradeAll, "SNAT all traffic sent via Service cluster IPs.")
-	fs.Int32Var(c.NFTables.MasqueradeBit, "iptables-masquerade-bit", *c.NFTables.MasqueradeBit, "The bit of the fwmark space to mark packets requiring SNAT with. Must be within the range [0, 31]. (Upstream ignores this flag in nftables mode; nftproxy honours it.)")
+	fs.Int32Var(c.IPTables.MasqueradeBit, "iptables-masquerade-bit", *c.IPTables.MasqueradeBit, "The bit of the fwmark space to mark packets requiring SNAT with. Must be within the range [0, 31]. (Upstream ignores this flag in nftables mode; nftproxy honours it.)")
 	fs.DurationVar(&c.NFTables.SyncPeriod.Duration, "iptables-sync-period", c.NFTables.SyncPeriod.Duration, "The longest time between two rule syncs (e.g. '5s', '1m', '2h22m'). Must be greater than 0.")
 	fs.DurationVar(&c.NFTables.MinSyncPeriod.Duration, "iptables-min-sync-period", c.NFTables.MinSyncPeriod.Duration, "The minimum period between rule resyncs (e.g. '5s', '1m', '2h22m'). A value of 0 means every Service or EndpointSlice change will result in an immediate resync.")
-	fs.StringVar(&fv.ipFamilies, "ip-families", fv.ipFamilies, "nftproxy: comma-separated IP families to program, 'ipv4' and/or 'ipv6'. Default: both (IPv6 is skipped if the kernel has it disabled).")
 }
 
 func (fv *flagValues) addServerFlags(fs *pflag.FlagSet) {
 	c := fv.cfg
 	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", c.HealthzBindAddress, "The IP address and port for the health check server to serve on. Set empty to disable.")
-	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", c.MetricsBindAddress, "The IP address and port for the metrics server to serve on. (Set to '0.0.0.0:10249' / '[::]:10249' to bind on all interfaces.) Set empty to disable.")
+	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", c.MetricsBindAddress, "The IP address and port for the metrics server to serve on. (Set to '0.0.0.0:10249' / '[::]:10249' to bind on all interfaces.) Set empty to disable. See also --metrics-bind-address-override.")
 	fs.BoolVar(&c.BindAddressHardFail, "bind-address-hard-fail", c.BindAddressHardFail, "If true nftproxy will treat failure to bind to a port as fatal and exit")
 	fs.BoolVar(&c.EnableProfiling, "profiling", c.EnableProfiling, "If true enables profiling via web interface on /debug/pprof handler of the metrics server.")
+	fs.Int32Var(c.OOMScoreAdj, "oom-score-adj", *c.OOMScoreAdj, "The oom-score-adj value for the nftproxy process. Values must be within the range [-1000, 1000].")
 	fs.Int32Var(&fv.healthzPort, "healthz-port", fv.healthzPort, "The port to bind the health check server. Use 0 to disable.")
 	fs.Int32Var(&fv.metricsPort, "metrics-port", fv.metricsPort, "The port to bind the metrics server. Use 0 to disable.")
 	_ = fs.MarkDeprecated("healthz-port", "use --healthz-bind-address instead")
@@ -106,25 +149,52 @@ func (fv *flagValues) addConntrackFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&ct.UDPStreamTimeout.Duration, "conntrack-udp-timeout-stream", ct.UDPStreamTimeout.Duration, "Idle timeout for ASSURED UDP connections (0 to leave as-is).")
 }
 
-// addIgnoredFlags declares ignoredFlags with upstream's types, so that
-// "--profiling" (no value) parses as it does for kube-proxy.
-func (fv *flagValues) addIgnoredFlags(fs *pflag.FlagSet) {
+// noEffect says why each upstream flag nftproxy accepts does nothing here;
+// startup logs the reason for each one given.
+var noEffect = map[string]string{
+	"bind-address":                    "nftproxy takes the node's primary IPs from its Node object",
+	"show-hidden-metrics-for-version": "nftproxy has no hidden metrics",
+	"iptables-localhost-nodeports":    "iptables mode only",
+	"ipvs-sync-period":                "IPVS mode only",
+	"ipvs-min-sync-period":            "IPVS mode only",
+	"ipvs-scheduler":                  "IPVS mode only",
+	"ipvs-exclude-cidrs":              "IPVS mode only",
+	"ipvs-strict-arp":                 "IPVS mode only",
+	"ipvs-tcp-timeout":                "IPVS mode only",
+	"ipvs-tcpfin-timeout":             "IPVS mode only",
+	"ipvs-udp-timeout":                "IPVS mode only",
+	"boot-id-file":                    "cAdvisor's flag, which kube-proxy inherits through its imports and does not use either",
+	"machine-id-file":                 "cAdvisor's flag, which kube-proxy inherits through its imports and does not use either",
+}
+
+// addUnusedConfigFlags declares the config file flags that have no effect,
+// with upstream's types, so that existing DaemonSets parse as for
+// kube-proxy; the values still go to cfg (and --write-config-to, /configz).
+func (fv *flagValues) addUnusedConfigFlags(fs *pflag.FlagSet) {
 	c := fv.cfg
-	const ignored = " Ignored by nftproxy."
-	fs.StringVar(&c.BindAddress, "bind-address", c.BindAddress, "Overrides kube-proxy's idea of what its node's primary IP is."+ignored)
-	fs.StringVar(&c.ShowHiddenMetricsForVersion, "show-hidden-metrics-for-version", c.ShowHiddenMetricsForVersion, "The previous version for which you want to show hidden metrics."+ignored)
-	fs.Int32Var(new(int32), "oom-score-adj", -999, "The oom-score-adj value for the process."+ignored)
-	fs.Bool("iptables-localhost-nodeports", true, "iptables mode only."+ignored)
-	fs.StringVar(&c.DetectLocal.BridgeInterface, "pod-bridge-interface", c.DetectLocal.BridgeInterface, "For --detect-local-mode=BridgeInterface: the bridge of this node's pods.")
-	fs.StringVar(&c.DetectLocal.InterfaceNamePrefix, "pod-interface-name-prefix", c.DetectLocal.InterfaceNamePrefix, "For --detect-local-mode=InterfaceNamePrefix: the name prefix of this node's pod interfaces.")
-	fs.Duration("ipvs-sync-period", 0, "IPVS mode only."+ignored)
-	fs.Duration("ipvs-min-sync-period", 0, "IPVS mode only."+ignored)
-	fs.String("ipvs-scheduler", "", "IPVS mode only."+ignored)
-	fs.StringSlice("ipvs-exclude-cidrs", nil, "IPVS mode only."+ignored)
-	fs.Bool("ipvs-strict-arp", false, "IPVS mode only."+ignored)
-	fs.Duration("ipvs-tcp-timeout", 0, "IPVS mode only."+ignored)
-	fs.Duration("ipvs-tcpfin-timeout", 0, "IPVS mode only."+ignored)
-	fs.Duration("ipvs-udp-timeout", 0, "IPVS mode only."+ignored)
+	fs.StringVar(&c.BindAddress, "bind-address", c.BindAddress, "Overrides kube-proxy's idea of what its node's primary IP is.")
+	fs.StringVar(&c.ShowHiddenMetricsForVersion, "show-hidden-metrics-for-version", c.ShowHiddenMetricsForVersion, "The previous version for which you want to show hidden metrics.")
+	fs.BoolVar(c.IPTables.LocalhostNodePorts, "iptables-localhost-nodeports", *c.IPTables.LocalhostNodePorts, "iptables mode only: allow NodePorts on localhost.")
+	fs.DurationVar(&c.IPVS.SyncPeriod.Duration, "ipvs-sync-period", c.IPVS.SyncPeriod.Duration, "IPVS mode only.")
+	fs.DurationVar(&c.IPVS.MinSyncPeriod.Duration, "ipvs-min-sync-period", c.IPVS.MinSyncPeriod.Duration, "IPVS mode only.")
+	fs.StringVar(&c.IPVS.Scheduler, "ipvs-scheduler", c.IPVS.Scheduler, "IPVS mode only.")
+	fs.StringSliceVar(&c.IPVS.ExcludeCIDRs, "ipvs-exclude-cidrs", c.IPVS.ExcludeCIDRs, "IPVS mode only.")
+	fs.BoolVar(&c.IPVS.StrictARP, "ipvs-strict-arp", c.IPVS.StrictARP, "IPVS mode only.")
+	fs.DurationVar(&c.IPVS.TCPTimeout.Duration, "ipvs-tcp-timeout", c.IPVS.TCPTimeout.Duration, "IPVS mode only.")
+	fs.DurationVar(&c.IPVS.TCPFinTimeout.Duration, "ipvs-tcpfin-timeout", c.IPVS.TCPFinTimeout.Duration, "IPVS mode only.")
+	fs.DurationVar(&c.IPVS.UDPTimeout.Duration, "ipvs-udp-timeout", c.IPVS.UDPTimeout.Duration, "IPVS mode only.")
+}
+
+// addNoEffectFlags declares the upstream flags that neither nftproxy nor
+// the config file use, and marks every flag of noEffect.
+func addNoEffectFlags(fs *pflag.FlagSet) {
+	fs.String("boot-id-file", "/proc/sys/kernel/random/boot_id", "Comma-separated list of files to check for boot-id.")
+	fs.String("machine-id-file", "/etc/machine-id,/var/lib/dbus/machine-id", "Comma-separated list of files to check for machine-id.")
+	for name, why := range noEffect {
+		_ = fs.SetAnnotation(name, annotationNoEffect, []string{why})
+		f := fs.Lookup(name)
+		f.Usage += " No effect in nftproxy: " + why + "."
+	}
 }
 
 // stringValue is a pflag.Value over a string-kinded type (ProxyMode,

@@ -37,21 +37,39 @@ func main() {
 	if p, ok := gcPercent(os.Getenv); ok {
 		debug.SetGCPercent(p)
 	}
-	o, err := parseOptions(os.Args[1:], environment{readFile: os.ReadFile, hostname: os.Hostname, output: os.Stderr})
-	if errors.Is(err, pflag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "nftproxy: %v\n", err)
-		os.Exit(2)
-	}
+	env := environment{readFile: os.ReadFile, hostname: os.Hostname, stdout: os.Stdout, stderr: os.Stderr}
 	// SIGTERM is how kubelet stops the pod; both signals end run cleanly.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	err = run(ctx, o)
+	code := execute(ctx, os.Args[1:], env)
 	stop()
-	if err != nil {
-		klog.ErrorS(err, "nftproxy failed")
-		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	os.Exit(code)
+}
+
+// execute runs nftproxy with the command line args and returns the exit
+// status: 0 on success (--help, --version and --write-config-to too), 2
+// for a command line or configuration that is not valid, 1 when running
+// failed (including the --config file changing on disk, so that the pod
+// restarts with it).
+func execute(ctx context.Context, args []string, env environment) int {
+	o, err := parseOptions(args, env)
+	if errors.Is(err, pflag.ErrHelp) {
+		return 0
 	}
-	klog.Flush()
+	if err != nil {
+		fmt.Fprintf(env.stderr, "nftproxy: %v\n", err)
+		return 2
+	}
+	if o.Version.print(env.stdout) {
+		return 0
+	}
+	if err := applyLogging(&o.Config.Logging, o.FeatureGate, env.stdout, env.stderr); err != nil {
+		fmt.Fprintf(env.stderr, "nftproxy: %v\n", err)
+		return 2
+	}
+	defer klog.Flush()
+	if err := run(ctx, o); err != nil {
+		klog.ErrorS(err, "nftproxy failed")
+		return 1
+	}
+	return 0
 }

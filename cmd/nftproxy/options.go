@@ -4,13 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/component-base/featuregate"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/nftproxy/nftproxy/proxier"
@@ -22,8 +22,23 @@ import (
 type options struct {
 	Proxier proxier.Config
 
-	Cleanup  bool // delete our tables and exit
-	InitOnly bool // validate and exit
+	// Version is --version: when it asks for printing, nothing else is set.
+	Version       versionFlag
+	WriteConfigTo string // write Config there and exit
+	Cleanup       bool   // delete our tables and exit
+	InitOnly      bool   // apply the privileged settings and exit
+
+	// Config is the effective KubeProxyConfiguration: defaults, then the
+	// --config file or the flags, completed for nftables mode as upstream
+	// completes it. --write-config-to writes it, /configz serves it.
+	Config *kpconfig.KubeProxyConfiguration
+	// ConfigFile is --config and ConfigData the content parsed from it; run
+	// exits when the file's content changes.
+	ConfigFile string
+	ConfigData []byte
+	// FeatureGate holds the feature gates given, checked against
+	// kube-proxy's; nftproxy reads only the logging ones.
+	FeatureGate featuregate.FeatureGate
 
 	Client clientOptions
 	// ConfigSyncPeriod is the informers' resync period.
@@ -42,19 +57,18 @@ type options struct {
 	IPFamiliesExplicit bool
 
 	// NodePortAddresses as given (also in Proxier.NodePortCIDRs); Conntrack
-	// is applied once at startup.
+	// is applied once at startup, OOMScoreAdj when the proxy starts.
 	NodePortAddresses []string
 	Conntrack         kpconfig.KubeProxyConntrackConfiguration
-	FeatureGates      map[string]bool
+	OOMScoreAdj       int
 
-	// Verbosity and VModule configure klog.
-	Verbosity int
-	VModule   string
-
-	// IgnoredFlags are the ignoredFlags given; FileOverrides the flags that
-	// overrode a --config value. run logs both.
-	IgnoredFlags  []string
-	FileOverrides []string
+	// What startup logs about the command line: the flags given that have
+	// no effect (with why), those --config replaced, the deprecated ones,
+	// and why strict decoding of the file failed.
+	NoEffectFlags   map[string]string
+	IgnoredByConfig []string
+	DeprecatedFlags []string
+	LenientDecode   error
 }
 
 // clientOptions configure the Kubernetes API client.
@@ -71,68 +85,103 @@ type clientOptions struct {
 type environment struct {
 	readFile func(name string) ([]byte, error)
 	hostname func() (string, error)
-	output   io.Writer // usage and --help
+	stdout   io.Writer // --help, --version; JSON info logs with split streams
+	stderr   io.Writer // errors; JSON logs
 }
 
 // parseOptions turns the command line (without the program name) into
-// options. Precedence: upstream defaults, then the --config file, then the
-// flags actually given. (Upstream kube-proxy instead ignores most flags when
-// --config is given; honouring them is a superset of that behaviour.)
+// options, with upstream kube-proxy's precedence: without --config, the
+// defaults and then the flags given; with --config, the file, then the
+// logging flags, --hostname-override and the flags that have no field in
+// it (--master, the commands, nftproxy's own flags).
 func parseOptions(args []string, env environment) (*options, error) {
-	first := &flagValues{cfg: defaultConfig()}
-	fs := first.flagSet()
+	fv := newFlagValues()
+	fs := fv.flagSet()
 	fs.SetOutput(io.Discard) // main prints the error once, without the usage
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprintf(env.output, "Usage of nftproxy:\n%s", fs.FlagUsages())
+			fmt.Fprintf(env.stdout, "Usage of nftproxy:\n%s", fs.FlagUsages())
 		}
 		return nil, err
 	}
 	if len(fs.Args()) > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	cfg := defaultConfig()
-	if first.configFile != "" {
-		data, err := env.readFile(first.configFile)
-		if err != nil {
-			return nil, fmt.Errorf("--config: %w", err)
-		}
-		if cfg, err = parseConfigFile(data); err != nil {
-			return nil, fmt.Errorf("--config %s: %w", first.configFile, err)
-		}
+	o := &options{Version: fv.version, ConfigFile: fv.configFile, WriteConfigTo: fv.writeConfigTo,
+		Cleanup: fv.cleanup, InitOnly: fv.initOnly, NoEffectFlags: map[string]string{}}
+	if fv.version == versionTrue || fv.version == versionRaw {
+		return o, nil
 	}
-	fv := &flagValues{cfg: cfg}
-	fs = fv.flagSet()
-	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
+	var err error
+	if fv.configFile != "" {
+		err = fv.useConfigFile(fs, env, o)
+	} else {
+		fv.useFlags(fs, o)
+	}
+	if err != nil {
 		return nil, err
 	}
-	return fv.resolve(fs, env)
+	if err := fv.resolve(fs, env, o); err != nil {
+		return nil, err
+	}
+	return o, nil
 }
 
-// resolve validates the merged configuration and converts it. All problems
-// are reported at once, each naming its flag and config file field.
-func (fv *flagValues) resolve(fs *pflag.FlagSet, env environment) (*options, error) {
-	c := fv.cfg
-	o := &options{
-		Cleanup:             fv.cleanup,
-		InitOnly:            fv.initOnly,
-		ConfigSyncPeriod:    c.ConfigSyncPeriod.Duration,
-		BindAddressHardFail: c.BindAddressHardFail,
-		IPFamiliesExplicit:  fs.Changed("ip-families"),
-		NodePortAddresses:   c.NodePortAddresses,
-		Conntrack:           c.Conntrack,
-		Verbosity:           int(c.Logging.Verbosity),
-		VModule:             vmoduleString(c),
-		Client: clientOptions{
-			Kubeconfig:         c.ClientConnection.Kubeconfig,
-			Master:             fv.master,
-			ContentType:        c.ClientConnection.ContentType,
-			AcceptContentTypes: c.ClientConnection.AcceptContentTypes,
-			QPS:                c.ClientConnection.QPS,
-			Burst:              int(c.ClientConnection.Burst),
-		},
+// useConfigFile replaces the flags' configuration by the file's, as
+// upstream: the logging flags given are copied over it, and the other
+// flags that have a field in it are reported as ignored.
+func (fv *flagValues) useConfigFile(fs *pflag.FlagSet, env environment, o *options) error {
+	data, err := env.readFile(fv.configFile)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
 	}
+	cfg, lenient, err := parseConfigFile(data)
+	if err != nil {
+		return fmt.Errorf("--config %s: %w", fv.configFile, err)
+	}
+	if err := copyLoggingFlags(fs, &cfg.Logging); err != nil {
+		return err
+	}
+	fs.Visit(func(f *pflag.Flag) {
+		if _, ok := f.Annotations[annotationConfigFile]; ok {
+			o.IgnoredByConfig = append(o.IgnoredByConfig, f.Name)
+		}
+	})
+	fv.cfg, o.ConfigData, o.LenientDecode = cfg, data, lenient
+	return nil
+}
+
+// useFlags completes the flags' configuration: the deprecated port flags
+// (upstream applies them without --config and --write-config-to) and the
+// masquerade bit, which nftproxy honours in nftables mode.
+func (fv *flagValues) useFlags(fs *pflag.FlagSet, o *options) {
+	c := fv.cfg
+	if fs.Changed("iptables-masquerade-bit") {
+		*c.NFTables.MasqueradeBit = *c.IPTables.MasqueradeBit
+	}
+	if fv.writeConfigTo != "" {
+		return
+	}
+	for _, p := range []struct {
+		flag, addrFlag string
+		addr           *string
+		port           int32
+	}{
+		{"healthz-port", "--healthz-bind-address", &c.HealthzBindAddress, fv.healthzPort},
+		{"metrics-port", "--metrics-bind-address", &c.MetricsBindAddress, fv.metricsPort},
+	} {
+		var applied bool
+		*p.addr, applied = addressFromPortFlag(*p.addr, p.port)
+		if !applied && fs.Changed(p.flag) {
+			o.NoEffectFlags[p.flag] = p.addrFlag + " has a port; as in kube-proxy, the port flag only completes a bare IP"
+		}
+	}
+}
+
+// resolve completes, validates and converts the merged configuration. All
+// problems are reported at once, each naming its flag and config field.
+func (fv *flagValues) resolve(fs *pflag.FlagSet, env environment, o *options) error {
+	c := fv.cfg
 	var errs []error
 	check := func(err error) {
 		if err != nil {
@@ -140,26 +189,85 @@ func (fv *flagValues) resolve(fs *pflag.FlagSet, env environment) (*options, err
 		}
 	}
 	check(checkMode(c))
+	check(fv.applyHostnameOverride())
+	completeForNFTables(c)
 	check(checkDetectLocalMode(c))
 	check(checkPeriods(c))
 	check(checkClient(c))
-	check(checkLogging(c))
+	check(checkLinux(c))
 	check(checkNodePortAddresses(c.NodePortAddresses))
 	var err error
-	o.FeatureGates, err = featureGates(c.FeatureGates, fv.featureGates)
+	o.FeatureGate, err = featureGateFor(c.FeatureGates)
 	check(err)
-	o.HealthzBindAddress, err = bindAddress(c.HealthzBindAddress, fs.Changed("healthz-port"), fv.healthzPort, "--healthz-bind-address / healthzBindAddress")
-	check(err)
-	o.MetricsBindAddress, err = bindAddress(c.MetricsBindAddress, fs.Changed("metrics-port"), fv.metricsPort, "--metrics-bind-address / metricsBindAddress")
-	check(err)
-	o.EnableProfiling = c.EnableProfiling
+	if err == nil {
+		check(validateLogging(&c.Logging, o.FeatureGate))
+	}
+	check(fv.resolveServers(o))
 	o.Proxier, err = fv.proxierConfig(env)
 	check(err)
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return err
 	}
-	o.IgnoredFlags, o.FileOverrides = changedFlags(fs, fv.configFile != "")
-	return o, nil
+	fv.fillOptions(fs, o)
+	return nil
+}
+
+// applyHostnameOverride applies --hostname-override over the file's
+// hostnameOverride, trimmed and lower-cased, as upstream.
+func (fv *flagValues) applyHostnameOverride() error {
+	if fv.hostnameOverride == "" {
+		return nil
+	}
+	name := strings.TrimSpace(fv.hostnameOverride)
+	if name == "" {
+		return errors.New("--hostname-override: empty hostname-override is invalid")
+	}
+	fv.cfg.HostnameOverride = strings.ToLower(name)
+	return nil
+}
+
+// resolveServers validates the server addresses and applies
+// --metrics-bind-address-override; Config gets the addresses served.
+func (fv *flagValues) resolveServers(o *options) error {
+	c := fv.cfg
+	var errs [3]error
+	o.HealthzBindAddress, errs[0] = bindAddress(c.HealthzBindAddress, defaultHealthzPort, "--healthz-bind-address / healthzBindAddress")
+	o.MetricsBindAddress, errs[1] = bindAddress(c.MetricsBindAddress, defaultMetricsPort, "--metrics-bind-address / metricsBindAddress")
+	if fv.metricsBindAddressOverride != "" {
+		o.MetricsBindAddress, errs[2] = bindAddress(fv.metricsBindAddressOverride, defaultMetricsPort, "--metrics-bind-address-override")
+	}
+	c.HealthzBindAddress, c.MetricsBindAddress = o.HealthzBindAddress, o.MetricsBindAddress
+	return errors.Join(errs[:]...)
+}
+
+// fillOptions copies the validated configuration into o.
+func (fv *flagValues) fillOptions(fs *pflag.FlagSet, o *options) {
+	c := fv.cfg
+	o.Config = c
+	o.ConfigSyncPeriod = c.ConfigSyncPeriod.Duration
+	o.BindAddressHardFail = c.BindAddressHardFail
+	o.EnableProfiling = c.EnableProfiling
+	o.IPFamiliesExplicit = fs.Changed("ip-families")
+	o.NodePortAddresses = c.NodePortAddresses
+	o.Conntrack = c.Conntrack
+	o.OOMScoreAdj = int(*c.OOMScoreAdj)
+	o.Client = clientOptions{
+		Kubeconfig:         c.ClientConnection.Kubeconfig,
+		Master:             fv.master,
+		ContentType:        c.ClientConnection.ContentType,
+		AcceptContentTypes: c.ClientConnection.AcceptContentTypes,
+		QPS:                c.ClientConnection.QPS,
+		Burst:              int(c.ClientConnection.Burst),
+	}
+	fs.Visit(func(f *pflag.Flag) {
+		why, ok := f.Annotations[annotationNoEffect]
+		if ok && !slices.Contains(o.IgnoredByConfig, f.Name) {
+			o.NoEffectFlags[f.Name] = why[0]
+		}
+		if f.Deprecated != "" {
+			o.DeprecatedFlags = append(o.DeprecatedFlags, f.Name)
+		}
+	})
 }
 
 // proxierConfig builds proxier.Config from the merged configuration.
@@ -195,236 +303,4 @@ func (fv *flagValues) proxierConfig(env environment) (proxier.Config, error) {
 		}
 	}
 	return pc, errors.Join(errs...)
-}
-
-// checkMode refuses the proxy modes nftproxy does not implement, instead of
-// silently running nftables rules where iptables or IPVS ones were asked for.
-func checkMode(c *kpconfig.KubeProxyConfiguration) error {
-	switch c.Mode {
-	case "", "nftables":
-		return nil
-	}
-	return fmt.Errorf("--proxy-mode / mode %q: nftproxy only implements the nftables mode (set it to \"nftables\" or leave it empty)", c.Mode)
-}
-
-// checkDetectLocalMode accepts upstream's modes, each with what it needs.
-func checkDetectLocalMode(c *kpconfig.KubeProxyConfiguration) error {
-	switch c.DetectLocalMode {
-	case "", "ClusterCIDR", "NodeCIDR":
-		return nil
-	case "BridgeInterface":
-		if c.DetectLocal.BridgeInterface == "" {
-			return errors.New("--detect-local-mode / detectLocalMode BridgeInterface needs --pod-bridge-interface / detectLocal.bridgeInterface")
-		}
-		return nil
-	case "InterfaceNamePrefix":
-		if c.DetectLocal.InterfaceNamePrefix == "" {
-			return errors.New("--detect-local-mode / detectLocalMode InterfaceNamePrefix needs --pod-interface-name-prefix / detectLocal.interfaceNamePrefix")
-		}
-		return nil
-	}
-	return fmt.Errorf("--detect-local-mode / detectLocalMode %q: unknown mode (ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix)", c.DetectLocalMode)
-}
-
-// checkPeriods applies upstream's validation of the sync periods.
-func checkPeriods(c *kpconfig.KubeProxyConfiguration) error {
-	sync, minSync := c.NFTables.SyncPeriod.Duration, c.NFTables.MinSyncPeriod.Duration
-	var errs []error
-	if sync <= 0 {
-		errs = append(errs, fmt.Errorf("--iptables-sync-period / nftables.syncPeriod %v: must be greater than 0", sync))
-	}
-	if minSync < 0 {
-		errs = append(errs, fmt.Errorf("--iptables-min-sync-period / nftables.minSyncPeriod %v: must be greater than or equal to 0", minSync))
-	}
-	if sync > 0 && minSync > sync {
-		errs = append(errs, fmt.Errorf("--iptables-min-sync-period / nftables.minSyncPeriod %v: must not exceed the sync period %v", minSync, sync))
-	}
-	if c.ConfigSyncPeriod.Duration <= 0 {
-		errs = append(errs, fmt.Errorf("--config-sync-period / configSyncPeriod %v: must be greater than 0", c.ConfigSyncPeriod.Duration))
-	}
-	return errors.Join(errs...)
-}
-
-func checkClient(c *kpconfig.KubeProxyConfiguration) error {
-	var errs []error
-	if c.ClientConnection.QPS < 0 {
-		errs = append(errs, fmt.Errorf("--kube-api-qps / clientConnection.qps %v: must not be negative", c.ClientConnection.QPS))
-	}
-	if c.ClientConnection.Burst < 0 {
-		errs = append(errs, fmt.Errorf("--kube-api-burst / clientConnection.burst %d: must not be negative", c.ClientConnection.Burst))
-	}
-	return errors.Join(errs...)
-}
-
-// checkLogging accepts klog's text format only: nftproxy does not link the
-// JSON log format.
-func checkLogging(c *kpconfig.KubeProxyConfiguration) error {
-	if f := c.Logging.Format; f != "" && f != "text" {
-		return fmt.Errorf("logging.format %q: nftproxy only supports \"text\"", f)
-	}
-	return nil
-}
-
-// checkNodePortAddresses applies upstream's rule: CIDRs, or "primary" alone.
-func checkNodePortAddresses(addrs []string) error {
-	for _, a := range addrs {
-		if a == "primary" {
-			if len(addrs) > 1 {
-				return fmt.Errorf("--nodeport-addresses / nodePortAddresses %q: \"primary\" must be the only value", addrs)
-			}
-			continue
-		}
-		if _, err := netip.ParsePrefix(a); err != nil {
-			return fmt.Errorf("--nodeport-addresses / nodePortAddresses %q: %w", a, err)
-		}
-	}
-	return nil
-}
-
-// featureGates merges the file's gates with --feature-gates.
-func featureGates(fromFile map[string]bool, fromFlag map[string]string) (map[string]bool, error) {
-	gates := map[string]bool{}
-	for k, v := range fromFile {
-		gates[k] = v
-	}
-	for k, v := range fromFlag {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return nil, fmt.Errorf("--feature-gates %s=%s: value must be true or false", k, v)
-		}
-		gates[k] = b
-	}
-	return gates, nil
-}
-
-// bindAddress validates a server address: "host:port", a bare IP (the
-// default port is appended, as upstream does), or empty (disabled). The
-// deprecated --healthz-port/--metrics-port, when given, disable the server
-// (0) or replace the port.
-func bindAddress(addr string, portGiven bool, port int32, what string) (string, error) {
-	if portGiven {
-		if port == 0 {
-			return "", nil
-		}
-		host, _, err := net.SplitHostPort(addr)
-		if err != nil {
-			host = addr
-		}
-		addr = net.JoinHostPort(host, strconv.Itoa(int(port)))
-	}
-	if addr == "" {
-		return "", nil
-	}
-	if ip, err := netip.ParseAddr(addr); err == nil {
-		return net.JoinHostPort(ip.String(), strconv.Itoa(defaultPortFor(what))), nil
-	}
-	host, portText, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", fmt.Errorf("%s %q: want IP:port", what, addr)
-	}
-	if _, err := netip.ParseAddr(host); err != nil {
-		return "", fmt.Errorf("%s %q: %q is not an IP address", what, addr, host)
-	}
-	if p, err := strconv.ParseUint(portText, 10, 16); err != nil || p == 0 {
-		return "", fmt.Errorf("%s %q: port must be 1-65535", what, addr)
-	}
-	return addr, nil
-}
-
-func defaultPortFor(what string) int {
-	if strings.Contains(what, "healthz") {
-		return defaultHealthzPort
-	}
-	return defaultMetricsPort
-}
-
-// nodeName is upstream's GetHostname: the override, else the hostname,
-// trimmed and lower-cased (Node names are lower case).
-func nodeName(override string, hostname func() (string, error)) (string, error) {
-	name := override
-	if name == "" {
-		h, err := hostname()
-		if err != nil {
-			return "", fmt.Errorf("node name: --hostname-override not set and no hostname: %w", err)
-		}
-		name = h
-	}
-	name = strings.ToLower(strings.TrimSpace(name))
-	if name == "" {
-		return "", errors.New("--hostname-override / hostnameOverride: empty node name")
-	}
-	return name, nil
-}
-
-func masqueradeBit(bit *int32) (int, error) {
-	if *bit < 0 || *bit > 31 {
-		return 0, fmt.Errorf("--iptables-masquerade-bit / nftables.masqueradeBit %d: must be within [0, 31]", *bit)
-	}
-	return int(*bit), nil
-}
-
-// parseCIDRs parses a comma-separated list of at most one prefix per IP
-// family (a dual-stack pair), as upstream validates --cluster-cidr.
-func parseCIDRs(list, what string) ([]netip.Prefix, error) {
-	if strings.TrimSpace(list) == "" {
-		return nil, nil
-	}
-	var prefixes []netip.Prefix
-	seen := map[bool]bool{} // Is4 → seen
-	for _, s := range strings.Split(list, ",") {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			return nil, fmt.Errorf("%s %q: %w", what, s, err)
-		}
-		p = p.Masked()
-		if seen[p.Addr().Is4()] {
-			return nil, fmt.Errorf("%s %q: at most one CIDR per IP family", what, list)
-		}
-		seen[p.Addr().Is4()] = true
-		prefixes = append(prefixes, p)
-	}
-	return prefixes, nil
-}
-
-// parseIPFamilies parses --ip-families; empty means both.
-func parseIPFamilies(list string) (ipv4, ipv6 bool, err error) {
-	if strings.TrimSpace(list) == "" {
-		return true, true, nil
-	}
-	for _, s := range strings.Split(list, ",") {
-		switch strings.ToLower(strings.TrimSpace(s)) {
-		case "ipv4":
-			ipv4 = true
-		case "ipv6":
-			ipv6 = true
-		default:
-			return false, false, fmt.Errorf("--ip-families %q: %q is not ipv4 or ipv6", list, s)
-		}
-	}
-	return ipv4, ipv6, nil
-}
-
-// vmoduleString renders logging.vmodule as klog's -vmodule value.
-func vmoduleString(c *kpconfig.KubeProxyConfiguration) string {
-	var parts []string
-	for _, item := range c.Logging.VModule {
-		parts = append(parts, fmt.Sprintf("%s=%d", item.FilePattern, item.Verbosity))
-	}
-	return strings.Join(parts, ",")
-}
-
-// changedFlags lists the ignored flags given and, when a config file was
-// read, every flag given (each may override a file value).
-func changedFlags(fs *pflag.FlagSet, withFile bool) (ignored, overrides []string) {
-	fs.Visit(func(f *pflag.Flag) {
-		for _, name := range ignoredFlags {
-			if f.Name == name {
-				ignored = append(ignored, f.Name)
-			}
-		}
-		if withFile && f.Name != "config" {
-			overrides = append(overrides, f.Name)
-		}
-	})
-	return ignored, overrides
 }

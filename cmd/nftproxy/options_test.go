@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	logsapi "k8s.io/component-base/logs/api/v1"
 
 	"github.com/nftproxy/nftproxy/proxier"
 )
@@ -26,7 +28,8 @@ func testEnv(files map[string]string) environment {
 			return nil, fs.ErrNotExist
 		},
 		hostname: func() (string, error) { return "Node-1 ", nil },
-		output:   io.Discard,
+		stdout:   io.Discard,
+		stderr:   io.Discard,
 	}
 }
 
@@ -41,6 +44,7 @@ func defaultProxierConfig() proxier.Config {
 		MinSyncPeriod:  time.Second,
 		FullSyncPeriod: time.Hour,
 		ResyncPeriod:   15 * time.Minute,
+		LocalDetect:    proxier.LocalDetect{Mode: proxier.DetectClusterCIDR},
 	}
 }
 
@@ -190,8 +194,8 @@ iptables: {masqueradeBit: 9, masqueradeAll: true, syncPeriod: 1m}
 			},
 		},
 		{
-			name: "flags override the file",
-			args: []string{"--config=c.yaml", "--iptables-sync-period=45s", "--cluster-cidr=10.0.0.0/8"},
+			name: "the file replaces the flags it has a field for",
+			args: []string{"--config=c.yaml", "--iptables-sync-period=45s", "--cluster-cidr=10.0.0.0/8", "--masquerade-all"},
 			files: map[string]string{"c.yaml": `apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: nftables
@@ -201,10 +205,28 @@ nftables: {syncPeriod: 10s, masqueradeBit: 7}
 `},
 			want: func(c *proxier.Config) {
 				c.NodeName = "from-file"
-				c.ClusterCIDRs = prefixes("10.0.0.0/8")
-				c.SyncPeriod = 45 * time.Second
+				c.ClusterCIDRs = prefixes("192.168.0.0/16")
+				c.SyncPeriod = 10 * time.Second
 				c.MasqueradeBit = 7
 			},
+		},
+		{
+			name: "flags with no field in the file apply over it",
+			args: []string{"--config=c.yaml", "--hostname-override=From-Flag ", "--service-cidr=10.96.0.0/12", "--ip-families=ipv4"},
+			files: map[string]string{"c.yaml": `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+hostnameOverride: from-file
+`},
+			want: func(c *proxier.Config) {
+				c.NodeName = "from-flag"
+				c.ServiceCIDRs = prefixes("10.96.0.0/12")
+				c.IPv6 = false
+			},
+		},
+		{
+			name: "the masquerade bit flag applies to nftables without a file",
+			args: []string{"--iptables-masquerade-bit=3"},
+			want: func(c *proxier.Config) { c.MasqueradeBit = 3 },
 		},
 		{
 			name: "file with unknown fields is decoded leniently",
@@ -249,6 +271,9 @@ func TestParseOptionsServerAndClient(t *testing.T) {
 				expect(t, "Conntrack.TCPCloseWaitTimeout", o.Conntrack.TCPCloseWaitTimeout.Duration, time.Hour)
 				expect(t, "IPFamiliesExplicit", o.IPFamiliesExplicit, false)
 				expect(t, "EnableProfiling", o.EnableProfiling, false)
+				expect(t, "OOMScoreAdj", o.OOMScoreAdj, -999)
+				expect(t, "Logging.Format", o.Config.Logging.Format, "text")
+				expect(t, "NoEffectFlags", o.NoEffectFlags, map[string]string{})
 			},
 		},
 		{
@@ -258,8 +283,8 @@ func TestParseOptionsServerAndClient(t *testing.T) {
 				"--kube-api-content-type=application/json", "--config-sync-period=1m",
 				"--healthz-bind-address=[::]:1234", "--metrics-bind-address=", "--bind-address-hard-fail",
 				"--nodeport-addresses=10.0.0.0/8,fd00::/64", "--conntrack-max-per-core=0",
-				"--conntrack-tcp-timeout-close-wait=30m", "--feature-gates=A=true,B=false", "-v=4",
-				"--vmodule=sync*=5", "--cleanup", "--ip-families=ipv6", "--profiling",
+				"--conntrack-tcp-timeout-close-wait=30m", "--feature-gates=LoggingAlphaOptions=true,ContextualLogging=false",
+				"-v=4", "--vmodule=sync*=5", "--cleanup", "--ip-families=ipv6", "--profiling", "--oom-score-adj=-500",
 			},
 			check: func(t *testing.T, o *options) {
 				want := clientOptions{Kubeconfig: "/k", Master: "https://10.0.0.1:6443",
@@ -273,11 +298,13 @@ func TestParseOptionsServerAndClient(t *testing.T) {
 				expect(t, "NodePortAddresses", o.NodePortAddresses, []string{"10.0.0.0/8", "fd00::/64"})
 				expect(t, "Conntrack.MaxPerCore", *o.Conntrack.MaxPerCore, int32(0))
 				expect(t, "Conntrack.TCPCloseWaitTimeout", o.Conntrack.TCPCloseWaitTimeout.Duration, 30*time.Minute)
-				expect(t, "FeatureGates", o.FeatureGates, map[string]bool{"A": true, "B": false})
-				expect(t, "Verbosity", o.Verbosity, 4)
-				expect(t, "VModule", o.VModule, "sync*=5")
+				expect(t, "FeatureGates", o.Config.FeatureGates, map[string]bool{"LoggingAlphaOptions": true, "ContextualLogging": false})
+				expect(t, "LoggingAlphaOptions", o.FeatureGate.Enabled("LoggingAlphaOptions"), true)
+				expect(t, "Verbosity", o.Config.Logging.Verbosity, logsapi.VerbosityLevel(4))
+				expect(t, "VModule", o.Config.Logging.VModule, logsapi.VModuleConfiguration{{FilePattern: "sync*", Verbosity: 5}})
 				expect(t, "Cleanup", o.Cleanup, true)
 				expect(t, "IPFamiliesExplicit", o.IPFamiliesExplicit, true)
+				expect(t, "OOMScoreAdj", o.OOMScoreAdj, -500)
 			},
 		},
 		{
@@ -291,7 +318,8 @@ func TestParseOptionsServerAndClient(t *testing.T) {
 				expect(t, "HealthzBindAddress", o.HealthzBindAddress, "0.0.0.0:10256")
 				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "127.0.0.1:10249")
 				expect(t, "ConfigSyncPeriod", o.ConfigSyncPeriod, 15*time.Minute)
-				expect(t, "FileOverrides", o.FileOverrides, []string(nil))
+				expect(t, "IgnoredByConfig", o.IgnoredByConfig, []string(nil))
+				expect(t, "ConfigData", string(o.ConfigData), kubeadmConfig)
 			},
 		},
 		{
@@ -303,42 +331,97 @@ func TestParseOptionsServerAndClient(t *testing.T) {
 			},
 		},
 		{
-			name: "deprecated port flags",
-			args: []string{"--healthz-port=0", "--metrics-port=9999"},
+			name: "deprecated port flags complete a bare IP or disable, as upstream",
+			args: []string{"--healthz-port=0", "--metrics-port=9999", "--metrics-bind-address=10.1.2.3"},
 			check: func(t *testing.T, o *options) {
 				expect(t, "HealthzBindAddress", o.HealthzBindAddress, "")
-				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "127.0.0.1:9999")
+				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "10.1.2.3:9999")
+				expect(t, "DeprecatedFlags", o.DeprecatedFlags, []string{"healthz-port", "metrics-port"})
 			},
 		},
 		{
-			name: "file client connection and logging; -v overrides",
-			args: []string{"--config=c.yaml", "-v=2"},
+			name: "deprecated port flag leaves an address with a port alone, as upstream",
+			args: []string{"--metrics-port=9999"},
+			check: func(t *testing.T, o *options) {
+				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "127.0.0.1:10249")
+				if _, ok := o.NoEffectFlags["metrics-port"]; !ok {
+					t.Errorf("NoEffectFlags = %v, want metrics-port", o.NoEffectFlags)
+				}
+			},
+		},
+		{
+			name: "metrics address override wins over the flag and the file",
+			args: []string{"--config=c.yaml", "--metrics-bind-address-override=10.0.0.7", "--metrics-bind-address=0.0.0.0:1"},
+			files: map[string]string{"c.yaml": `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+metricsBindAddress: 127.0.0.1:20249
+`},
+			check: func(t *testing.T, o *options) {
+				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "10.0.0.7:10249")
+				expect(t, "Config.MetricsBindAddress", o.Config.MetricsBindAddress, "10.0.0.7:10249")
+				expect(t, "IgnoredByConfig", o.IgnoredByConfig, []string{"metrics-bind-address"})
+			},
+		},
+		{
+			name: "metrics address override with a port",
+			args: []string{"--metrics-bind-address-override=[fd00::7]:9100"},
+			check: func(t *testing.T, o *options) {
+				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "[fd00::7]:9100")
+			},
+		},
+		{
+			name: "file: client connection and logging; logging flags win, others are ignored",
+			args: []string{"--config=c.yaml", "-v=2", "--vmodule=proxier=4", "--master=https://m:6443",
+				"--kube-api-qps=99", "--feature-gates=LoggingAlphaOptions=true", "--healthz-port=0"},
 			files: map[string]string{"c.yaml": `apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: /var/lib/kube-proxy/kubeconfig.conf, qps: 20, burst: 30}
 logging: {verbosity: 6, vmodule: [{filePattern: watch, verbosity: 3}]}
 healthzBindAddress: 0.0.0.0:20256
 enableProfiling: true
-featureGates: {X: true}
+featureGates: {ContextualLogging: false}
 `},
 			check: func(t *testing.T, o *options) {
-				want := clientOptions{Kubeconfig: "/var/lib/kube-proxy/kubeconfig.conf",
+				want := clientOptions{Kubeconfig: "/var/lib/kube-proxy/kubeconfig.conf", Master: "https://m:6443",
 					ContentType: "application/vnd.kubernetes.protobuf", QPS: 20, Burst: 30}
 				expect(t, "Client", o.Client, want)
-				expect(t, "Verbosity", o.Verbosity, 2)
-				expect(t, "VModule", o.VModule, "watch=3")
+				expect(t, "Verbosity", o.Config.Logging.Verbosity, logsapi.VerbosityLevel(2))
+				expect(t, "VModule", o.Config.Logging.VModule, logsapi.VModuleConfiguration{
+					{FilePattern: "proxier", Verbosity: 4}, {FilePattern: "watch", Verbosity: 3}})
 				expect(t, "HealthzBindAddress", o.HealthzBindAddress, "0.0.0.0:20256")
 				expect(t, "EnableProfiling", o.EnableProfiling, true)
-				expect(t, "FeatureGates", o.FeatureGates, map[string]bool{"X": true})
-				expect(t, "FileOverrides", o.FileOverrides, []string{"v"})
+				expect(t, "FeatureGates", o.Config.FeatureGates, map[string]bool{"ContextualLogging": false})
+				expect(t, "IgnoredByConfig", o.IgnoredByConfig, []string{"feature-gates", "healthz-port", "kube-api-qps"})
+			},
+		},
+		{
+			name: "IPv6 bind address gives IPv6 default servers, as upstream",
+			args: []string{"--config=c.yaml"},
+			files: map[string]string{"c.yaml": `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+bindAddress: "::"
+`},
+			check: func(t *testing.T, o *options) {
+				expect(t, "HealthzBindAddress", o.HealthzBindAddress, "[::]:10256")
+				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "[::1]:10249")
 			},
 		},
 		{
 			name: "ignored upstream flags are accepted and reported",
-			args: []string{"--oom-score-adj=-999", "--ipvs-scheduler=rr", "--bind-address=0.0.0.0"},
+			args: []string{"--oom-score-adj=-999", "--ipvs-scheduler=rr", "--bind-address=0.0.0.0", "--boot_id_file=/x"},
 			check: func(t *testing.T, o *options) {
-				got := slices.Sorted(slices.Values(o.IgnoredFlags))
-				expect(t, "IgnoredFlags", got, []string{"bind-address", "ipvs-scheduler", "oom-score-adj"})
+				got := slices.Sorted(maps.Keys(o.NoEffectFlags))
+				expect(t, "NoEffectFlags", got, []string{"bind-address", "boot-id-file", "ipvs-scheduler"})
+			},
+		},
+		{
+			name:  "unknown fields in the file are reported",
+			args:  []string{"--config=c"},
+			files: map[string]string{"c": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nfutureField: 1\n"},
+			check: func(t *testing.T, o *options) {
+				if o.LenientDecode == nil || !strings.Contains(o.LenientDecode.Error(), "futureField") {
+					t.Errorf("LenientDecode = %v, want the unknown field", o.LenientDecode)
+				}
 			},
 		},
 	}
@@ -389,8 +472,36 @@ func TestParseOptionsErrors(t *testing.T) {
 			want: []string{`--healthz-bind-address / healthzBindAddress "localhost:10256": "localhost" is not an IP address`}},
 		{name: "metrics port", args: []string{"--metrics-bind-address=127.0.0.1:99999"},
 			want: []string{"port must be 1-65535"}},
-		{name: "feature gate value", args: []string{"--feature-gates=A=maybe"},
-			want: []string{"--feature-gates A=maybe"}},
+		{name: "feature gate value", args: []string{"--feature-gates=LoggingAlphaOptions=maybe"},
+			want: []string{`"--feature-gates" flag: invalid value of LoggingAlphaOptions: maybe`}},
+		{name: "unknown feature gate", args: []string{"--feature-gates=NoSuchGate=true"},
+			want: []string{"--feature-gates / featureGates: unrecognized feature gate: NoSuchGate"}},
+		{name: "unknown feature gate in the file", args: []string{"--config=c"},
+			files: map[string]string{"c": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nfeatureGates: {NoSuchGate: true}\n"},
+			want:  []string{"--feature-gates / featureGates: unrecognized feature gate: NoSuchGate"}},
+		{name: "locked feature gate", args: []string{"--feature-gates=MultiCIDRServiceAllocator=false"},
+			want: []string{"cannot set feature gate MultiCIDRServiceAllocator to false, feature is locked to true"}},
+		{name: "bind address", args: []string{"--bind-address=node-1"},
+			want: []string{`--bind-address / bindAddress "node-1": not an IP address`}},
+		{name: "metrics address override", args: []string{"--metrics-bind-address-override=node-ip"},
+			want: []string{`--metrics-bind-address-override "node-ip": want IP:port`}},
+		{name: "oom score", args: []string{"--oom-score-adj=-1001"},
+			want: []string{"--oom-score-adj / oomScoreAdj -1001: must be within [-1000, 1000]"}},
+		{name: "conntrack", args: []string{"--conntrack-min=-1", "--conntrack-udp-timeout=-1s"},
+			want: []string{"--conntrack-min / conntrack.min: must be greater", "--conntrack-udp-timeout / conntrack.udpTimeout: must be greater"}},
+		{name: "empty hostname override", args: []string{"--hostname-override= "},
+			want: []string{"--hostname-override: empty hostname-override is invalid"}},
+		{name: "unknown logging format", args: []string{"--logging-format=xml"},
+			want: []string{`--logging-format / logging.format: Invalid value: "xml": Unsupported log format`}},
+		{name: "unknown logging format in the file", args: []string{"--config=c"},
+			files: map[string]string{"c": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nlogging: {format: xml}\n"},
+			want:  []string{`logging.format: Invalid value: "xml"`}},
+		{name: "vmodule with json", args: []string{"--logging-format=json", "--vmodule=a=1"},
+			want: []string{"--vmodule / logging.vmodule: Forbidden: Only supported for text log format"}},
+		{name: "alpha logging option without its gate", args: []string{"--log-text-split-stream"},
+			want: []string{"--log-text-split-stream / logging.options.text.splitStream: Forbidden: Feature LoggingAlphaOptions is disabled"}},
+		{name: "flush frequency", args: []string{"--log-flush-frequency=0"},
+			want: []string{"--log-flush-frequency / logging.flushFrequency"}},
 		{name: "nodeport addresses", args: []string{"--nodeport-addresses=primary,10.0.0.0/8"},
 			want: []string{`"primary" must be the only value`}},
 		{name: "unknown flag", args: []string{"--no-such-flag"},
@@ -405,9 +516,6 @@ func TestParseOptionsErrors(t *testing.T) {
 		{name: "not YAML", args: []string{"--config=c"},
 			files: map[string]string{"c": "{{{"},
 			want:  []string{"--config c: decode:"}},
-		{name: "json logging", args: []string{"--config=c"},
-			files: map[string]string{"c": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nlogging: {format: json}\n"},
-			want:  []string{`logging.format "json"`}},
 		{name: "all problems at once", args: []string{"--proxy-mode=ipvs", "--iptables-masquerade-bit=-1", "--kube-api-qps=-1"},
 			want: []string{`mode "ipvs"`, "masqueradeBit -1", "clientConnection.qps -1"}},
 	}
@@ -429,12 +537,13 @@ func TestParseOptionsErrors(t *testing.T) {
 func TestHelp(t *testing.T) {
 	var out strings.Builder
 	env := testEnv(nil)
-	env.output = &out
+	env.stdout = &out
 	_, err := parseOptions([]string{"--help"}, env)
 	if !errors.Is(err, pflag.ErrHelp) {
 		t.Fatalf("err = %v, want pflag.ErrHelp", err)
 	}
-	for _, flag := range []string{"--config", "--iptables-sync-period", "--service-cidr", "--ip-families"} {
+	for _, flag := range []string{"--config", "--iptables-sync-period", "--service-cidr", "--ip-families",
+		"--metrics-bind-address-override", "--logging-format", "--version", "No effect in nftproxy: IPVS mode only"} {
 		if !strings.Contains(out.String(), flag) {
 			t.Errorf("usage lacks %s", flag)
 		}

@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/http"
 	"os"
-	"strconv"
+	"slices"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -30,24 +30,39 @@ import (
 // failed to bind, when bind failures are not fatal (upstream's default).
 const bindRetryInterval = 5 * time.Second
 
+// openNFTBackends is openBackends; tests replace it to see that a command
+// does not open netlink.
+var openNFTBackends = openBackends
+
 // ipv6SysctlDir exists unless the kernel runs with IPv6 disabled
 // (ipv6.disable=1); a variable for tests.
 var ipv6SysctlDir = "/proc/sys/net/ipv6"
 
-// run wires nftproxy together and runs it until ctx is done.
+// run carries out the command o describes; for the proxy itself, it wires
+// nftproxy together and runs it until ctx is done. The caller has set up
+// logging.
 func run(ctx context.Context, o *options) error {
-	if err := setupLogging(o.Verbosity, o.VModule); err != nil {
-		return err
+	if o.WriteConfigTo != "" {
+		if err := writeConfigFile(o.WriteConfigTo, o.Config); err != nil {
+			return err
+		}
+		klog.InfoS("Wrote configuration", "file", o.WriteConfigTo)
+		return nil
 	}
 	if err := selectFamilies(o); err != nil {
 		return err
 	}
 	logStartup(o)
-	if o.InitOnly {
-		klog.InfoS("Nothing to initialize; exiting (--init-only)")
+	if o.InitOnly && !o.Cleanup { // upstream: --cleanup wins
+		// Upstream's init in nftables mode: the conntrack sysctls. The
+		// rules need CAP_NET_ADMIN only, so nothing else is done here.
+		if err := setupConntrack(o.Conntrack); err != nil {
+			return err
+		}
+		klog.InfoS("System initialized and --init-only specified; exiting")
 		return nil
 	}
-	backends, closeBackends, err := openBackends(o.Proxier)
+	backends, closeBackends, err := openNFTBackends(o.Proxier)
 	if err != nil {
 		return err
 	}
@@ -56,7 +71,20 @@ func run(ctx context.Context, o *options) error {
 		klog.InfoS("Deleting nftproxy's nftables tables (--cleanup)")
 		return proxier.Cleanup(ctx, backends)
 	}
+	return runProxy(ctx, o, backends)
+}
+
+// runProxy applies the startup settings, creates the proxier and runs it
+// with its servers until ctx is done or one of them fails.
+func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Interface) error {
 	if err := setupConntrack(o.Conntrack); err != nil {
+		return err
+	}
+	applyOOMScoreAdj(o.OOMScoreAdj)
+	info := buildInfo(o.Version.reported())
+	metrics.BuildInfo.WithLabelValues(info.Major, info.Minor, info.GitVersion, info.GitCommit,
+		info.GitTreeState, info.BuildDate, info.GoVersion, info.Compiler, info.Platform).Set(1)
+	if err := publishConfigz(o.Config); err != nil {
 		return err
 	}
 	client, err := newClient(o.Client)
@@ -79,40 +107,50 @@ func run(ctx context.Context, o *options) error {
 	if err != nil {
 		return fmt.Errorf("create proxier: %w", err)
 	}
-	return runAll(ctx, o, health, p)
+	return runAll(ctx, proxyTasks(o, health, p)...)
 }
 
-// runAll runs the proxier and the two HTTP servers until ctx is done or
-// one of them fails.
+// proxyTasks are what runs beside each other: the two HTTP servers, the
+// proxier and, with --config, the watch of the file.
+func proxyTasks(o *options, health *healthz.ProxyHealth, p *proxier.Proxier) []func(context.Context) error {
+	tasks := []func(context.Context) error{
+		func(ctx context.Context) error {
+			return serveForever(ctx, "healthz", o.HealthzBindAddress, healthz.HealthMux(health), o.BindAddressHardFail, bindRetryInterval)
+		},
+		func(ctx context.Context) error {
+			return serveForever(ctx, "metrics", o.MetricsBindAddress, healthz.MetricsMux(metrics.Handler(), o.EnableProfiling), o.BindAddressHardFail, bindRetryInterval)
+		},
+		func(ctx context.Context) error {
+			err := p.Run(ctx)
+			if err == nil && ctx.Err() == nil {
+				err = errors.New("proxier stopped unexpectedly")
+			}
+			return err
+		},
+	}
+	if o.ConfigFile != "" {
+		w := &configWatcher{path: o.ConfigFile, content: o.ConfigData}
+		tasks = append(tasks, w.run)
+	}
+	return tasks
+}
+
+// runAll runs tasks until parent is done or one of them fails.
 //
-// Errors that come after ctx was cancelled (SIGTERM) are the shutdown
+// Errors that come after parent was cancelled (SIGTERM) are the shutdown
 // itself, not failures: the exit status stays 0 so that kubelet and
 // systemd do not report a crash on every rollout.
-func runAll(parent context.Context, o *options, health *healthz.ProxyHealth, p *proxier.Proxier) error {
-	err := runGroup(parent, o, health, p)
+func runAll(parent context.Context, tasks ...func(context.Context) error) error {
+	g, ctx := errgroup.WithContext(parent)
+	for _, task := range tasks {
+		g.Go(func() error { return task(ctx) })
+	}
+	err := g.Wait()
 	if err != nil && parent.Err() != nil {
 		klog.InfoS("Stopped", "err", err)
 		return nil
 	}
 	return err
-}
-
-func runGroup(ctx context.Context, o *options, health *healthz.ProxyHealth, p *proxier.Proxier) error {
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		return serveForever(ctx, "healthz", o.HealthzBindAddress, healthz.HealthMux(health), o.BindAddressHardFail, bindRetryInterval)
-	})
-	g.Go(func() error {
-		return serveForever(ctx, "metrics", o.MetricsBindAddress, healthz.MetricsMux(metrics.Handler(), o.EnableProfiling), o.BindAddressHardFail, bindRetryInterval)
-	})
-	g.Go(func() error {
-		err := p.Run(ctx)
-		if err == nil && ctx.Err() == nil {
-			err = errors.New("proxier stopped unexpectedly")
-		}
-		return err
-	})
-	return g.Wait()
 }
 
 // serveForever serves h on addr until ctx is done. An empty addr disables
@@ -248,36 +286,20 @@ func restConfig(c clientOptions) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// setupLogging applies -v and -vmodule (from the flags or the file) to klog.
-func setupLogging(verbosity int, vmodule string) error {
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	if err := fs.Set("v", strconv.Itoa(verbosity)); err != nil {
-		return fmt.Errorf("-v: %w", err)
-	}
-	if err := fs.Set("vmodule", vmodule); err != nil {
-		return fmt.Errorf("-vmodule: %w", err)
-	}
-	return nil
-}
-
-// logStartup logs the effective configuration and what is accepted but
-// without effect, so that a migrated DaemonSet shows what it lost.
+// logStartup logs the version, the effective configuration and what is
+// accepted but without effect, so that a migrated DaemonSet shows what it
+// lost.
 func logStartup(o *options) {
+	info := buildInfo(o.Version.reported())
+	klog.InfoS("Version info", "version", info.GitVersion, "gitCommit", info.GitCommit,
+		"gitTreeState", info.GitTreeState, "buildDate", info.BuildDate, "goVersion", info.GoVersion, "platform", info.Platform)
+	klog.InfoS("Golang settings", "GOGC", os.Getenv("GOGC"), "GOMAXPROCS", os.Getenv("GOMAXPROCS"), "GOTRACEBACK", os.Getenv("GOTRACEBACK"))
 	c := o.Proxier
 	klog.InfoS("Starting nftproxy", "node", c.NodeName, "ipv4", c.IPv4, "ipv6", c.IPv6,
 		"clusterCIDRs", c.ClusterCIDRs, "serviceCIDRs", c.ServiceCIDRs,
 		"masqueradeAll", c.MasqueradeAll, "masqueradeBit", c.MasqueradeBit,
 		"syncPeriod", c.SyncPeriod, "minSyncPeriod", c.MinSyncPeriod)
-	for _, name := range o.FileOverrides {
-		klog.InfoS("Command-line flag overrides the config file", "flag", name)
-	}
-	for _, name := range o.IgnoredFlags {
-		klog.InfoS("Flag has no effect in nftproxy", "flag", name)
-	}
-	if len(o.FeatureGates) > 0 {
-		klog.InfoS("Ignoring feature gates: nftproxy has none", "featureGates", o.FeatureGates)
-	}
+	logFlagNotes(o)
 	if len(c.NodePortCIDRs) == 0 {
 		klog.InfoS("NodePorts answer on the node's primary IPs (from its Node object)")
 	} else {
@@ -285,5 +307,25 @@ func logStartup(o *options) {
 	}
 	if len(c.ClusterCIDRs) == 0 && !c.MasqueradeAll {
 		klog.InfoS("No --cluster-cidr: traffic to ClusterIPs from outside the pod network is not masqueraded")
+	}
+}
+
+// logFlagNotes logs, once each, the flags that the config file replaced
+// or that have no effect here, and the config file's unknown fields.
+func logFlagNotes(o *options) {
+	if o.LenientDecode != nil {
+		klog.InfoS("Using lenient decoding as strict decoding failed", "file", o.ConfigFile, "err", o.LenientDecode)
+	}
+	for _, name := range o.IgnoredByConfig {
+		klog.InfoS("Flag ignored because --config is given", "flag", name, "config", o.ConfigFile)
+	}
+	for _, name := range o.DeprecatedFlags {
+		klog.InfoS("Flag is deprecated (as in kube-proxy)", "flag", name)
+	}
+	for _, name := range slices.Sorted(maps.Keys(o.NoEffectFlags)) {
+		klog.InfoS("Flag has no effect in nftproxy", "flag", name, "reason", o.NoEffectFlags[name])
+	}
+	if gates := o.Config.FeatureGates; len(gates) > 0 {
+		klog.InfoS("Feature gates other than the logging ones have no effect in nftproxy", "featureGates", gates)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/conntrack"
+	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier"
 )
 
@@ -127,24 +130,106 @@ func TestRestConfig(t *testing.T) {
 	}
 }
 
-func TestSetupLogging(t *testing.T) {
-	if err := setupLogging(3, "watch=5"); err != nil {
-		t.Fatal(err)
-	}
-	if err := setupLogging(0, "bad=pattern=x"); err == nil {
-		t.Error("bad vmodule accepted")
-	}
-	_ = setupLogging(0, "")
-}
-
+// TestRunInitOnly: --init-only applies the conntrack sysctls, as upstream
+// does in nftables mode, then exits without opening netlink for nftables
+// or contacting the API server (no kubeconfig: in-cluster config would
+// fail here).
 func TestRunInitOnly(t *testing.T) {
-	o, err := parseOptions([]string{"--init-only", "--ip-families=ipv4"}, testEnv(nil))
+	proc := fakeSysctls(t, map[string]string{
+		"nf_conntrack_max": "1000", "nf_conntrack_tcp_timeout_established": "432000", "nf_conntrack_udp_timeout": "30",
+	})
+	oldOpen := openNFTBackends
+	openNFTBackends = func(proxier.Config) (map[nft.Family]nft.Interface, func(), error) {
+		t.Error("--init-only opened the nftables backends")
+		return nil, nil, errors.New("not in this test")
+	}
+	defer func() { openNFTBackends = oldOpen }()
+	o, err := parseOptions([]string{"--init-only", "--ip-families=ipv4", "--conntrack-max-per-core=1000",
+		"--conntrack-min=0", "--conntrack-tcp-timeout-established=2h", "--conntrack-udp-timeout=45s"}, testEnv(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := run(context.Background(), o); err != nil {
-		t.Errorf("run --init-only = %v", err)
+		t.Fatalf("run --init-only = %v", err)
 	}
+	for name, want := range map[string]string{
+		"nf_conntrack_max": "4000", "nf_conntrack_tcp_timeout_established": "7200", "nf_conntrack_udp_timeout": "45",
+	} {
+		if got := proc.read(t, name); got != want {
+			t.Errorf("%s = %s, want %s", name, got, want)
+		}
+	}
+}
+
+// procSys is a fake /proc/sys for the conntrack sysctls.
+type procSys struct{ dir string }
+
+// fakeSysctls points sysctlEnv at a temporary /proc/sys holding values
+// (4 CPUs) for the test's duration.
+func fakeSysctls(t *testing.T, values map[string]string) procSys {
+	t.Helper()
+	root := t.TempDir()
+	p := procSys{dir: filepath.Join(root, "proc", "sys", "net", "netfilter")}
+	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range values {
+		if err := os.WriteFile(filepath.Join(p.dir, name), []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := sysctlEnv
+	sysctlEnv = func() conntrack.SysctlEnv {
+		return conntrack.SysctlEnv{ProcSys: filepath.Join(root, "proc", "sys"), SysModule: filepath.Join(root, "sys", "module"), NumCPU: 4}
+	}
+	t.Cleanup(func() { sysctlEnv = old })
+	return p
+}
+
+func (p procSys) read(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(p.dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// TestRunAllStopsOnConfigChange: the --config watch ending with
+// errConfigChanged ends runAll (and so run) with that error, while the
+// other tasks are stopped.
+func TestRunAllStopsOnConfigChange(t *testing.T) {
+	stopped := make(chan struct{})
+	blocking := func(ctx context.Context) error {
+		<-ctx.Done()
+		close(stopped)
+		return nil
+	}
+	changed := func(context.Context) error { return errConfigChanged }
+	if err := runAll(context.Background(), blocking, changed); !errors.Is(err, errConfigChanged) {
+		t.Errorf("runAll = %v, want errConfigChanged", err)
+	}
+	<-stopped
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := runAll(ctx, func(context.Context) error { return errors.New("after SIGTERM") }); err != nil {
+		t.Errorf("runAll after cancel = %v, want nil", err)
+	}
+}
+
+func TestApplyOOMScoreAdj(t *testing.T) {
+	old := oomScoreAdjPath
+	oomScoreAdjPath = filepath.Join(t.TempDir(), "oom_score_adj")
+	defer func() { oomScoreAdjPath = old }()
+	if err := os.WriteFile(oomScoreAdjPath, []byte("0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	applyOOMScoreAdj(-999)
+	if b, _ := os.ReadFile(oomScoreAdjPath); string(b) != "-999" {
+		t.Errorf("oom_score_adj = %q, want -999", b)
+	}
+	oomScoreAdjPath = filepath.Join(oomScoreAdjPath, "not-a-dir")
+	applyOOMScoreAdj(-999) // logged, not fatal
 }
 
 func TestGCPercent(t *testing.T) {

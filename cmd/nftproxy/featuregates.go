@@ -1,0 +1,88 @@
+package main
+
+import (
+	_ "embed"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"k8s.io/component-base/featuregate"
+)
+
+// upstreamFeatureGates lists the feature gates kube-proxy v1.36 knows, with
+// their state at that version, generated from upstream's own registry by
+// e2e/tools/kube/cmd/kubeproxyflags. Lines: "Name Default Locked Maturity",
+// then "depends Name Dep1,Dep2".
+//
+//go:embed upstream/feature-gates.txt
+var upstreamFeatureGates string
+
+// featureGateFor returns a feature gate that knows exactly kube-proxy
+// v1.36's gates, set from gates: an unknown gate, a value other than the
+// default of a locked one, or a gate enabled without what it depends on is
+// an error, as upstream. nftproxy reads only the logging gates from it.
+func featureGateFor(gates map[string]bool) (featuregate.FeatureGate, error) {
+	gate := featuregate.NewFeatureGate()
+	specs, deps, err := parseFeatureGates(upstreamFeatureGates)
+	if err != nil {
+		return nil, fmt.Errorf("upstream/feature-gates.txt: %w", err)
+	}
+	for name := range gate.GetAll() { // AllAlpha and AllBeta come built in
+		delete(specs, name)
+	}
+	if err := gate.Add(specs); err != nil {
+		return nil, fmt.Errorf("upstream/feature-gates.txt: %w", err)
+	}
+	if err := gate.AddDependencies(deps); err != nil {
+		return nil, fmt.Errorf("upstream/feature-gates.txt: %w", err)
+	}
+	if err := gate.SetFromMap(gates); err != nil {
+		return nil, fmt.Errorf("--feature-gates / featureGates: %w", err)
+	}
+	return gate, nil
+}
+
+func parseFeatureGates(text string) (map[featuregate.Feature]featuregate.FeatureSpec, map[featuregate.Feature][]featuregate.Feature, error) {
+	specs := map[featuregate.Feature]featuregate.FeatureSpec{}
+	deps := map[featuregate.Feature][]featuregate.Feature{}
+	for line := range strings.Lines(text) {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 0 || strings.HasPrefix(f[0], "#"):
+		case f[0] == "depends" && len(f) == 3:
+			for d := range strings.SplitSeq(f[2], ",") {
+				deps[featuregate.Feature(f[1])] = append(deps[featuregate.Feature(f[1])], featuregate.Feature(d))
+			}
+		case len(f) == 4:
+			spec, err := featureSpec(f[1], f[2], f[3])
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", f[0], err)
+			}
+			specs[featuregate.Feature(f[0])] = spec
+		default:
+			return nil, nil, fmt.Errorf("bad line %q", line)
+		}
+	}
+	return specs, deps, nil
+}
+
+var maturities = map[string]featuregate.FeatureSpec{
+	"ALPHA": {PreRelease: featuregate.Alpha}, "BETA": {PreRelease: featuregate.Beta},
+	"GA": {PreRelease: featuregate.GA}, "DEPRECATED": {PreRelease: featuregate.Deprecated},
+}
+
+func featureSpec(def, locked, maturity string) (featuregate.FeatureSpec, error) {
+	spec, ok := maturities[maturity]
+	if !ok {
+		return spec, fmt.Errorf("maturity %q: want one of %v", maturity, slices.Sorted(maps.Keys(maturities)))
+	}
+	var err1, err2 error
+	spec.Default, err1 = strconv.ParseBool(def)
+	spec.LockToDefault, err2 = strconv.ParseBool(locked)
+	if err1 != nil || err2 != nil {
+		return spec, fmt.Errorf("default %q locked %q: want true or false", def, locked)
+	}
+	return spec, nil
+}

@@ -1,0 +1,223 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
+)
+
+// checkMode refuses the proxy modes nftproxy does not implement, instead of
+// silently running nftables rules where iptables or IPVS ones were asked for.
+func checkMode(c *kpconfig.KubeProxyConfiguration) error {
+	switch c.Mode {
+	case "", "nftables":
+		return nil
+	}
+	return fmt.Errorf("--proxy-mode / mode %q: nftproxy only implements the nftables mode (set it to \"nftables\" or leave it empty)", c.Mode)
+}
+
+// checkDetectLocalMode accepts upstream's modes, each with what it needs.
+func checkDetectLocalMode(c *kpconfig.KubeProxyConfiguration) error {
+	switch c.DetectLocalMode {
+	case "", "ClusterCIDR", "NodeCIDR":
+		return nil
+	case "BridgeInterface":
+		if c.DetectLocal.BridgeInterface == "" {
+			return errors.New("--detect-local-mode / detectLocalMode BridgeInterface needs --pod-bridge-interface / detectLocal.bridgeInterface")
+		}
+		return nil
+	case "InterfaceNamePrefix":
+		if c.DetectLocal.InterfaceNamePrefix == "" {
+			return errors.New("--detect-local-mode / detectLocalMode InterfaceNamePrefix needs --pod-interface-name-prefix / detectLocal.interfaceNamePrefix")
+		}
+		return nil
+	}
+	return fmt.Errorf("--detect-local-mode / detectLocalMode %q: unknown mode (ClusterCIDR, NodeCIDR, BridgeInterface or InterfaceNamePrefix)", c.DetectLocalMode)
+}
+
+// checkPeriods applies upstream's validation of the sync periods.
+func checkPeriods(c *kpconfig.KubeProxyConfiguration) error {
+	sync, minSync := c.NFTables.SyncPeriod.Duration, c.NFTables.MinSyncPeriod.Duration
+	var errs []error
+	if sync <= 0 {
+		errs = append(errs, fmt.Errorf("--iptables-sync-period / nftables.syncPeriod %v: must be greater than 0", sync))
+	}
+	if minSync < 0 {
+		errs = append(errs, fmt.Errorf("--iptables-min-sync-period / nftables.minSyncPeriod %v: must be greater than or equal to 0", minSync))
+	}
+	if sync > 0 && minSync > sync {
+		errs = append(errs, fmt.Errorf("--iptables-min-sync-period / nftables.minSyncPeriod %v: must not exceed the sync period %v", minSync, sync))
+	}
+	if c.ConfigSyncPeriod.Duration <= 0 {
+		errs = append(errs, fmt.Errorf("--config-sync-period / configSyncPeriod %v: must be greater than 0", c.ConfigSyncPeriod.Duration))
+	}
+	return errors.Join(errs...)
+}
+
+// checkClient applies upstream's validation of the client connection
+// (negative QPS is refused too: client-go would read it as "no limit").
+func checkClient(c *kpconfig.KubeProxyConfiguration) error {
+	var errs []error
+	if c.ClientConnection.QPS < 0 {
+		errs = append(errs, fmt.Errorf("--kube-api-qps / clientConnection.qps %v: must not be negative", c.ClientConnection.QPS))
+	}
+	if c.ClientConnection.Burst < 0 {
+		errs = append(errs, fmt.Errorf("--kube-api-burst / clientConnection.burst %d: must not be negative", c.ClientConnection.Burst))
+	}
+	return errors.Join(errs...)
+}
+
+// checkNodePortAddresses applies upstream's rule: CIDRs, or "primary" alone.
+func checkNodePortAddresses(addrs []string) error {
+	for _, a := range addrs {
+		if a == "primary" {
+			if len(addrs) > 1 {
+				return fmt.Errorf("--nodeport-addresses / nodePortAddresses %q: \"primary\" must be the only value", addrs)
+			}
+			continue
+		}
+		if _, err := netip.ParsePrefix(a); err != nil {
+			return fmt.Errorf("--nodeport-addresses / nodePortAddresses %q: %w", a, err)
+		}
+	}
+	return nil
+}
+
+// bindAddress validates a server address: "host:port", a bare IP (the
+// default port is appended, as upstream's defaulting does), or empty
+// (disabled).
+func bindAddress(addr string, defaultPort int, what string) (string, error) {
+	if addr == "" {
+		return "", nil
+	}
+	if ip, err := netip.ParseAddr(addr); err == nil {
+		return net.JoinHostPort(ip.String(), strconv.Itoa(defaultPort)), nil
+	}
+	host, portText, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("%s %q: want IP:port", what, addr)
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		return "", fmt.Errorf("%s %q: %q is not an IP address", what, addr, host)
+	}
+	if p, err := strconv.ParseUint(portText, 10, 16); err != nil || p == 0 {
+		return "", fmt.Errorf("%s %q: port must be 1-65535", what, addr)
+	}
+	return addr, nil
+}
+
+// addressFromPortFlag is upstream's addressFromDeprecatedFlags: port 0
+// disables the server; another port completes an address that is a bare
+// IP, and leaves one that has a port alone (reported by ok=false).
+func addressFromPortFlag(addr string, port int32) (string, bool) {
+	if port == 0 {
+		return "", true
+	}
+	if _, _, err := net.SplitHostPort(addr); err == nil {
+		return addr, false
+	}
+	if ip, err := netip.ParseAddr(addr); err == nil {
+		return net.JoinHostPort(ip.String(), strconv.Itoa(int(port))), true
+	}
+	return addr, true
+}
+
+// nodeName is upstream's GetHostname: the override, else the hostname,
+// trimmed and lower-cased (Node names are lower case).
+func nodeName(override string, hostname func() (string, error)) (string, error) {
+	name := override
+	if name == "" {
+		h, err := hostname()
+		if err != nil {
+			return "", fmt.Errorf("node name: --hostname-override not set and no hostname: %w", err)
+		}
+		name = h
+	}
+	name = strings.ToLower(strings.TrimSpace(name))
+	if name == "" {
+		return "", errors.New("--hostname-override / hostnameOverride: empty node name")
+	}
+	return name, nil
+}
+
+func masqueradeBit(bit *int32) (int, error) {
+	if *bit < 0 || *bit > 31 {
+		return 0, fmt.Errorf("--iptables-masquerade-bit / nftables.masqueradeBit %d: must be within [0, 31]", *bit)
+	}
+	return int(*bit), nil
+}
+
+// parseCIDRs parses a comma-separated list of at most one prefix per IP
+// family (a dual-stack pair), as upstream validates --cluster-cidr.
+func parseCIDRs(list, what string) ([]netip.Prefix, error) {
+	if strings.TrimSpace(list) == "" {
+		return nil, nil
+	}
+	var prefixes []netip.Prefix
+	seen := map[bool]bool{} // Is4 → seen
+	for _, s := range strings.Split(list, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("%s %q: %w", what, s, err)
+		}
+		p = p.Masked()
+		if seen[p.Addr().Is4()] {
+			return nil, fmt.Errorf("%s %q: at most one CIDR per IP family", what, list)
+		}
+		seen[p.Addr().Is4()] = true
+		prefixes = append(prefixes, p)
+	}
+	return prefixes, nil
+}
+
+// parseIPFamilies parses --ip-families; empty means both.
+func parseIPFamilies(list string) (ipv4, ipv6 bool, err error) {
+	if strings.TrimSpace(list) == "" {
+		return true, true, nil
+	}
+	for _, s := range strings.Split(list, ",") {
+		switch strings.ToLower(strings.TrimSpace(s)) {
+		case "ipv4":
+			ipv4 = true
+		case "ipv6":
+			ipv6 = true
+		default:
+			return false, false, fmt.Errorf("--ip-families %q: %q is not ipv4 or ipv6", list, s)
+		}
+	}
+	return ipv4, ipv6, nil
+}
+
+// checkLinux applies upstream's validation of the bind address, the OOM
+// score adjustment and the conntrack settings.
+func checkLinux(c *kpconfig.KubeProxyConfiguration) error {
+	var errs []error
+	if _, err := netip.ParseAddr(c.BindAddress); err != nil {
+		errs = append(errs, fmt.Errorf("--bind-address / bindAddress %q: not an IP address", c.BindAddress))
+	}
+	if a := c.OOMScoreAdj; a != nil && (*a < -1000 || *a > 1000) {
+		errs = append(errs, fmt.Errorf("--oom-score-adj / oomScoreAdj %d: must be within [-1000, 1000]", *a))
+	}
+	ct := c.Conntrack
+	for _, v := range []struct {
+		what  string
+		value int64
+	}{
+		{"--conntrack-max-per-core / conntrack.maxPerCore", int64(*ct.MaxPerCore)},
+		{"--conntrack-min / conntrack.min", int64(*ct.Min)},
+		{"--conntrack-tcp-timeout-established / conntrack.tcpEstablishedTimeout", int64(ct.TCPEstablishedTimeout.Duration)},
+		{"--conntrack-tcp-timeout-close-wait / conntrack.tcpCloseWaitTimeout", int64(ct.TCPCloseWaitTimeout.Duration)},
+		{"--conntrack-udp-timeout / conntrack.udpTimeout", int64(ct.UDPTimeout.Duration)},
+		{"--conntrack-udp-timeout-stream / conntrack.udpStreamTimeout", int64(ct.UDPStreamTimeout.Duration)},
+	} {
+		if v.value < 0 {
+			errs = append(errs, fmt.Errorf("%s: must be greater than or equal to 0", v.what))
+		}
+	}
+	return errors.Join(errs...)
+}
