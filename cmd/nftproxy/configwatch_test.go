@@ -145,7 +145,9 @@ func TestConfigWatcherStops(t *testing.T) {
 func TestConfigWatcherChangedBeforeWatch(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "config.conf")
 	writeFile(t, path, "new")
-	err := (&configWatcher{path: path, content: []byte("parsed")}).run(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), watchTimeout)
+	defer cancel()
+	err := (&configWatcher{path: path, content: []byte("parsed")}).run(ctx)
 	if !errors.Is(err, errConfigChanged) {
 		t.Errorf("watcher = %v, want errConfigChanged", err)
 	}
