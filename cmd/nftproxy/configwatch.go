@@ -19,7 +19,9 @@ var errConfigChanged = errors.New("content of the configuration file changed on 
 // closing it, or an entry renamed into the directory (an editor's atomic
 // save, or the swap of a ConfigMap volume's "..data" symlink). A write in
 // progress is not looked at, so that rewriting the same content (or
-// touching the file) does not read a truncated file as a change.
+// touching the file) does not read a truncated file as a change. (Another
+// file of the directory closed in the middle of such a write would: the
+// restart then reads the finished file.)
 const configWatchMask = unix.IN_CLOSE_WRITE | unix.IN_MOVED_TO
 
 // configWatcher makes nftproxy exit when its --config file changes, as

@@ -122,6 +122,21 @@ func TestConfigWatcherConfigMapSwap(t *testing.T) {
 	expectExit(t, done)
 }
 
+// TestConfigWatcherSymlinkElsewhere: when --config is a symlink to a file
+// in another directory, a write of that file is seen too.
+func TestConfigWatcherSymlinkElsewhere(t *testing.T) {
+	target := filepath.Join(t.TempDir(), "kube-proxy.conf")
+	writeFile(t, target, "a")
+	path := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.Symlink(target, path); err != nil {
+		t.Fatal(err)
+	}
+	checks, done := startWatcher(t, path, "a")
+	writeFile(t, target, "b")
+	expectCheck(t, checks, true)
+	expectExit(t, done)
+}
+
 // TestConfigWatcherStops: cancelling the context ends the watch cleanly.
 func TestConfigWatcherStops(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "config.conf")

@@ -191,9 +191,10 @@ func addNoEffectFlags(fs *pflag.FlagSet) {
 	fs.String("boot-id-file", "/proc/sys/kernel/random/boot_id", "Comma-separated list of files to check for boot-id.")
 	fs.String("machine-id-file", "/etc/machine-id,/var/lib/dbus/machine-id", "Comma-separated list of files to check for machine-id.")
 	for name, why := range noEffect {
-		_ = fs.SetAnnotation(name, annotationNoEffect, []string{why})
-		f := fs.Lookup(name)
-		f.Usage += " No effect in nftproxy: " + why + "."
+		if f := fs.Lookup(name); f != nil { // TestEveryUpstreamFlagAccepted checks they all are
+			_ = fs.SetAnnotation(name, annotationNoEffect, []string{why})
+			f.Usage += " No effect in nftproxy: " + why + "."
+		}
 	}
 }
 
