@@ -94,7 +94,10 @@ func (fv *flagValues) configFileFlags() *pflag.FlagSet {
 	fv.addServerFlags(fs)
 	fv.addConntrackFlags(fs)
 	fv.addUnusedConfigFlags(fs)
-	fs.VisitAll(func(f *pflag.Flag) { _ = fs.SetAnnotation(f.Name, annotationConfigFile, nil) })
+	fs.VisitAll(func(f *pflag.Flag) {
+		_ = fs.SetAnnotation(f.Name, annotationConfigFile, nil)
+		f.Usage += " Ignored if a config file is given by --config."
+	})
 	return fs
 }
 
@@ -103,8 +106,8 @@ func (fv *flagValues) addClientFlags(fs *pflag.FlagSet) {
 	cc := &c.ClientConnection
 	fs.StringVar(&cc.Kubeconfig, "kubeconfig", cc.Kubeconfig, "Path to kubeconfig file with authorization information (the master location can be overridden by the master flag).")
 	fs.StringVar(&cc.ContentType, "kube-api-content-type", cc.ContentType, "Content type of requests sent to apiserver.")
-	fs.Float32Var(&cc.QPS, "kube-api-qps", cc.QPS, "QPS to use while talking with kubernetes apiserver")
-	fs.Int32Var(&cc.Burst, "kube-api-burst", cc.Burst, "Burst to use while talking with kubernetes apiserver")
+	fs.Float32Var(&cc.QPS, "kube-api-qps", cc.QPS, "QPS to use while talking with kubernetes apiserver.")
+	fs.Int32Var(&cc.Burst, "kube-api-burst", cc.Burst, "Burst to use while talking with kubernetes apiserver.")
 	fs.DurationVar(&c.ConfigSyncPeriod.Duration, "config-sync-period", c.ConfigSyncPeriod.Duration, "How often configuration from the apiserver is refreshed.  Must be greater than 0.")
 	fs.Var(cliflag.NewMapStringBool(&c.FeatureGates), "feature-gates", "A set of key=value pairs for kube-proxy v1.36's feature gates (upstream/feature-gates.txt); unknown gates are an error, as upstream. nftproxy honours the logging gates (LoggingAlphaOptions, LoggingBetaOptions, ContextualLogging); the others have no effect.")
 }
@@ -127,7 +130,7 @@ func (fv *flagValues) addServerFlags(fs *pflag.FlagSet) {
 	c := fv.cfg
 	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", c.HealthzBindAddress, "The IP address and port for the health check server to serve on. Set empty to disable.")
 	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", c.MetricsBindAddress, "The IP address and port for the metrics server to serve on. (Set to '0.0.0.0:10249' / '[::]:10249' to bind on all interfaces.) Set empty to disable. See also --metrics-bind-address-override.")
-	fs.BoolVar(&c.BindAddressHardFail, "bind-address-hard-fail", c.BindAddressHardFail, "If true nftproxy will treat failure to bind to a port as fatal and exit")
+	fs.BoolVar(&c.BindAddressHardFail, "bind-address-hard-fail", c.BindAddressHardFail, "If true nftproxy will treat failure to bind to a port as fatal and exit.")
 	fs.BoolVar(&c.EnableProfiling, "profiling", c.EnableProfiling, "If true enables profiling via web interface on /debug/pprof handler of the metrics server.")
 	fs.Int32Var(c.OOMScoreAdj, "oom-score-adj", *c.OOMScoreAdj, "The oom-score-adj value for the nftproxy process. Values must be within the range [-1000, 1000].")
 	fs.Int32Var(&fv.healthzPort, "healthz-port", fv.healthzPort, "The port to bind the health check server. Use 0 to disable.")
@@ -174,15 +177,15 @@ func (fv *flagValues) addUnusedConfigFlags(fs *pflag.FlagSet) {
 	c := fv.cfg
 	fs.StringVar(&c.BindAddress, "bind-address", c.BindAddress, "Overrides kube-proxy's idea of what its node's primary IP is.")
 	fs.StringVar(&c.ShowHiddenMetricsForVersion, "show-hidden-metrics-for-version", c.ShowHiddenMetricsForVersion, "The previous version for which you want to show hidden metrics.")
-	fs.BoolVar(c.IPTables.LocalhostNodePorts, "iptables-localhost-nodeports", *c.IPTables.LocalhostNodePorts, "iptables mode only: allow NodePorts on localhost.")
-	fs.DurationVar(&c.IPVS.SyncPeriod.Duration, "ipvs-sync-period", c.IPVS.SyncPeriod.Duration, "IPVS mode only.")
-	fs.DurationVar(&c.IPVS.MinSyncPeriod.Duration, "ipvs-min-sync-period", c.IPVS.MinSyncPeriod.Duration, "IPVS mode only.")
-	fs.StringVar(&c.IPVS.Scheduler, "ipvs-scheduler", c.IPVS.Scheduler, "IPVS mode only.")
-	fs.StringSliceVar(&c.IPVS.ExcludeCIDRs, "ipvs-exclude-cidrs", c.IPVS.ExcludeCIDRs, "IPVS mode only.")
-	fs.BoolVar(&c.IPVS.StrictARP, "ipvs-strict-arp", c.IPVS.StrictARP, "IPVS mode only.")
-	fs.DurationVar(&c.IPVS.TCPTimeout.Duration, "ipvs-tcp-timeout", c.IPVS.TCPTimeout.Duration, "IPVS mode only.")
-	fs.DurationVar(&c.IPVS.TCPFinTimeout.Duration, "ipvs-tcpfin-timeout", c.IPVS.TCPFinTimeout.Duration, "IPVS mode only.")
-	fs.DurationVar(&c.IPVS.UDPTimeout.Duration, "ipvs-udp-timeout", c.IPVS.UDPTimeout.Duration, "IPVS mode only.")
+	fs.BoolVar(c.IPTables.LocalhostNodePorts, "iptables-localhost-nodeports", *c.IPTables.LocalhostNodePorts, "If false, NodePorts are not accepted on localhost.")
+	fs.DurationVar(&c.IPVS.SyncPeriod.Duration, "ipvs-sync-period", c.IPVS.SyncPeriod.Duration, "How often the IPVS rules are re-synchronized.")
+	fs.DurationVar(&c.IPVS.MinSyncPeriod.Duration, "ipvs-min-sync-period", c.IPVS.MinSyncPeriod.Duration, "The minimum period between IPVS rule resyncs.")
+	fs.StringVar(&c.IPVS.Scheduler, "ipvs-scheduler", c.IPVS.Scheduler, "The IPVS scheduler type.")
+	fs.StringSliceVar(&c.IPVS.ExcludeCIDRs, "ipvs-exclude-cidrs", c.IPVS.ExcludeCIDRs, "CIDRs the IPVS proxier should not touch when cleaning up.")
+	fs.BoolVar(&c.IPVS.StrictARP, "ipvs-strict-arp", c.IPVS.StrictARP, "Enable strict ARP (arp_ignore 1, arp_announce 2).")
+	fs.DurationVar(&c.IPVS.TCPTimeout.Duration, "ipvs-tcp-timeout", c.IPVS.TCPTimeout.Duration, "The timeout for idle IPVS TCP connections.")
+	fs.DurationVar(&c.IPVS.TCPFinTimeout.Duration, "ipvs-tcpfin-timeout", c.IPVS.TCPFinTimeout.Duration, "The timeout for IPVS TCP connections after a FIN.")
+	fs.DurationVar(&c.IPVS.UDPTimeout.Duration, "ipvs-udp-timeout", c.IPVS.UDPTimeout.Duration, "The timeout for IPVS UDP packets.")
 }
 
 // addNoEffectFlags declares the upstream flags that neither nftproxy nor
