@@ -88,6 +88,8 @@ type familyState struct {
 	slots    *ruleset.Slots // endpoints-map slots of the programmed chains
 	// repairing is the repair the sync under way makes (nil: none).
 	repairing *repair
+	// ownershipLogged: whether the table is owned was logged.
+	ownershipLogged bool
 	// reserve: the sizes the last full sync into an empty table reserved
 	// room for (zero after one diffed against the table read back).
 	reserve  ruleset.Counts
@@ -412,6 +414,9 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	if fs.repairing != nil {
 		repaired(f, fs.repairing, len(tx.Ops))
 		fs.repairing = nil
+	}
+	if !fs.ownershipLogged {
+		fs.ownershipLogged = logOwnership(f, backend)
 	}
 	metrics.ServiceRuleChangesTotal.WithLabelValues(fam).Add(float64(changed))
 	p.recordSync(f, fs, full, time.Since(start), tx)

@@ -139,6 +139,26 @@ func (p *Proxier) committed() {
 	}
 }
 
+// ownershipReporter is a backend that can own its table (nft.Netlink).
+type ownershipReporter interface{ Owning() (bool, error) }
+
+// logOwnership says once whether family f's table is owned, and if not
+// though it was asked for, why; it returns whether it logged.
+func logOwnership(f nft.Family, backend nft.Interface) bool {
+	b, ok := backend.(ownershipReporter)
+	if !ok {
+		return true
+	}
+	switch owning, err := b.Owning(); {
+	case owning:
+		klog.InfoS("The table is owned by nftproxy: no other process can change it", "ipFamily", f.IPFamily())
+	case err != nil:
+		klog.InfoS("The table is not owned: the kernel cannot keep an owned table after nftproxy exits",
+			"ipFamily", f.IPFamily(), "err", err)
+	}
+	return true
+}
+
 // watchTables runs the monitor until ctx is done.
 func (p *Proxier) watchTables(ctx context.Context) {
 	if p.deps.Monitor == nil {

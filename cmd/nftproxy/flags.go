@@ -1,6 +1,8 @@
 package main
 
 import (
+	"time"
+
 	"github.com/spf13/pflag"
 	cliflag "k8s.io/component-base/cli/flag"
 	logsapi "k8s.io/component-base/logs/api/v1"
@@ -30,6 +32,8 @@ type flagValues struct {
 	serviceCIDR                string
 	ipFamilies                 string
 	metricsBindAddressOverride string
+	ownTables                  bool
+	fullSyncPeriod             time.Duration
 
 	// Deprecated upstream flags that act on the bind addresses, only
 	// without --config (upstream's addressFromDeprecatedFlags).
@@ -45,7 +49,8 @@ const (
 )
 
 func newFlagValues() *flagValues {
-	return &flagValues{cfg: defaultConfig(), healthzPort: defaultHealthzPort, metricsPort: defaultMetricsPort}
+	return &flagValues{cfg: defaultConfig(), healthzPort: defaultHealthzPort, metricsPort: defaultMetricsPort,
+		ownTables: true, fullSyncPeriod: defaultFullSyncPeriod}
 }
 
 // flagSet declares nftproxy's flags: every flag of kube-proxy v1.36 with
@@ -83,6 +88,8 @@ func (fv *flagValues) addNFTProxyFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&fv.serviceCIDR, "service-cidr", fv.serviceCIDR, "nftproxy: comma-separated service CIDRs (at most one per IP family), used when the cluster has no ServiceCIDR objects: traffic to an unallocated address in them is dropped. Empty: no such drop unless ServiceCIDR objects exist.")
 	fs.StringVar(&fv.ipFamilies, "ip-families", fv.ipFamilies, "nftproxy: comma-separated IP families to program, 'ipv4' and/or 'ipv6'. Default: both (IPv6 is skipped if the kernel has it disabled).")
 	fs.StringVar(&fv.metricsBindAddressOverride, "metrics-bind-address-override", fv.metricsBindAddressOverride, "nftproxy: \"host:port\" or a bare IP (port 10249) for the metrics server, winning over --metrics-bind-address and the config file's metricsBindAddress. It exists so that a DaemonSet can serve metrics on the node's own IP (--metrics-bind-address-override=$(NODE_IP), from status.hostIP) for Prometheus to scrape, while kubeadm's kube-proxy ConfigMap, shared by all nodes, stays unchanged.")
+	fs.BoolVar(&fv.ownTables, "own-tables", fv.ownTables, "nftproxy: own the nftables tables (flags owner,persist; Linux 6.9): no other process can change or delete them while nftproxy runs, `nft flush ruleset` leaves them, and they keep serving after nftproxy exits until the next nftproxy claims them. On older kernels the tables are not owned. With false, another process can change them, and nftproxy repairs them at once (it hears of every change from the kernel). See docs/operations.md.")
+	fs.DurationVar(&fv.fullSyncPeriod, "full-sync-period", fv.fullSyncPeriod, "nftproxy: how often the tables are read back from the kernel and checked against what nftproxy wants there, repairing any difference, even when nothing reported a change (changes by other processes are reported by the kernel and repaired at once). 0 disables the periodic check.")
 }
 
 // configFileFlags declares the flags that have a config file field (or,

@@ -55,6 +55,8 @@ type options struct {
 	// IPFamiliesExplicit is set when --ip-families was given: a family the
 	// kernel cannot program is then an error instead of being skipped.
 	IPFamiliesExplicit bool
+	// OwnTables: the tables are owned by nftproxy's sockets (--own-tables).
+	OwnTables bool
 
 	// NodePortAddresses as given (also in Proxier.NodePortCIDRs); Conntrack
 	// is applied once at startup, OOMScoreAdj when the proxy starts.
@@ -248,6 +250,7 @@ func (fv *flagValues) fillOptions(fs *pflag.FlagSet, o *options) {
 	o.BindAddressHardFail = c.BindAddressHardFail
 	o.EnableProfiling = c.EnableProfiling
 	o.IPFamiliesExplicit = fs.Changed("ip-families")
+	o.OwnTables = fv.ownTables
 	o.NodePortAddresses = c.NodePortAddresses
 	o.Conntrack = c.Conntrack
 	o.OOMScoreAdj = int(*c.OOMScoreAdj)
@@ -277,7 +280,7 @@ func (fv *flagValues) proxierConfig(env environment) (proxier.Config, error) {
 		MasqueradeAll:  c.NFTables.MasqueradeAll,
 		SyncPeriod:     c.NFTables.SyncPeriod.Duration,
 		MinSyncPeriod:  c.NFTables.MinSyncPeriod.Duration,
-		FullSyncPeriod: defaultFullSyncPeriod,
+		FullSyncPeriod: fv.fullSyncPeriod,
 		ResyncPeriod:   c.ConfigSyncPeriod.Duration,
 	}
 	var errs []error
@@ -292,6 +295,9 @@ func (fv *flagValues) proxierConfig(env environment) (proxier.Config, error) {
 	errs = append(errs, err)
 	pc.IPv4, pc.IPv6, err = parseIPFamilies(fv.ipFamilies)
 	errs = append(errs, err)
+	if fv.fullSyncPeriod < 0 {
+		errs = append(errs, fmt.Errorf("--full-sync-period %v: must not be negative", fv.fullSyncPeriod))
+	}
 	pc.LocalDetect = proxier.LocalDetect{Mode: string(c.DetectLocalMode),
 		BridgeInterface: c.DetectLocal.BridgeInterface, InterfaceNamePrefix: c.DetectLocal.InterfaceNamePrefix}
 	if len(c.NodePortAddresses) != 1 || c.NodePortAddresses[0] != "primary" {

@@ -154,6 +154,12 @@ func TestParseOptionsProxierConfig(t *testing.T) {
 			},
 		},
 		{
+			name: "nftproxy's full sync period, with or without --config",
+			args: []string{"--config=c.yaml", "--full-sync-period=5m"},
+			files: map[string]string{"c.yaml": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"},
+			want: func(c *proxier.Config) { c.FullSyncPeriod = 5 * time.Minute },
+		},
+		{
 			name: "non-canonical CIDR is masked",
 			args: []string{"--cluster-cidr=10.244.1.7/16"},
 			want: func(c *proxier.Config) { c.ClusterCIDRs = prefixes("10.244.0.0/16") },
@@ -270,6 +276,7 @@ func TestParseOptionsServerAndClient(t *testing.T) {
 				expect(t, "Conntrack.MaxPerCore", *o.Conntrack.MaxPerCore, int32(32768))
 				expect(t, "Conntrack.TCPCloseWaitTimeout", o.Conntrack.TCPCloseWaitTimeout.Duration, time.Hour)
 				expect(t, "IPFamiliesExplicit", o.IPFamiliesExplicit, false)
+				expect(t, "OwnTables", o.OwnTables, true)
 				expect(t, "EnableProfiling", o.EnableProfiling, false)
 				expect(t, "OOMScoreAdj", o.OOMScoreAdj, -999)
 				expect(t, "Logging.Format", o.Config.Logging.Format, "text")
@@ -285,6 +292,7 @@ func TestParseOptionsServerAndClient(t *testing.T) {
 				"--nodeport-addresses=10.0.0.0/8,fd00::/64", "--conntrack-max-per-core=0",
 				"--conntrack-tcp-timeout-close-wait=30m", "--feature-gates=LoggingAlphaOptions=true,ContextualLogging=false",
 				"-v=4", "--vmodule=sync*=5", "--cleanup", "--ip-families=ipv6", "--profiling", "--oom-score-adj=-500",
+				"--own-tables=false",
 			},
 			check: func(t *testing.T, o *options) {
 				want := clientOptions{Kubeconfig: "/k", Master: "https://10.0.0.1:6443",
@@ -303,6 +311,7 @@ func TestParseOptionsServerAndClient(t *testing.T) {
 				expect(t, "Verbosity", o.Config.Logging.Verbosity, logsapi.VerbosityLevel(4))
 				expect(t, "VModule", o.Config.Logging.VModule, logsapi.VModuleConfiguration{{FilePattern: "sync*", Verbosity: 5}})
 				expect(t, "Cleanup", o.Cleanup, true)
+				expect(t, "OwnTables", o.OwnTables, false)
 				expect(t, "IPFamiliesExplicit", o.IPFamiliesExplicit, true)
 				expect(t, "OOMScoreAdj", o.OOMScoreAdj, -500)
 			},
@@ -464,6 +473,8 @@ func TestParseOptionsErrors(t *testing.T) {
 			want: []string{"nftables.masqueradeBit 32: must be within [0, 31]"}},
 		{name: "sync periods", args: []string{"--iptables-sync-period=1s", "--iptables-min-sync-period=2s"},
 			want: []string{"must not exceed the sync period"}},
+		{name: "negative full sync period", args: []string{"--full-sync-period=-1s"},
+			want: []string{"--full-sync-period -1s: must not be negative"}},
 		{name: "zero sync period", args: []string{"--iptables-sync-period=0"},
 			want: []string{"nftables.syncPeriod 0s: must be greater than 0"}},
 		{name: "ip families", args: []string{"--ip-families=ipv4,ip7"},

@@ -62,7 +62,7 @@ func run(ctx context.Context, o *options) error {
 		klog.InfoS("System initialized and --init-only specified; exiting")
 		return nil
 	}
-	backends, closeBackends, err := openNFTBackends(o.Proxier)
+	backends, closeBackends, err := openNFTBackends(o.Proxier, o.OwnTables)
 	if err != nil {
 		return err
 	}
@@ -100,6 +100,10 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 	}
 	deps := proxier.Deps{Client: client, NFT: backends, Health: health, Conntrack: ct,
 		HealthCheck: healthCheckServers(o.Proxier, health)}
+	if mon := openMonitor(backends); mon != nil {
+		defer mon.Close()
+		deps.Monitor = mon
+	}
 	for _, s := range deps.HealthCheck {
 		defer s.(*healthcheck.Server).Close()
 	}
@@ -202,9 +206,27 @@ func selectFamilies(o *options) error {
 	return nil
 }
 
+// openMonitor opens the listener for changes other processes make to the
+// tables; without it (an error is logged) drift is found by the periodic
+// full sync only.
+func openMonitor(backends map[nft.Family]nft.Interface) *nft.Monitor {
+	var ours []uint32
+	for _, b := range backends {
+		if n, ok := b.(*nft.Netlink); ok {
+			ours = append(ours, n.PortID())
+		}
+	}
+	mon, err := nft.NewMonitor(nft.NetlinkOptions{}, ours...)
+	if err != nil {
+		klog.ErrorS(err, "Cannot listen for nftables changes by other processes; only the periodic full sync finds them")
+		return nil
+	}
+	return mon
+}
+
 // openBackends opens one netlink socket per enabled family, so that the
 // families' syncs never wait on each other's batches.
-func openBackends(cfg proxier.Config) (map[nft.Family]nft.Interface, func(), error) {
+func openBackends(cfg proxier.Config, own bool) (map[nft.Family]nft.Interface, func(), error) {
 	backends := map[nft.Family]nft.Interface{}
 	var opened []*nft.Netlink
 	closeAll := func() {
@@ -213,7 +235,7 @@ func openBackends(cfg proxier.Config) (map[nft.Family]nft.Interface, func(), err
 		}
 	}
 	for _, f := range enabledFamilies(cfg) {
-		n, err := nft.NewNetlink(nft.NetlinkOptions{})
+		n, err := nft.NewNetlink(nft.NetlinkOptions{OwnTable: own})
 		if err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("nftables backend for %s: %w", f, err)

@@ -127,9 +127,16 @@ func createService(t testing.TB, client kubernetes.Interface, svc *v1.Service, d
 // each family, with every protocol of the Service on backendPort (or port).
 func (c *cluster) endpoints(svcName string, port int32, pods ...*testbed.Pod) {
 	c.t.Helper()
+	if err := c.writeEndpoints(svcName, port, pods...); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// writeEndpoints is endpoints for any goroutine: it returns what fails.
+func (c *cluster) writeEndpoints(svcName string, port int32, pods ...*testbed.Pod) error {
 	svc, err := c.client.CoreV1().Services(c.ns).Get(context.Background(), svcName, metav1.GetOptions{})
 	if err != nil {
-		c.t.Fatal(err)
+		return err
 	}
 	for _, fam := range []discovery.AddressType{discovery.AddressTypeIPv4, discovery.AddressTypeIPv6} {
 		es := &discovery.EndpointSlice{
@@ -152,10 +159,11 @@ func (c *cluster) endpoints(svcName string, port int32, pods ...*testbed.Pod) {
 		slices := c.client.DiscoveryV1().EndpointSlices(c.ns)
 		if _, err := slices.Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 			if _, err := slices.Create(ctx, es, metav1.CreateOptions{}); err != nil {
-				c.t.Fatalf("write EndpointSlice %s: %v", es.Name, err)
+				return fmt.Errorf("write EndpointSlice %s: %w", es.Name, err)
 			}
 		}
 	}
+	return nil
 }
 
 // dial runs `probe dial` in a namespace and returns one line per attempt.
