@@ -43,9 +43,9 @@ type Options struct {
 	// BinDir holds etcd and kube-apiserver. Empty: EnsureBinaries (which builds them).
 	BinDir string
 	// LogDir receives component and process logs (in a subdirectory named after the
-	// bed's Prefix) and keeps them after the test.
-	// Empty: a temporary directory, removed at cleanup; if the test failed, the tails of
-	// all logs are printed first.
+	// bed's Prefix) and keeps them after the test. Empty: $NFTPROXY_E2E_LOGS if set, else
+	// a temporary directory, removed at cleanup; if the test failed, the tails of all
+	// logs are printed first.
 	LogDir string
 	// APIServerFlags are appended to kube-apiserver's command line
 	// (e.g. "--feature-gates=...").
@@ -166,6 +166,9 @@ func (b *Bed) start() error {
 	}
 	b.Dir = dir
 	b.logDir = filepath.Join(dir, "logs")
+	if b.opts.LogDir == "" {
+		b.opts.LogDir = os.Getenv("NFTPROXY_E2E_LOGS") // keep the logs of every bed (debugging)
+	}
 	if b.opts.LogDir != "" {
 		b.logDir = filepath.Join(b.opts.LogDir, b.Prefix) // beds may share a LogDir
 	}
