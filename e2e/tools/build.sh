@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # build.sh builds the third-party binaries the e2e test bed runs: kube-apiserver,
-# upstream kube-proxy (for side-by-side comparisons) and etcd, from the Go module proxy.
+# upstream kube-proxy (for side-by-side comparisons), etcd, and kubectl and kubeadm (the
+# deploy/ tests), from the Go module proxy.
 #
-# The sources come from the nested modules e2e/tools/kube and e2e/tools/etcd, which keep
-# k8s.io/kubernetes and etcd out of the main module's dependency graph.
+# The sources come from the nested modules e2e/tools/kube, e2e/tools/kubecli and
+# e2e/tools/etcd, which keep k8s.io/kubernetes and etcd out of the main module's dependency
+# graph.
 #
 # Binaries go to ${NFTPROXY_E2E_CACHE:-$HOME/.cache/nftproxy-e2e}/bin. Each binary gets a
 # stamp file holding a hash of its module's go.mod/go.sum and the Go version; a binary
@@ -61,6 +63,8 @@ build() {
 build etcd "$here/etcd" go.etcd.io/etcd/server/v3 "-s -w"
 build kube-apiserver "$here/kube" k8s.io/kubernetes/cmd/kube-apiserver "$kube_ldflags"
 build kube-proxy "$here/kube" k8s.io/kubernetes/cmd/kube-proxy "$kube_ldflags"
+build kubectl "$here/kubecli" k8s.io/kubernetes/cmd/kubectl "$kube_ldflags"
+build kubeadm "$here/kubecli" k8s.io/kubernetes/cmd/kubeadm "$kube_ldflags"
 
 echo "binaries in $bin:"
 ls -l "$bin" | grep -v '\.stamp$' | grep -v '^total'
