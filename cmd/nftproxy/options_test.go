@@ -154,10 +154,10 @@ func TestParseOptionsProxierConfig(t *testing.T) {
 			},
 		},
 		{
-			name: "nftproxy's full sync period, with or without --config",
-			args: []string{"--config=c.yaml", "--full-sync-period=5m"},
+			name:  "nftproxy's full sync period, with or without --config",
+			args:  []string{"--config=c.yaml", "--full-sync-period=5m"},
 			files: map[string]string{"c.yaml": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"},
-			want: func(c *proxier.Config) { c.FullSyncPeriod = 5 * time.Minute },
+			want:  func(c *proxier.Config) { c.FullSyncPeriod = 5 * time.Minute },
 		},
 		{
 			name: "non-canonical CIDR is masked",
