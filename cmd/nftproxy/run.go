@@ -301,6 +301,12 @@ func restConfig(c clientOptions) (*rest.Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.ExecProvider != nil {
+		// client-go would run it: nftproxy runs no program (the image has
+		// none, and a node's proxy must not depend on one).
+		return nil, fmt.Errorf("kubeconfig %s: an exec credential plugin (%s) is not supported: nftproxy runs no programs; use a token or client certificate",
+			c.Kubeconfig, cfg.ExecProvider.Command)
+	}
 	cfg.AcceptContentTypes = c.AcceptContentTypes
 	cfg.ContentType = c.ContentType
 	cfg.QPS = c.QPS
