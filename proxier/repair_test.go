@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -129,5 +131,52 @@ func TestMonitorPausedForLargeCommits(t *testing.T) {
 	h.eventually(tcp("10.96.0.1", 80), nft.VerdictDrop)
 	if got := fmt.Sprint(rec.get()); got != "[pause commit resume commit]" {
 		t.Fatalf("after a small change: %s, want [pause commit resume commit]", got)
+	}
+}
+
+// refusingBackend refuses every transaction while refuse is set, as a
+// kernel does when another process owns the table.
+type refusingBackend struct {
+	*nft.Fake
+	refuse  atomic.Bool
+	refused atomic.Int32
+}
+
+func (b *refusingBackend) Apply(ctx context.Context, tx *nft.Transaction) error {
+	if b.refuse.Load() {
+		b.refused.Add(1)
+		return fmt.Errorf("apply transaction (%d ops): %w", len(tx.Ops), syscall.EPERM)
+	}
+	return b.Fake.Apply(ctx, tx)
+}
+
+// TestRefusedWhileChangesArrive: while the backend refuses, the table stays
+// as it was, each failure is counted, and the changes that keep arriving
+// are not lost: once it accepts again, the last one is programmed.
+func TestRefusedWhileChangesArrive(t *testing.T) {
+	var rb *refusingBackend
+	h := startWith(t, func(d *Deps) {
+		rb = &refusingBackend{Fake: d.NFT[nft.IPv4].(*nft.Fake)}
+		d.NFT[nft.IPv4] = rb
+	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP),
+		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.1"))
+	web := tcp("10.96.0.10", 80)
+	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080")
+	failures := testutil.ToFloat64(metrics.NFTablesSyncFailuresTotal.WithLabelValues("IPv4"))
+
+	rb.refuse.Store(true)
+	ctx := context.Background()
+	for i := 2; i <= 20; i++ {
+		es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, fmt.Sprintf("10.244.1.%d", i))
+		if _, err := h.client.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "three refused syncs", func() bool { return rb.refused.Load() >= 3 })
+	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080") // as it was
+	rb.refuse.Store(false)
+	h.eventually(web, nft.VerdictAccept, "10.244.1.20:8080")
+	if got := testutil.ToFloat64(metrics.NFTablesSyncFailuresTotal.WithLabelValues("IPv4")) - failures; got != float64(rb.refused.Load()) {
+		t.Errorf("%v failures counted, %d refused", got, rb.refused.Load())
 	}
 }
