@@ -86,9 +86,6 @@ func (n *Netlink) Load(ctx context.Context, f Family) (*Ruleset, error) {
 		return nil, wrap(err)
 	}
 	defer stop()
-	if err := n.claimExisting(ctx, f); err != nil {
-		return nil, wrap(err)
-	}
 	for attempt := 1; ; attempt++ {
 		rs, err := n.loadOnce(ctx, deadline, f)
 		if err == nil {
@@ -116,8 +113,14 @@ func (n *Netlink) buildsOn(flags uint32) bool {
 	return flags == 0
 }
 
-// loadOnce reads the table once, between two generation reads.
+// loadOnce claims the table if it is to be owned, then reads it once,
+// between two generation reads. (Another family's claim, or anyone's
+// commit, may interrupt a dump of the claim too: it is retried like the
+// reading.)
 func (n *Netlink) loadOnce(ctx context.Context, deadline time.Time, f Family) (*Ruleset, error) {
+	if err := n.claimExisting(ctx, f); err != nil {
+		return nil, err
+	}
 	gen, err := n.generation()
 	if err != nil {
 		return nil, err

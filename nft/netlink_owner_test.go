@@ -149,3 +149,39 @@ func TestNetlinkOwnershipChanges(t *testing.T) {
 		t.Fatal("a table without flags is not read back")
 	}
 }
+
+// TestNetlinkClaimsRaceNothing: the two families' backends claim and read
+// back their tables at once, as a restarted nftproxy does; a claim is a
+// commit that interrupts the other family's dumps, which must be retried,
+// never turned into an error (the proxier would rewrite the table).
+func TestNetlinkClaimsRaceNothing(t *testing.T) {
+	ns := newTestNS(t)
+	for _, f := range []Family{IPv4, IPv6} {
+		n := ns.ownedNetlink(t)
+		apply(t, n, fullRewrite(realisticRuleset(f, makeServices(f, 200, 2))))
+		n.Close()
+	}
+	for round := range 30 {
+		v4, v6 := ns.ownedNetlink(t), ns.ownedNetlink(t)
+		errs := make(chan error, 2)
+		for _, b := range []struct {
+			n *Netlink
+			f Family
+		}{{v4, IPv4}, {v6, IPv6}} {
+			go func() {
+				rs, err := b.n.Load(context.Background(), b.f)
+				if err == nil && rs == nil {
+					err = errors.New("no table read back")
+				}
+				errs <- err
+			}()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		v4.Close()
+		v6.Close()
+	}
+}
