@@ -11,9 +11,9 @@ E2E_FLAGS ?= -timeout 30m
 VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo v0.0.0-dev)
 GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
-GO_LDFLAGS := -X main.version=$(VERSION) -X main.gitCommit=$(GIT_COMMIT) -X main.buildDate=$(BUILD_DATE)
+GO_LDFLAGS = -X main.version=$(VERSION) -X main.gitCommit=$(GIT_COMMIT) -X main.buildDate=$(BUILD_DATE)
 
-.PHONY: all deps build test unit e2e-tools e2e demo bench vet clean
+.PHONY: all deps build image test unit e2e-tools e2e demo bench vet clean
 
 all: build
 
@@ -27,14 +27,27 @@ build:
 	$(GO) build -ldflags "$(GO_LDFLAGS)" -o $(BIN)/nftproxy ./cmd/nftproxy
 	$(GO) build -o $(BIN)/probe ./e2e/cmd/probe
 
+# The container image (see README.md, "Image"): a static binary in an OCI
+# archive built by deploy/image, its own module, without a container engine.
+# Its build date is the commit's (unless BUILD_DATE is set on the command line),
+# so that building a commit twice gives the same image.
+IMAGE_TAR ?= $(BIN)/nftproxy-image.tar
+image: BUILD_DATE = $(shell TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || echo 1970-01-01T00:00:00Z)
+image:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(BIN)/nftproxy-static ./cmd/nftproxy
+	cd deploy/image && $(GO) run . build --binary $(abspath $(BIN)/nftproxy-static) --out $(abspath $(IMAGE_TAR)) \
+		--version $(VERSION) --revision $(or $(GIT_COMMIT),unknown) --created $(BUILD_DATE)
+
 vet: deps
 	$(GO) vet ./...
+	cd deploy/image && $(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 
 # Unit tests (pure code, fakes) and kernel integration tests (root: each in
 # its own network namespace), with the race detector.
 unit: deps
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e/)
+	cd deploy/image && $(GO) test -race -count=1 ./...
 
 # kube-apiserver, etcd and upstream kube-proxy, built from the Go module
 # proxy into ~/.cache/nftproxy-e2e (instant when up to date).

@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/mdlayher/netlink v1.11.2
+	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/spf13/pflag v1.0.9

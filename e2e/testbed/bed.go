@@ -77,6 +77,7 @@ type Bed struct {
 	mu         sync.Mutex
 	namespaces []string // created namespaces, in creation order
 	procs      []*Process
+	containers []string // runc ids, in creation order
 	procSeq    int
 	nodes      []*Node
 }
@@ -214,6 +215,10 @@ func (b *Bed) restConfig(token string) *rest.Config {
 	}
 }
 
+// CACert is the PEM certificate of the CA that signed the API server's serving
+// certificate: what a kubeconfig's certificate-authority names.
+func (b *Bed) CACert() []byte { return slices.Clone(b.pki.caPEM) }
+
 // Client is an admin clientset for the bed's API server.
 func (b *Bed) Client() kubernetes.Interface {
 	return b.client
@@ -236,9 +241,15 @@ func (b *Bed) cleanup(failed bool) {
 		defer unregister(b)
 		b.mu.Lock()
 		procs, namespaces := slices.Clone(b.procs), slices.Clone(b.namespaces)
+		containers := slices.Clone(b.containers)
 		b.mu.Unlock()
 		if failed {
 			b.dumpLogs(procs)
+		}
+		for _, id := range slices.Backward(containers) {
+			if err := deleteContainer(id); err != nil {
+				fmt.Fprintf(os.Stderr, "testbed %s: %v\n", b.Prefix, err)
+			}
 		}
 		for _, p := range slices.Backward(procs) {
 			p.Kill()

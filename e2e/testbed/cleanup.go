@@ -121,18 +121,31 @@ func processStartTime(pid int) (string, error) {
 	return f[19], nil
 }
 
-// Sweep removes what beds of crashed test processes left behind: processes carrying a
-// dead bed's marker in their environment, processes inside a dead bed's namespaces, the
-// namespaces themselves (names starting with "nfp" + 5 hex digits + "-"), working
-// directories in os.TempDir() and owner files. Beds whose owning process still runs are left alone, so Sweep is safe while
-// other tests run. With force it also removes beds of live owners. It returns what it
-// removed, one description per item.
+// Sweep removes what beds of crashed test processes left behind: runc containers whose
+// id starts with a dead bed's prefix, processes carrying a dead bed's marker in their
+// environment, processes inside a dead bed's namespaces, the namespaces themselves
+// (names starting with "nfp" + 5 hex digits + "-"), working directories in
+// os.TempDir() and owner files. Beds whose owning process still runs are left alone,
+// so Sweep is safe while other tests run. With force it also removes beds of live
+// owners. It returns what it removed, one description per item.
 func Sweep(force bool) ([]string, error) {
 	var removed []string
 	var errs []error
 	dead := func(prefix string) bool { return force || !ownerAlive(prefix) }
 
-	// Processes first: a namespace cannot be freed while a process still uses it.
+	// Containers first (runc kills their processes and removes their cgroups), then
+	// processes: a namespace cannot be freed while a process still uses it.
+	for _, id := range runcContainers() {
+		m := prefixPattern.FindStringSubmatch(id)
+		if m == nil || !dead(m[1]) {
+			continue
+		}
+		if err := deleteContainer(id); err != nil {
+			errs = append(errs, err)
+		} else {
+			removed = append(removed, "container "+id)
+		}
+	}
 	for _, pid := range markedProcesses() {
 		if pid.prefix != "" && dead(pid.prefix) && syscall.Kill(pid.pid, syscall.SIGKILL) == nil {
 			removed = append(removed, fmt.Sprintf("process %d (bed %s)", pid.pid, pid.prefix))

@@ -18,12 +18,17 @@
 //	pod j on node i       10.244.i.(10+j)      fd00:244:i::(10+j)
 //	Service CIDRs         10.96.0.0/12         fd00:96::/108
 //
-// Cleanup happens on every exit path we can catch: t.Cleanup kills every process the bed
-// started and deletes its namespaces; SIGINT/SIGTERM (Ctrl-C during go test) does the same
-// for all beds of the process before exiting. What neither can catch (SIGKILL, or go test's
+// Node.RunContainer runs an OCI container with runc (package ocispec derives its runtime
+// spec from a pod's container, as kubelet and containerd would), e.g. nftproxy's image as
+// a node's hostNetwork proxy.
+//
+// Cleanup happens on every exit path we can catch: t.Cleanup deletes the bed's
+// containers, kills every process the bed started and deletes its namespaces;
+// SIGINT/SIGTERM (Ctrl-C during go test) does the same for all beds of the process
+// before exiting. What neither can catch (SIGKILL, or go test's
 // -timeout panic) is handled by Sweep, which Start runs once per process and which
-// e2e/cmd/sweep runs by hand: it removes namespaces and processes of beds whose test
-// process is gone, and never touches a bed whose owner is still running.
+// e2e/cmd/sweep runs by hand: it removes containers, namespaces and processes of beds
+// whose test process is gone, and never touches a bed whose owner is still running.
 //
 // Tests need root, iproute2 and the binaries built by e2e/tools/build.sh. Start skips the
 // test when they are missing, unless NFTPROXY_E2E=1 is set, which turns the skip into a

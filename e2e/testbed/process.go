@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -32,6 +33,12 @@ type Process struct {
 // children too) with SIGKILL as parent-death signal (so it dies with the test process even
 // when nothing else gets to clean up).
 func (b *Bed) startProcess(ns string, args []string) (*Process, error) {
+	return b.startCommand(ns, []string{"ip", "netns", "exec", ns}, args)
+}
+
+// startCommand is startProcess with the command line wrapper + args (wrapper may be
+// empty), its log named after ns and args.
+func (b *Bed) startCommand(ns string, wrapper, args []string) (*Process, error) {
 	if len(args) == 0 {
 		return nil, fmt.Errorf("no command")
 	}
@@ -44,7 +51,8 @@ func (b *Bed) startProcess(ns string, args []string) (*Process, error) {
 		return nil, err
 	}
 	defer logFile.Close()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	argv := append(slices.Clone(wrapper), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = b.processEnv()
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

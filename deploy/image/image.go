@@ -1,0 +1,207 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"debug/elf"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// Keys of the OCI pre-defined annotations, used as labels too
+// (https://github.com/opencontainers/image-spec/blob/main/annotations.md).
+const (
+	annotationVersion  = "org.opencontainers.image.version"
+	annotationRevision = "org.opencontainers.image.revision"
+	annotationSource   = "org.opencontainers.image.source"
+	annotationCreated  = "org.opencontainers.image.created"
+	// annotationRefName names an image in an OCI layout's index: the tag.
+	annotationRefName = "org.opencontainers.image.ref.name"
+	// annotationImageName is the full name containerd (ctr images import) and
+	// Docker give an image of an OCI layout's index.
+	annotationImageName = "io.containerd.image.name"
+)
+
+// BuildOptions say what goes into the image.
+type BuildOptions struct {
+	Binary     string // the static nftproxy binary on disk
+	Path       string // its absolute path in the image
+	Repository string // the image's name without a tag ("nftproxy")
+	Version    string // tag, label and annotation
+	Revision   string // the git commit
+	Source     string // the source repository's URL
+	Created    time.Time
+}
+
+// Ref is one name of the image: its tag and the two spellings archives use.
+type Ref struct {
+	Tag string // "v1.2.3": the OCI index's ref.name
+	// Short is the name `docker save` writes into manifest.json ("nftproxy:v1.2.3").
+	Short string
+	// Full is the normalized name containerd gives the image
+	// ("docker.io/library/nftproxy:v1.2.3").
+	Full string
+}
+
+// Refs are the image's names: Repository tagged with Version, then with latest.
+func (o BuildOptions) Refs() ([]Ref, error) {
+	var refs []Ref
+	for _, tag := range []string{o.Version, "latest"} {
+		t, err := name.NewTag(o.Repository + ":" + tag)
+		if err != nil {
+			return nil, fmt.Errorf("image name %s:%s: %w", o.Repository, tag, err)
+		}
+		registry := t.RegistryStr()
+		if registry == name.DefaultRegistry {
+			registry = "docker.io" // how containerd spells Docker Hub
+		}
+		refs = append(refs, Ref{
+			Tag:   t.TagStr(),
+			Short: o.Repository + ":" + t.TagStr(),
+			Full:  registry + "/" + t.RepositoryStr() + ":" + t.TagStr(),
+		})
+	}
+	return refs, nil
+}
+
+// Build makes the image: one layer holding the binary, an OCI manifest and config
+// carrying the version labels and annotations, every timestamp o.Created.
+func Build(o BuildOptions) (v1.Image, error) {
+	if !path.IsAbs(o.Path) || path.Clean(o.Path) != o.Path {
+		return nil, fmt.Errorf("path %q in the image must be absolute and clean", o.Path)
+	}
+	arch, err := staticBinaryArch(o.Binary)
+	if err != nil {
+		return nil, err
+	}
+	bin, err := os.ReadFile(o.Binary)
+	if err != nil {
+		return nil, err
+	}
+	layerTar, err := binaryLayer(o.Path, bin, o.Created)
+	if err != nil {
+		return nil, err
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(layerTar)), nil
+	}, tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return nil, err
+	}
+	labels := map[string]string{
+		annotationVersion:  o.Version,
+		annotationRevision: o.Revision,
+		annotationSource:   o.Source,
+		annotationCreated:  o.Created.UTC().Format(time.RFC3339),
+	}
+	cfg := &v1.ConfigFile{
+		Architecture: arch,
+		OS:           "linux",
+		Created:      v1.Time{Time: o.Created.UTC()},
+		Config:       v1.Config{Entrypoint: []string{o.Path}, Labels: labels},
+		RootFS:       v1.RootFS{Type: "layers"},
+	}
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	img, err = mutate.ConfigFile(img, cfg)
+	if err != nil {
+		return nil, err
+	}
+	img, err = mutate.Append(img, mutate.Addendum{
+		Layer:     layer,
+		MediaType: types.OCILayer,
+		History: v1.History{
+			Created:   v1.Time{Time: o.Created.UTC()},
+			CreatedBy: fmt.Sprintf("deploy/image: %s at %s", path.Base(o.Binary), o.Path),
+			Comment:   "static nftproxy " + o.Version,
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return mutate.Annotations(img, labels).(v1.Image), nil
+}
+
+// elfArch maps ELF machines to GOARCH (the image config's architecture).
+var elfArch = map[elf.Machine]string{
+	elf.EM_X86_64:  "amd64",
+	elf.EM_AARCH64: "arm64",
+	elf.EM_386:     "386",
+	elf.EM_ARM:     "arm",
+	elf.EM_S390:    "s390x",
+	elf.EM_RISCV:   "riscv64",
+}
+
+// staticBinaryArch checks that file is a statically linked ELF executable (no
+// interpreter, no shared libraries: the image has no libc) and returns its
+// architecture.
+func staticBinaryArch(file string) (string, error) {
+	f, err := elf.Open(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", file, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return "", fmt.Errorf("%s is dynamically linked (build it with CGO_ENABLED=0)", file)
+		}
+	}
+	if libs, err := f.ImportedLibraries(); err == nil && len(libs) > 0 {
+		return "", fmt.Errorf("%s needs shared libraries %v (build it with CGO_ENABLED=0)", file, libs)
+	}
+	arch, ok := elfArch[f.Machine]
+	if f.Machine == elf.EM_PPC64 && f.ByteOrder == binary.LittleEndian {
+		arch, ok = "ppc64le", true
+	}
+	if !ok {
+		return "", fmt.Errorf("%s: no GOARCH known for ELF machine %v", file, f.Machine)
+	}
+	return arch, nil
+}
+
+// binaryLayer is a gzipped tar holding bin at file and its parent directories, owned
+// by root, every time mtime. The gzip header carries no name and no time, so the bytes
+// depend only on the inputs.
+func binaryLayer(file string, bin []byte, mtime time.Time) ([]byte, error) {
+	var buf bytes.Buffer
+	zw, err := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+	if err != nil {
+		return nil, err
+	}
+	tw := tar.NewWriter(zw)
+	mtime = mtime.UTC().Truncate(time.Second)
+	dirs := strings.Split(strings.TrimPrefix(path.Dir(file), "/"), "/")
+	for i := range dirs {
+		hdr := &tar.Header{Typeflag: tar.TypeDir, Name: strings.Join(dirs[:i+1], "/") + "/", Mode: 0o755, ModTime: mtime, Format: tar.FormatUSTAR}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return nil, err
+		}
+	}
+	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(file, "/"), Mode: 0o755, Size: int64(len(bin)), ModTime: mtime, Format: tar.FormatUSTAR}
+	if err := tw.WriteHeader(hdr); err != nil {
+		return nil, err
+	}
+	if _, err := tw.Write(bin); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,154 @@
+// Command image builds nftproxy's container image without a container engine, and
+// unpacks such an image into a root filesystem (for the e2e test that runs it with runc).
+//
+//	image build  --binary bin/nftproxy-static --out bin/nftproxy-image.tar \
+//	             --version v1.2.3 --revision <commit> --created 2026-11-24T10:00:00Z
+//	image unpack --archive bin/nftproxy-image.tar --rootfs DIR [--ref latest]
+//
+// The image holds one layer: the static binary at /usr/local/bin/nftproxy (the path
+// deploy/daemonset.yaml runs) and its parent directories, nothing else. No shell, no
+// nft, no iptables: nftproxy programs the kernel over netlink and runs no other program.
+// It needs no CA bundle (the kubeconfig names the cluster's CA), no /etc/passwd (it runs
+// as root), no time zone data (logs are in UTC without /etc/localtime) and no
+// /etc/nsswitch.conf (Go then looks names up in /etc/hosts, then DNS); /proc, /sys, /dev,
+// /etc/hosts and /etc/resolv.conf come from the container runtime.
+//
+// The archive is an OCI image layout (oci-layout, index.json, blobs/sha256/…) that also
+// carries a Docker manifest.json pointing at the same blobs, as `docker save` writes since
+// Docker 25: `ctr images import` and skopeo's oci-archive: transport read the former,
+// `docker load` and skopeo's docker-archive: transport the latter. Every timestamp in it
+// is --created, so the same binary and flags give the same bytes and digests.
+//
+// This is a module of its own so that go-containerregistry stays out of nftproxy's
+// module graph.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+	}
+	var err error
+	switch os.Args[1] {
+	case "build":
+		err = buildCmd(os.Args[2:])
+	case "unpack":
+		err = unpackCmd(os.Args[2:])
+	default:
+		usage()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "image %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: image build|unpack [flags] (image <command> -h lists the flags)")
+	os.Exit(2)
+}
+
+func buildCmd(args []string) error {
+	fs := flag.NewFlagSet("build", flag.ExitOnError)
+	var o BuildOptions
+	var created, out string
+	fs.StringVar(&o.Binary, "binary", "", "the static nftproxy binary")
+	fs.StringVar(&o.Path, "path", "/usr/local/bin/nftproxy", "where the binary is in the image")
+	fs.StringVar(&o.Repository, "repository", "nftproxy", "image name, tagged with --version and latest")
+	fs.StringVar(&o.Version, "version", "", "version (label, annotation and tag)")
+	fs.StringVar(&o.Revision, "revision", "", "source revision (git commit)")
+	fs.StringVar(&o.Source, "source", "https://github.com/nftproxy/nftproxy", "source repository URL")
+	fs.StringVar(&created, "created", "", "creation time, RFC 3339 (e.g. the commit's date): every timestamp in the image")
+	fs.StringVar(&out, "out", "", "the archive to write")
+	fs.Parse(args)
+	if o.Binary == "" || o.Version == "" || o.Revision == "" || created == "" || out == "" {
+		return fmt.Errorf("--binary, --version, --revision, --created and --out are required")
+	}
+	t, err := time.Parse(time.RFC3339, created)
+	if err != nil {
+		return fmt.Errorf("--created: %w", err)
+	}
+	o.Created = t
+	img, err := Build(o)
+	if err != nil {
+		return err
+	}
+	refs, err := o.Refs()
+	if err != nil {
+		return err
+	}
+	if err := writeArchiveFile(out, img, refs, o.Created); err != nil {
+		return err
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s\n  %s %s\n  %s\n", out, refs[0].Short, refs[1].Short, digest)
+	return nil
+}
+
+// writeArchiveFile writes the archive next to path and renames it, so that a reader
+// never sees half an archive.
+func writeArchiveFile(path string, img v1.Image, refs []Ref, created time.Time) error {
+	tmp := fmt.Sprintf("%s.tmp%d", path, os.Getpid())
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	err = WriteArchive(f, img, refs, created)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// unpackOutput is what unpack prints: enough for a runtime to run the image.
+type unpackOutput struct {
+	// Digest is the image manifest's digest in the archive's index.
+	Digest string `json:"digest"`
+	// Config is the image configuration (entrypoint, env, labels, …).
+	Config json.RawMessage `json:"config"`
+}
+
+func unpackCmd(args []string) error {
+	fs := flag.NewFlagSet("unpack", flag.ExitOnError)
+	archive := fs.String("archive", "", "the image archive")
+	ref := fs.String("ref", "latest", "which image of the archive: its org.opencontainers.image.ref.name")
+	rootfs := fs.String("rootfs", "", "an empty directory to unpack the image's layers into")
+	fs.Parse(args)
+	if *archive == "" || *rootfs == "" {
+		return fmt.Errorf("--archive and --rootfs are required")
+	}
+	a, err := OpenArchive(*archive, *ref)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	img := a.Image
+	if err := Unpack(img, *rootfs); err != nil {
+		return err
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	cfg, err := img.RawConfigFile()
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(os.Stdout).Encode(unpackOutput{Digest: digest.String(), Config: cfg})
+}
