@@ -13,7 +13,7 @@ GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 GO_LDFLAGS = -X main.version=$(VERSION) -X main.gitCommit=$(GIT_COMMIT) -X main.buildDate=$(BUILD_DATE)
 
-.PHONY: all deps build image test unit e2e-tools e2e demo bench vet clean
+.PHONY: all deps build image test unit e2e-tools e2e demo bench vet clean soak
 
 all: build
 
@@ -77,3 +77,9 @@ demo: e2e-tools
 clean:
 	rm -rf $(BIN)
 	$(GO) run ./e2e/cmd/sweep
+
+# The soak test for an hour (make test runs it for five minutes): churn,
+# memory and goroutines flat, no failed sync, the tables as a fresh proxy's.
+SOAK ?= 1h
+soak: e2e-tools
+	NFTPROXY_E2E=1 NFTPROXY_SOAK=$(SOAK) $(GO) test -count=1 -timeout 3h -v -run TestSoak ./e2e/soak/

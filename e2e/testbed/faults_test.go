@@ -1,0 +1,39 @@
+package testbed
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestResolveSlots: two tables that give a chain the same endpoints in
+// different slots of the endpoints maps read the same; other endpoints do
+// not. (No test bed needed.)
+func TestResolveSlots(t *testing.T) {
+	table := func(offset, lo, hi string, ep string) string {
+		return "table ip nftproxy {\n" +
+			"\tmap endpoints-tcp-0 {\n" +
+			"\t\ttypeof numgen random mod 65536 : ip daddr . tcp dport\n" +
+			"\t\tflags interval\n" +
+			"\t\telements = { " + lo + " : 10.244.1.11 . 8080,\n" +
+			"\t\t\t     " + hi + " : " + ep + " . 8080 }\n" +
+			"\t}\n\n" +
+			"\tchain service-X-default/web/tcp/http {\n" +
+			"\t\tmeta l4proto tcp dnat ip to numgen random mod 65536 " + offset + "map @endpoints-tcp-0\n" +
+			"\t}\n}\n"
+	}
+	slot0 := ResolveSlots(table("", "0-32767", "32768-65535", "10.244.2.12"))
+	slot2 := ResolveSlots(table("offset 131072 ", "131072-163839", "163840-196607", "10.244.2.12"))
+	other := ResolveSlots(table("offset 131072 ", "131072-163839", "163840-196607", "10.244.2.13"))
+	if slot0 != slot2 {
+		t.Errorf("the same endpoints in slots 0 and 2 differ:\n%s\n%s", slot0, slot2)
+	}
+	if slot2 == other {
+		t.Errorf("other endpoints read the same:\n%s", other)
+	}
+	if want := "map tcp{0-32767:10.244.1.11 . 8080, 32768-65535:10.244.2.12 . 8080}"; !strings.Contains(slot0, want) {
+		t.Errorf("resolved:\n%s\nwant it to contain %q", slot0, want)
+	}
+	if strings.Contains(slot0, "endpoints-tcp-0") {
+		t.Errorf("the endpoints map is still there:\n%s", slot0)
+	}
+}
