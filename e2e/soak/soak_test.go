@@ -79,7 +79,7 @@ func TestSoak(t *testing.T) {
 	// before it reads the live heap.
 	args := []string{bin, "--kubeconfig", bed.ProxyKubeconfig, "--hostname-override", n.Name,
 		"--cluster-cidr", "10.244.0.0/16,fd00:244::/32", "--metrics-bind-address", "127.0.0.1:10249",
-		"--profiling", "--v", "1"}
+		"--profiling", "--v", "2"}
 	proxy := n.Start(args...)
 	waitLog(t, proxy, `"Informers synced`)
 
