@@ -12,14 +12,24 @@
 # whose stamp matches is not rebuilt, so running this script again is cheap.
 # A lock serialises concurrent runs (e.g. several test packages calling EnsureBinaries).
 #
-# Usage: e2e/tools/build.sh [--force]
+# With --kubelet it also builds kubelet, kube-controller-manager and kube-scheduler (from
+# the nested module e2e/tools/kubenode) for `make kubelet-e2e`; other tests do not need them.
+#
+# Usage: e2e/tools/build.sh [--force] [--kubelet]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache="${NFTPROXY_E2E_CACHE:-$HOME/.cache/nftproxy-e2e}"
 bin="$cache/bin"
 force=0
-[[ "${1:-}" == "--force" ]] && force=1
+kubelet=0
+for arg in "$@"; do
+	case "$arg" in
+	--force) force=1 ;;
+	--kubelet) kubelet=1 ;;
+	*) echo "usage: $0 [--force] [--kubelet]" >&2; exit 2 ;;
+	esac
+done
 
 mkdir -p "$bin"
 exec 9>"$cache/build.lock"
@@ -65,6 +75,11 @@ build kube-apiserver "$here/kube" k8s.io/kubernetes/cmd/kube-apiserver "$kube_ld
 build kube-proxy "$here/kube" k8s.io/kubernetes/cmd/kube-proxy "$kube_ldflags"
 build kubectl "$here/kubecli" k8s.io/kubernetes/cmd/kubectl "$kube_ldflags"
 build kubeadm "$here/kubecli" k8s.io/kubernetes/cmd/kubeadm "$kube_ldflags"
+if [[ $kubelet == 1 ]]; then
+	for cmd in kubelet kube-controller-manager kube-scheduler; do
+		build "$cmd" "$here/kubenode" "k8s.io/kubernetes/cmd/$cmd" "$kube_ldflags"
+	done
+fi
 
 echo "binaries in $bin:"
 ls -l "$bin" | grep -v '\.stamp$' | grep -v '^total'
