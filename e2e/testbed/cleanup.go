@@ -13,6 +13,9 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/testbed/cgroupfs"
 )
 
 // ownerDir holds one file per live bed, named after its prefix, recording the test process
@@ -124,10 +127,11 @@ func processStartTime(pid int) (string, error) {
 // Sweep removes what beds of crashed test processes left behind: runc containers whose
 // id starts with a dead bed's prefix, processes carrying a dead bed's marker in their
 // environment, processes inside a dead bed's namespaces, the namespaces themselves
-// (names starting with "nfp" + 5 hex digits + "-"), working directories in
-// os.TempDir() and owner files. Beds whose owning process still runs are left alone,
-// so Sweep is safe while other tests run. With force it also removes beds of live
-// owners. It returns what it removed, one description per item.
+// (names starting with "nfp" + 5 hex digits + "-"), cgroups named like them (a
+// kubelet's pod parent, e2e/kubenode), working directories in os.TempDir() and owner
+// files. Beds whose owning process still runs are left alone, so Sweep is safe while
+// other tests run. With force it also removes beds of live owners. It returns what it
+// removed, one description per item.
 func Sweep(force bool) ([]string, error) {
 	var removed []string
 	var errs []error
@@ -171,6 +175,17 @@ func Sweep(force bool) ([]string, error) {
 			errs = append(errs, err)
 		} else {
 			removed = append(removed, "netns "+e.Name())
+		}
+	}
+	// Cgroups named after a bed's node namespaces: the pods' parent of a kubelet
+	// (e2e/kubenode). Processes in them are killed first.
+	for _, name := range cgroupfs.Names("nfp?????-*") {
+		if m := prefixPattern.FindStringSubmatch(name); m != nil && dead(m[1]) {
+			if err := cgroupfs.Remove(name, 5*time.Second); err != nil {
+				errs = append(errs, err)
+			} else {
+				removed = append(removed, "cgroup "+name)
+			}
 		}
 	}
 	// Working directories (os.MkdirTemp(prefix + "-")): certificates, etcd data, logs.
