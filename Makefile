@@ -70,6 +70,15 @@ bench: e2e-tools
 		$(GO) run ./e2e/cmd/bench --upstream --services $$n --endpoints $(BENCH_ENDPOINTS) --changes $(BENCH_CHANGES) || exit 1; \
 	done
 
+# deploy/ on a real kubelet and containerd, one node of the bed
+# (docs/kubelet-e2e.md). Not part of `make test`: it builds kubelet,
+# kube-controller-manager and kube-scheduler too, and runs a container runtime.
+.PHONY: kubelet-e2e
+kubelet-e2e: e2e-tools image
+	e2e/tools/build.sh --kubelet
+	NFTPROXY_KUBELET_E2E=1 NFTPROXY_IMAGE_TAR=$(abspath $(IMAGE_TAR)) \
+		$(GO) test -count=1 -v -timeout 20m -run TestDaemonSetOnKubelet ./e2e/kubenode/
+
 # A local control plane, a node with two pods, traffic through a Service.
 demo: e2e-tools
 	$(GO) run ./e2e/cmd/demo
