@@ -2,9 +2,9 @@
 # deps.sh installs what `make demo`, `make test` and the other targets need on a
 # fresh Debian machine, as root: the Debian packages the tests run (nft and conntrack
 # to read the kernel back, ip for the namespaces, runc, skopeo and containerd for the
-# image test, prometheus and promtool for the monitoring tests) and, if there is no
-# Go, the Go toolchain from the Go module proxy. What is there already is left
-# alone, so a second run costs a few `command -v`.
+# image test and `make kubelet-e2e`, prometheus and promtool for the monitoring tests)
+# and, if there is no Go, the Go toolchain from the Go module proxy. What is there
+# already is left alone, so a second run costs a few `command -v`.
 #
 # Usage: e2e/tools/deps.sh
 set -euo pipefail

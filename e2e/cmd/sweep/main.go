@@ -3,8 +3,9 @@
 // "nfpXXXXX-…", processes inside them or marked with NFTPROXY_E2E_BED, cgroups named
 // like them (a kubelet's pods, e2e/kubenode), working directories $TMPDIR/nfpXXXXX-* and
 // owner files in /run/nftproxy-e2e. Beds whose test process is still running are left
-// alone unless -force is given. testbed.Start runs the same sweep once per test process. It also removes
-// the namespaces of kernel tests (netnstest, "nftproxy-…-PID-…") whose process is gone.
+// alone unless -force is given. testbed.Start runs the same sweep once per test process.
+// It also removes the namespaces of kernel tests (netnstest, "nftproxy-…-PID-…") whose
+// process is gone.
 //
 //	sudo go run ./e2e/cmd/sweep [-force]
 package main
