@@ -29,6 +29,6 @@
 //     write should one differ.
 //
 // Each Node is stopped when the test ends, before its bed: the kubelet, then
-// every process in the node's cgroups, containerd and the mount namespace;
-// then the cgroups are removed.
+// every process in the node's cgroups (the containers) and the cgroups
+// themselves, then containerd, its shims and the mount namespace's holder.
 package kubenode

@@ -115,10 +115,10 @@ func (n *Node) startInside(args ...string) *testbed.Process {
 // stopTimeout bounds each step of stop.
 const stopTimeout = 10 * time.Second
 
-// stop stops the kubelet first, so that it restarts nothing, then every
-// process in the node's cgroups (the containers), then containerd and its
-// shims (in the node's network namespace, not in its cgroups), then the
-// mount namespace; and removes the cgroups.
+// stop stops the kubelet first, so that it restarts nothing, then kills
+// every process in the node's cgroups (the containers) and removes the
+// cgroups, then stops containerd and its shims (in the node's network
+// namespace, not in its cgroups), then the mount namespace's holder.
 func (n *Node) stop() {
 	if n.kubelet != nil {
 		n.kubelet.Stop(stopTimeout)
