@@ -71,6 +71,10 @@ func TestUpstreamNames(t *testing.T) {
 			func() {
 				BuildInfo.WithLabelValues("0", "1", "v0.1.0", "abc", "clean", "2026-11-24T00:00:00Z", "go1.26", "gc", "linux/amd64").Set(1)
 			}},
+		{"nftproxy_kube_proxy_leftovers", dto.MetricType_GAUGE, []string{"ip_family", "kind"},
+			func() { KubeProxyLeftovers.WithLabelValues(IPv4, LeftoverIPTablesChains).Set(3) }},
+		{"nftproxy_kube_proxy_table_removals_total", dto.MetricType_COUNTER, []string{"ip_family", "result"},
+			func() { KubeProxyTableRemovalsTotal.WithLabelValues(IPv6, ResultSuccess).Inc() }},
 		{"rest_client_requests_total", dto.MetricType_COUNTER, []string{"code", "host", "method"},
 			func() { requestResultAdapter{}.Increment(context.Background(), "200", "GET", "10.0.0.1:6443") }},
 		{"rest_client_request_duration_seconds", dto.MetricType_HISTOGRAM, []string{"host", "verb"},

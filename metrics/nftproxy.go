@@ -67,6 +67,32 @@ var (
 		Name:      "api_events_total",
 		Help:      "Number of API watch events received, by kind",
 	}, []string{"kind"})
+
+	// KubeProxyLeftovers is the number of objects kube-proxy left in the
+	// node's kernel, as found at start and again after a removal of its
+	// tables. Labels: ip_family, kind (LeftoverNFTablesTable: its
+	// nftables-mode "kube-proxy" table; LeftoverIPTablesChains: KUBE-*
+	// chains its iptables or ipvs mode left in iptables-nft's tables).
+	KubeProxyLeftovers = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "kube_proxy_leftovers",
+		Help:      "Number of kube-proxy's nftables tables and iptables-nft KUBE-* chains found in the kernel, by IP family and kind",
+	}, []string{"ip_family", "kind"})
+
+	// KubeProxyTableRemovalsTotal counts the transactions that deleted
+	// kube-proxy's nftables table of a family (--remove-kube-proxy-tables),
+	// by outcome. Labels: ip_family, result (ResultSuccess, ResultFailure).
+	KubeProxyTableRemovalsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "kube_proxy_table_removals_total",
+		Help:      "Number of removals of kube-proxy's nftables tables, by IP family and result",
+	}, []string{"ip_family", "result"})
+)
+
+// Label values of kind in KubeProxyLeftovers.
+const (
+	LeftoverNFTablesTable  = "nftables-table"
+	LeftoverIPTablesChains = "iptables-chains"
 )
 
 // nftproxyCollectors lists the metrics above for registration.
@@ -78,5 +104,7 @@ func nftproxyCollectors() []prometheus.Collector {
 		APIEventsTotal,
 		ServiceRuleChangesTotal,
 		RepairsTotal,
+		KubeProxyLeftovers,
+		KubeProxyTableRemovalsTotal,
 	}
 }

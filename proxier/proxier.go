@@ -41,6 +41,10 @@ type Deps struct {
 	// Monitor, if set, reports changes other processes make to the
 	// tables, which are then repaired at once.
 	Monitor Monitor
+	// FirstSync, if set, is called once per family, right after that
+	// family's first successful sync, when its rules are in the kernel
+	// (cmd/nftproxy deletes kube-proxy's tables there).
+	FirstSync func(ctx context.Context, f nft.Family)
 }
 
 // HealthCheckServer serves the health check node ports of Services
@@ -94,6 +98,9 @@ type familyState struct {
 	// room for (zero after one diffed against the table read back).
 	reserve  ruleset.Counts
 	lastFull time.Time
+
+	// synced: a sync of this family succeeded (Deps.FirstSync was called).
+	synced bool
 
 	// loaded: the editor's first transaction diffs against the table read
 	// back from the kernel. noLoad: the last such transaction failed, so
@@ -430,9 +437,21 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 		}
 		klog.V(2).InfoS("Synced", kv...)
 	}
+	p.firstSync(ctx, f, fs)
 	p.cleanConntrack(f, fs, ct)
 	p.syncHealthChecks(f, fs)
 	return nil
+}
+
+// firstSync calls Deps.FirstSync after the family's first successful sync.
+func (p *Proxier) firstSync(ctx context.Context, f nft.Family, fs *familyState) {
+	if fs.synced {
+		return
+	}
+	fs.synced = true
+	if p.deps.FirstSync != nil {
+		p.deps.FirstSync(ctx, f)
+	}
 }
 
 // eachFamily runs fn for every family at once and returns their errors.

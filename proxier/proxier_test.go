@@ -306,3 +306,43 @@ func TestIncrementalSyncsMatchFullBuild(t *testing.T) {
 		t.Errorf("editor's ruleset after incremental syncs differs from a fresh build:\n%s\nwant:\n%s", got, w)
 	}
 }
+
+// TestFirstSyncHook: Deps.FirstSync runs once per family, after the
+// family's first successful sync, when its rules are in the kernel; a
+// first sync that failed does not call it, and later syncs do not either.
+func TestFirstSyncHook(t *testing.T) {
+	type call struct {
+		f       nft.Family
+		verdict nft.VerdictKind // of a packet to the Service when called
+	}
+	calls := make(chan call, 10)
+	var fk *nft.Fake
+	h := startWith(t, func(d *Deps) {
+		fk = d.NFT[nft.IPv4].(*nft.Fake)
+		fk.FailNext = errors.New("injected: the first transaction fails")
+		d.FirstSync = func(_ context.Context, f nft.Family) {
+			calls <- call{f, nft.NewTracer(fk).Trace(tcp("10.96.0.10", 80)).Verdict}
+		}
+	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
+	select {
+	case c := <-calls:
+		if c.f != nft.IPv4 || c.verdict != nft.VerdictReject {
+			t.Errorf("FirstSync(%s) with the Service's packet getting %s, want IPv4 with reject (rules in)", c.f, c.verdict)
+		}
+		if fk.FailNext != nil {
+			t.Error("FirstSync was called before the failing first sync")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("FirstSync not called")
+	}
+	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(context.Background(), es, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
+	select {
+	case c := <-calls:
+		t.Errorf("FirstSync(%s) called again after a later sync", c.f)
+	default:
+	}
+}

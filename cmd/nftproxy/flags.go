@@ -34,6 +34,7 @@ type flagValues struct {
 	metricsBindAddressOverride string
 	ownTables                  bool
 	fullSyncPeriod             time.Duration
+	removeKubeProxyTables      bool
 
 	// Deprecated upstream flags that act on the bind addresses, only
 	// without --config (upstream's addressFromDeprecatedFlags).
@@ -89,6 +90,7 @@ func (fv *flagValues) addNFTProxyFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&fv.ipFamilies, "ip-families", fv.ipFamilies, "nftproxy: comma-separated IP families to program, 'ipv4' and/or 'ipv6'. Default: both (IPv6 is skipped if the kernel has it disabled).")
 	fs.StringVar(&fv.metricsBindAddressOverride, "metrics-bind-address-override", fv.metricsBindAddressOverride, "nftproxy: \"host:port\" or a bare IP (port 10249) for the metrics server, winning over --metrics-bind-address and the config file's metricsBindAddress. It exists so that a DaemonSet can serve metrics on the node's own IP (--metrics-bind-address-override=$(NODE_IP), from status.hostIP) for Prometheus to scrape, while kubeadm's kube-proxy ConfigMap, shared by all nodes, stays unchanged.")
 	fs.BoolVar(&fv.ownTables, "own-tables", fv.ownTables, "nftproxy: own the nftables tables (flags owner,persist; Linux 6.9): no other process can change or delete them while nftproxy runs, `nft flush ruleset` leaves them, and they keep serving after nftproxy exits until the next nftproxy claims them. On older kernels the tables are not owned. With false, another process can change them, and nftproxy repairs them at once (it hears of every change from the kernel). See docs/operations.md.")
+	fs.BoolVar(&fv.removeKubeProxyTables, "remove-kube-proxy-tables", fv.removeKubeProxyTables, "nftproxy: after the first successful sync of each IP family, delete kube-proxy's nftables table of that family ('ip kube-proxy', 'ip6 kube-proxy') in one transaction. Until then, kube-proxy's stale rules still catch the new connections nftproxy's rules do not DNAT (to Services deleted or left without endpoints since kube-proxy stopped: they go to the old endpoints) and still apply stale loadBalancerSourceRanges. iptables chains and other tables are never touched. Default false: kube-proxy's leftovers are only logged and counted (nftproxy_kube_proxy_leftovers). See docs/migrating-from-kube-proxy.md.")
 	fs.DurationVar(&fv.fullSyncPeriod, "full-sync-period", fv.fullSyncPeriod, "nftproxy: how often the tables are read back from the kernel and checked against what nftproxy wants there, repairing any difference, even when nothing reported a change (changes by other processes are reported by the kernel and repaired at once). 0 disables the periodic check.")
 }
 

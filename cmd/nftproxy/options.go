@@ -57,6 +57,9 @@ type options struct {
 	IPFamiliesExplicit bool
 	// OwnTables: the tables are owned by nftproxy's sockets (--own-tables).
 	OwnTables bool
+	// RemoveKubeProxyTables deletes kube-proxy's nftables tables after the
+	// first successful sync of each family (--remove-kube-proxy-tables).
+	RemoveKubeProxyTables bool
 
 	// NodePortAddresses as given (also in Proxier.NodePortCIDRs); Conntrack
 	// is applied once at startup, OOMScoreAdj when the proxy starts.
@@ -251,6 +254,7 @@ func (fv *flagValues) fillOptions(fs *pflag.FlagSet, o *options) {
 	o.EnableProfiling = c.EnableProfiling
 	o.IPFamiliesExplicit = fs.Changed("ip-families")
 	o.OwnTables = fv.ownTables
+	o.RemoveKubeProxyTables = fv.removeKubeProxyTables
 	o.NodePortAddresses = c.NodePortAddresses
 	o.Conntrack = c.Conntrack
 	o.OOMScoreAdj = int(*c.OOMScoreAdj)

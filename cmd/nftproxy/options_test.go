@@ -554,9 +554,33 @@ func TestHelp(t *testing.T) {
 		t.Fatalf("err = %v, want pflag.ErrHelp", err)
 	}
 	for _, flag := range []string{"--config", "--iptables-sync-period", "--service-cidr", "--ip-families",
-		"--metrics-bind-address-override", "--logging-format", "--version", "No effect in nftproxy: IPVS mode only"} {
+		"--metrics-bind-address-override", "--logging-format", "--version", "No effect in nftproxy: IPVS mode only",
+		"--remove-kube-proxy-tables"} {
 		if !strings.Contains(out.String(), flag) {
 			t.Errorf("usage lacks %s", flag)
+		}
+	}
+}
+
+// TestRemoveKubeProxyTables: off by default; the flag turns it on, with or
+// without a config file (which has no such field).
+func TestRemoveKubeProxyTables(t *testing.T) {
+	env := testEnv(map[string]string{"c.yaml": kubeadmConfig})
+	for _, tt := range []struct {
+		args []string
+		want bool
+	}{
+		{nil, false},
+		{[]string{"--remove-kube-proxy-tables"}, true},
+		{[]string{"--config=c.yaml", "--remove-kube-proxy-tables"}, true},
+		{[]string{"--config=c.yaml"}, false},
+	} {
+		o, err := parseOptions(tt.args, env)
+		if err != nil {
+			t.Fatalf("%q: %v", tt.args, err)
+		}
+		if o.RemoveKubeProxyTables != tt.want {
+			t.Errorf("%q: RemoveKubeProxyTables = %v, want %v", tt.args, o.RemoveKubeProxyTables, tt.want)
 		}
 	}
 }

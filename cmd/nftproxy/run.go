@@ -24,6 +24,7 @@ import (
 	"github.com/nftproxy/nftproxy/proxier"
 	"github.com/nftproxy/nftproxy/proxier/healthcheck"
 	"github.com/nftproxy/nftproxy/proxier/healthz"
+	"github.com/nftproxy/nftproxy/proxier/leftovers"
 )
 
 // bindRetryInterval is how long to wait before retrying a server that
@@ -77,6 +78,11 @@ func run(ctx context.Context, o *options) error {
 // runProxy applies the startup settings, creates the proxier and runs it
 // with its servers until ctx is done or one of them fails.
 func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Interface) error {
+	kubeProxy, closeKubeProxy, err := checkLeftovers(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer closeKubeProxy()
 	if err := setupConntrack(o.Conntrack); err != nil {
 		return err
 	}
@@ -99,7 +105,7 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 		return fmt.Errorf("conntrack: %w", err)
 	}
 	deps := proxier.Deps{Client: client, NFT: backends, Health: health, Conntrack: ct,
-		HealthCheck: healthCheckServers(o.Proxier, health)}
+		HealthCheck: healthCheckServers(o.Proxier, health), FirstSync: kubeProxy.RemoveTables}
 	if mon := openMonitor(backends); mon != nil {
 		defer mon.Close()
 		deps.Monitor = mon
@@ -112,6 +118,20 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 		return fmt.Errorf("create proxier: %w", err)
 	}
 	return runAll(ctx, proxyTasks(o, health, p)...)
+}
+
+// checkLeftovers reports what kube-proxy left in the kernel, before the
+// first sync, and returns the checker whose RemoveTables deletes its
+// tables after each family's first sync (with --remove-kube-proxy-tables;
+// a no-op without), on a socket of its own.
+func checkLeftovers(ctx context.Context, o *options) (*leftovers.Checker, func(), error) {
+	n, err := nft.NewNetlink(nft.NetlinkOptions{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("nftables socket for kube-proxy's leftovers: %w", err)
+	}
+	c := leftovers.NewChecker(n, enabledFamilies(o.Proxier), o.RemoveKubeProxyTables)
+	c.Check(ctx)
+	return c, func() { _ = n.Close() }, nil
 }
 
 // proxyTasks are what runs beside each other: the two HTTP servers, the

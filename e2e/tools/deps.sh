@@ -26,6 +26,9 @@ declare -A packages=(
 	[curl]=curl
 	[unzip]=unzip
 	[flock]=util-linux
+	# iptables-nft: kube-proxy's iptables mode in the migration test, and the
+	# KUBE-* chains the leftovers tests create.
+	[iptables-nft]=iptables
 )
 
 missing=()
