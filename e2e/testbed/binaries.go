@@ -2,6 +2,8 @@ package testbed
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -90,7 +92,10 @@ func GoBuild(t TB, pkg string) string {
 }
 
 func goBuild(pkg string) (string, error) {
-	dir := filepath.Join(CacheDir(), "gobin")
+	// One directory per checkout: worktrees testing different code at once
+	// must not run each other's nftproxy or probe.
+	root := sha256.Sum256([]byte(repoRoot()))
+	dir := filepath.Join(CacheDir(), "gobin", hex.EncodeToString(root[:6]))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
