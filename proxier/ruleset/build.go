@@ -327,7 +327,7 @@ func gotoChain(name string) *nft.Verdict { return &nft.Verdict{Kind: nft.Verdict
 
 func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState, slots *Slots) {
 	b := portBuilder{fr: fr, cfg: cfg, sp: sp, slots: slots}
-	comment := sp.Name.String()
+	comment := Comment(sp.Name)
 	vip := b.fr.Datums(1)
 	vip[0] = nft.Addr(sp.ClusterIP)
 	b.element(setClusterIPs, nft.Element{Key: vip})
@@ -437,7 +437,7 @@ func firewall(b portBuilder) {
 	rules = append(rules, nft.Rule{Phrases: []nft.Phrase{nft.Drop()}, Comment: "source outside loadBalancerSourceRanges"})
 	fw := b.chain(kindFirewall, rules...)
 	for _, a := range sp.LoadBalancerIPs {
-		b.element(mapFirewallIPs, nft.Element{Key: b.key(a, sp.Port), Comment: sp.Name.String(), Verdict: gotoChain(fw)})
+		b.element(mapFirewallIPs, nft.Element{Key: b.key(a, sp.Port), Comment: Comment(sp.Name), Verdict: gotoChain(fw)})
 	}
 }
 
@@ -506,8 +506,8 @@ func (b portBuilder) affinityRules(endpoints []netip.AddrPort) []nft.Rule {
 // The timeout is part of the set's name, so changing it replaces the set.
 func (b portBuilder) affinityEndpoint(ep netip.AddrPort) (set, chain string) {
 	suffix := "__" + endpointText(ep)
-	set = kindAffinity + "-" + hashOf(b.sp.Name, ep.String(), b.sp.AffinityTimeout.String()) + "-" + readable(b.sp.Name) + suffix
-	chain = kindEndpoint + "-" + hashOf(b.sp.Name, ep.String()) + "-" + readable(b.sp.Name) + suffix
+	set = objectName(kindAffinity, nameHash(b.sp.Name, ep.String(), b.sp.AffinityTimeout.String()), b.sp.Name, suffix)
+	chain = objectName(kindEndpoint, nameHash(b.sp.Name, ep.String()), b.sp.Name, suffix)
 	for _, s := range b.fr.Sets {
 		if s.Name == set {
 			return set, chain
