@@ -69,7 +69,7 @@ func addr(base string, n int) netip.Addr {
 // bases are the blocks of each family that addresses are taken from.
 var bases = map[nft.Family]struct{ cluster, external, endpoints string }{
 	nft.IPv4: {"10.96.0.0", "192.0.2.0", "10.244.0.0"},
-	nft.IPv6: {"fd00:96::", "2001:db8:2::", "fd00:244::"},
+	nft.IPv6: {"fd00:96::", "2001:db8:2::", "fd00:2440:1234:5678:9abc:def0:1234:1000"}, // long in names
 }
 
 // bytes hands out the bytes of a fuzz input, zeros once they run out.
@@ -176,13 +176,14 @@ func slice(b *bytes, svcs []*model.Service) *model.EndpointSlice {
 	for n := b.next() % 4; n > 0; n-- {
 		es.Ports = append(es.Ports, model.EndpointPort{Name: pick(b, portNames), Protocol: pick(b, protos), Port: pick(b, ports)})
 	}
-	if b.next() == 255 { // one port for each of a Service's many
+	manyPorts := b.next() == 255
+	if manyPorts { // one port for each of a Service's many
 		for i := range ManyPorts {
 			es.Ports = append(es.Ports, model.EndpointPort{Name: manyPortName(i), Protocol: nft.ProtoTCP, Port: uint16(2000 + i)})
 		}
 	}
 	n := int(b.next()) % 9
-	if n == 8 {
+	if n == 8 && !manyPorts { // both at once: a slow input, testing nothing more
 		n = ManyEndpoints
 	}
 	base := bases[f].endpoints

@@ -104,9 +104,11 @@ func Seeds() [][]byte {
 				{fam: 0, name: 1, svc: 0, ports: [][3]byte{{1, 0, 4}}, endpoints: [][]byte{{1, 3, 2, 0}, {3, 6, 3, 0}}},
 				{fam: 1, name: 2, svc: 0, ports: [][3]byte{{1, 0, 4}}, endpoints: [][]byte{ready}},
 			}),
-		// ManyPorts, and a slice with a port for each and ManyEndpoints.
-		seed(0, []svcSeed{{ns: 0, name: 1, v4: 2, fams: 0, many: true}},
-			[]sliceSeed{{fam: 0, svc: 0, manyPorts: true, many: true}}),
+		// ManyPorts, and a slice with a port for each; a slice with
+		// ManyEndpoints.
+		seed(0, []svcSeed{{ns: 0, name: 1, v4: 2, fams: 0, many: true}, {ns: 0, name: 0, v6: 2, fams: 1, ports: [][4]byte{{1, 0, 0, 0}}}},
+			[]sliceSeed{{fam: 0, svc: 0, manyPorts: true, endpoints: [][]byte{ready, readyHere}},
+				{fam: 1, svc: 1, ports: [][3]byte{{1, 0, 4}}, many: true}}),
 		// Names at their limits, local policies, affinity, external and
 		// load balancer IPs with source ranges; endpoints local and
 		// remote, terminating, with hints; a slice of a gone Service; a
