@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unique"
@@ -32,7 +33,7 @@ const (
 // part of it named in Reason) is skipped, everything else goes on.
 type Problem struct {
 	Kind   string // "Service" or "EndpointSlice"
-	Object string // namespace/name
+	Object string // namespace/name (escaped: see printable)
 	Reason string // short, stable: used as a metric label
 	Detail string
 }
@@ -63,6 +64,14 @@ func newProblems(old, cur []Problem) []Problem {
 		}
 	}
 	return out
+}
+
+// printable is s as a log line may hold it: a name the API server would
+// have refused may hold newlines, which klog writes over several lines, or
+// invalid UTF-8. They are escaped as in a Go string literal.
+func printable(s string) string {
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
 }
 
 // validName reports whether a namespace, Service name or port name is a
@@ -99,7 +108,7 @@ func ConvertService(s *v1.Service) (*model.Service, []Problem) {
 	}
 	name := model.ServiceName{Namespace: s.Namespace, Name: s.Name}
 	problem := func(reason, format string, args ...any) Problem {
-		return Problem{Kind: "Service", Object: name.String(), Reason: reason, Detail: fmt.Sprintf(format, args...)}
+		return Problem{Kind: "Service", Object: printable(name.String()), Reason: reason, Detail: fmt.Sprintf(format, args...)}
 	}
 	out := &model.Service{Name: name}
 	problems, headless := clusterIPs(s, out, problem)
@@ -259,7 +268,7 @@ func ConvertEndpointSlice(es *discovery.EndpointSlice) (*model.EndpointSlice, []
 	}
 	key := model.SliceKey{Namespace: es.Namespace, Name: es.Name}
 	problem := func(reason, format string, args ...any) Problem {
-		return Problem{Kind: "EndpointSlice", Object: key.String(), Reason: reason, Detail: fmt.Sprintf(format, args...)}
+		return Problem{Kind: "EndpointSlice", Object: printable(key.String()), Reason: reason, Detail: fmt.Sprintf(format, args...)}
 	}
 	// No Service could be named so: the slice would serve none.
 	if !validName(es.Namespace) || !validName(svc) {
