@@ -297,7 +297,7 @@ func checkComments(t *testing.T, dump string) {
 
 // TestSharedFrontend: two Services may list the same external IP and port
 // (the API allows it). Both are programmed without failing a sync; when
-// one goes, the other has the frontend.
+// the one the frontend goes to is deleted, it goes to the other.
 func TestSharedFrontend(t *testing.T) {
 	withExternal := func(s *v1.Service) *v1.Service {
 		s.Spec.ExternalIPs = []string{"192.0.2.1"}
@@ -314,21 +314,17 @@ func TestSharedFrontend(t *testing.T) {
 	h.traceTo(tcp("10.96.0.12", 80), endpoints(8080, "10.244.1.12")...)
 	outside := tcp("192.0.2.1", 80)
 	outside.Src = netip.MustParseAddr("203.0.113.7")
-	ctx := context.Background()
-	for _, gone := range []struct{ name, left string }{{"b", "10.244.1.11"}, {"a", ""}} {
-		res := nft.NewTracer(h.fk).Trace(outside)
-		if res.Verdict != nft.VerdictAccept || len(res.DNAT) != 1 {
-			t.Fatalf("the external IP: %s %v, want one of the Services' endpoints", res.Verdict, res.DNAT)
-		}
-		if err := h.client.CoreV1().Services("default").Delete(ctx, gone.name, metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		if gone.left == "" {
-			h.eventually(outside, nft.VerdictAccept) // not a frontend any more
-		} else {
-			h.traceTo(outside, endpoints(8080, gone.left)...)
-		}
+	owner := map[netip.AddrPort]string{endpoints(8080, "10.244.1.11")[0]: "a", endpoints(8080, "10.244.1.12")[0]: "b"}
+	other := map[string]string{"a": "10.244.1.12", "b": "10.244.1.11"}
+	res := nft.NewTracer(h.fk).Trace(outside)
+	if res.Verdict != nft.VerdictAccept || len(res.DNAT) != 1 || owner[res.DNAT[0]] == "" {
+		t.Fatalf("the external IP: %s %v, want one of the Services' endpoints", res.Verdict, res.DNAT)
 	}
+	gone := owner[res.DNAT[0]]
+	if err := h.client.CoreV1().Services("default").Delete(context.Background(), gone, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.traceTo(outside, endpoints(8080, other[gone])...)
 	if n := failures() - before; n != 0 {
 		t.Errorf("%v syncs failed", n)
 	}
