@@ -156,7 +156,11 @@ func FuzzNames(f *testing.F) {
 		if !ok {
 			ep = netip.MustParseAddr("10.0.0.1")
 		}
-		aps := []netip.AddrPort{netip.AddrPortFrom(ep, epPort), netip.AddrPortFrom(ep.Next(), epPort)}
+		other := ep.Next()
+		if !other.IsValid() { // ep was the last address
+			other = ep.Prev()
+		}
+		aps := []netip.AddrPort{netip.AddrPortFrom(ep, epPort), netip.AddrPortFrom(other, epPort)}
 		seen := map[string]string{}
 		add := func(what string, names []string) {
 			for _, c := range names {
