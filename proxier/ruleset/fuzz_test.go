@@ -50,7 +50,9 @@ func fuzzPorts(st fuzzstate.State, f nft.Family) []model.ServicePortState {
 // frontend of each service port must reach that port's endpoints, or be
 // rejected or dropped as the port says. A frontend that several ports
 // share (two Services with one external IP and port, which the API allows)
-// must not fail the ruleset; where its packets go is not checked.
+// must not fail the ruleset; where its packets go is not checked. The same
+// table built Service by Service, as the proxier does, must match it at
+// every step (checkIncremental).
 func FuzzBuild(f *testing.F) {
 	for _, s := range fuzzstate.Seeds() {
 		f.Add(s)
@@ -68,8 +70,71 @@ func FuzzBuild(f *testing.F) {
 				t.Fatalf("%s: %v", fam, err)
 			}
 			traceFrontends(t, fk, fam, ports)
+			checkIncremental(t, st, fam)
 		}
 	})
+}
+
+// checkIncremental builds the table the proxier's way: one fragment per
+// Service through an nft.Editor, a transaction per Service added, then per
+// Service removed (Services sharing a frontend among them). Every
+// transaction must apply, and the table must always be what Build makes of
+// the Services left.
+func checkIncremental(t *testing.T, st fuzzstate.State, f nft.Family) {
+	t.Helper()
+	cfg := fuzzConfig(f)
+	fk, ed, slots := nft.NewFake(), nft.NewEditor(f), NewSlots()
+	for _, s := range Sets(f) {
+		ed.AddSet(s)
+	}
+	ed.Replace(nil, Base(cfg, f))
+	ports := make([][]model.ServicePortState, len(st.Services))
+	frags := make([]*nft.Fragment, len(st.Services))
+	live := make([]bool, len(st.Services))
+	step := func(what string) {
+		t.Helper()
+		if err := fk.Apply(context.Background(), ed.Transaction()); err != nil {
+			t.Fatalf("%s, %s: %v", f, what, err)
+		}
+		ed.Commit()
+		slots.Commit()
+		var want []model.ServicePortState
+		for i := range ports {
+			if live[i] {
+				want = append(want, ports[i]...)
+			}
+		}
+		got, built := CanonicalSlots(fk.Ruleset(f)).Dump(), CanonicalSlots(Build(cfg, f, want)).Dump()
+		if got != built {
+			t.Fatalf("%s, %s: the table is\n%s\nBuild makes\n%s", f, what, got, built)
+		}
+	}
+	for i, svc := range st.Services {
+		ports[i] = model.ServicePorts(f, st.Node, svc, st.SlicesOf(f, svc.Name))
+		if len(ports[i]) == 0 {
+			continue
+		}
+		frags[i], live[i] = ServiceFragment(cfg, ports[i], slots), true
+		for _, m := range slots.NewMaps(f) {
+			ed.AddSet(m)
+		}
+		ed.Replace(nil, frags[i])
+		step("adding " + svc.Name.String())
+	}
+	// The last Service added first, then the first, and so on: both the
+	// latest holder of a shared element and an earlier one go while
+	// another holds it.
+	for lo, hi := 0, len(frags)-1; lo <= hi; lo, hi = lo+1, hi-1 {
+		for _, i := range []int{hi, lo} {
+			if !live[i] {
+				continue
+			}
+			slots.ReleaseGone(frags[i], nil)
+			ed.Replace(frags[i], nil)
+			live[i] = false
+			step("removing " + st.Services[i].Name.String())
+		}
+	}
 }
 
 // Where fuzzed packets come from: a pod of this node (for ClusterIPs),

@@ -11,6 +11,7 @@ package fuzzstate
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -111,7 +112,10 @@ func Decode(data []byte) State {
 	st := State{Node: model.Node{Name: NodeName, Zone: pick(&b, zones), Addresses: NodeAddrs,
 		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:244:1::/64")}}}
 	for n := int(b.next()) % 6; n > 0; n-- {
-		st.Services = append(st.Services, service(&b))
+		svc := service(&b)
+		if !slices.ContainsFunc(st.Services, func(s *model.Service) bool { return s.Name == svc.Name }) { // names are keys
+			st.Services = append(st.Services, svc)
+		}
 	}
 	for n := int(b.next()) % 8; n > 0; n-- {
 		st.Slices = append(st.Slices, slice(&b, st.Services))
