@@ -387,6 +387,11 @@ func checkRule(rs *Ruleset, f Family, r Rule) error {
 			if !s.IsVerdictMap() || !fieldsFit(f, p.Fields, s.Key) {
 				return opErr(unix.EINVAL, "map %q does not fit %s", p.Map, fieldsText(f, p.Fields))
 			}
+		case MatchPrefix:
+			if p.Prefix.Bits() <= 0 {
+				// nft writes no such match, and neither does our encoder.
+				return opErr(unix.EINVAL, "prefix %v matches everything", p.Prefix)
+			}
 		case MatchRandom:
 			if p.Mod == 0 {
 				return opErr(unix.ERANGE, "numgen random mod 0")

@@ -11,7 +11,7 @@ import (
 )
 
 // limitCases are operations at and past the kernel's limits on names and
-// comments; want 0: accepted.
+// comments, and a match our encoder refuses; want nil: accepted.
 func limitCases() []struct {
 	name string
 	op   Op
@@ -35,6 +35,10 @@ func limitCases() []struct {
 		{"element comment of 254 bytes", elem(long(254)), unix.ERANGE},
 		{"rule comment of 253 bytes", Op{Kind: OpAddRule, ChainName: "c", Rule: Rule{Phrases: []Phrase{Drop()}, Comment: long(253)}}, nil},
 		{"rule comment of 254 bytes", Op{Kind: OpAddRule, ChainName: "c", Rule: Rule{Phrases: []Phrase{Drop()}, Comment: long(254)}}, unix.ERANGE},
+		{"a prefix of 1 bit", Op{Kind: OpAddRule, ChainName: "c", Rule: Rule{Phrases: []Phrase{
+			MatchPrefix{Field: FieldSrcAddr, Prefix: netip.MustParsePrefix("0.0.0.0/1")}, Drop()}}}, nil},
+		{"a prefix of everything", Op{Kind: OpAddRule, ChainName: "c", Rule: Rule{Phrases: []Phrase{
+			MatchPrefix{Field: FieldSrcAddr, Prefix: netip.MustParsePrefix("0.0.0.0/0")}, Drop()}}}, unix.EINVAL},
 	}
 }
 
@@ -46,8 +50,9 @@ func limitsBase() *Ruleset {
 }
 
 // TestFakeChecksLimits: the Fake refuses names and comments the kernel
-// (or our encoder, for comments) refuses, so that the proxier's tests see
-// a Service whose names are too long fail the sync as the kernel would.
+// (or our encoder, for comments and a prefix of every address) refuses, so
+// that the proxier's tests see such a ruleset fail the sync as the kernel
+// would.
 func TestFakeChecksLimits(t *testing.T) {
 	for _, tc := range limitCases() {
 		fk := NewFake()
