@@ -2,6 +2,7 @@ package ruleset
 
 import (
 	"net/netip"
+	"slices"
 
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -216,6 +217,12 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 		{Phrases: []nft.Phrase{toClusterIP, nft.Reject{}}, Comment: "reject traffic to invalid ports of ClusterIPs"},
 	}
 	for _, p := range cfg.ServiceCIDRs {
+		if p.Bits() == 0 {
+			// A ServiceCIDR of every address (the API allows it): dropping
+			// all traffic to addresses no Service has would cut the node
+			// off, and nft cannot write a match of everything.
+			continue
+		}
 		check = append(check, nft.Rule{
 			Phrases: []nft.Phrase{nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: p}, nft.Drop()},
 			Comment: "drop traffic to unallocated ClusterIPs",
@@ -426,7 +433,11 @@ func externalRules(b portBuilder, cluster, local func() string) []nft.Rule {
 // NodePorts and external IPs are not filtered, as upstream.
 func firewall(b portBuilder) {
 	sp := b.sp
-	if len(sp.SourceRanges) == 0 || len(sp.LoadBalancerIPs) == 0 {
+	// A range of every address (0.0.0.0/0, a common way of writing "no
+	// restriction") lets every source in: no firewall, and no match of
+	// everything, which nft cannot write.
+	if len(sp.SourceRanges) == 0 || len(sp.LoadBalancerIPs) == 0 ||
+		slices.ContainsFunc(sp.SourceRanges, func(r netip.Prefix) bool { return r.Bits() == 0 }) {
 		return
 	}
 	rules := make([]nft.Rule, 0, len(sp.SourceRanges)+1)
