@@ -137,6 +137,9 @@ func badInputCases() []badInputCase {
 	limits6 := slice(longName, longName, sliceName[:251]+"-6", 65535, v1.ProtocolTCP, "fd00:2440:1234:5678:9abc:def0:1234:1001")
 	limits6.AddressType, limits6.Ports[0].Name = discovery.AddressTypeIPv6, &longName
 
+	lbOpen := service("default", "lb", "10.96.0.95", 80, v1.ProtocolTCP)
+	lbOpen.Spec.Type, lbOpen.Spec.LoadBalancerSourceRanges = v1.ServiceTypeLoadBalancer, []string{"0.0.0.0/0"}
+	lbOpen.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.0.2.95"}}
 	twoV4 := service("default", "two-v4", "10.96.0.20", 80, v1.ProtocolTCP)
 	twoV4.Spec.ClusterIPs = []string{"10.96.0.20", "10.96.0.21"}
 
@@ -209,6 +212,13 @@ func badInputCases() []badInputCase {
 				{"EndpointSlice", "invalid-name"}: 1},
 			absent: []string{"10.96.0.81", "10.96.0.82", "10.96.0.83", "10.244.1.81", "evil", "é", "ñ", "drop\""},
 			check:  func(h *harness) { h.traceTo(tcp("10.96.0.84", 80), endpoints(8080, "10.244.1.84")...) }},
+		{name: "loadBalancerSourceRanges of every address",
+			objs: []runtime.Object{lbOpen, slice("default", "lb", "lb-1", 8080, v1.ProtocolTCP, "10.244.1.95")},
+			check: func(h *harness) {
+				pkt := tcp("192.0.2.95", 80)
+				pkt.Src = netip.MustParseAddr("203.0.113.7")
+				h.traceTo(pkt, endpoints(8080, "10.244.1.95")...)
+			}},
 		{name: "a slice without its Service and a Service without slices",
 			objs: []runtime.Object{
 				slice("default", "orphan", "orphan-1", 8080, v1.ProtocolTCP, "10.244.1.91"),
