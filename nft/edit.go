@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -62,12 +63,12 @@ type SetElement struct {
 // what differs from it.
 type Editor struct {
 	rs *Ruleset
-	// shared counts the holders of an element beyond the first: an element
-	// is held once if it is in its set and not here. Most elements have
-	// one holder, and counting only the others keeps a map insert per
-	// element out of a full sync (two fifths of Replace's time at 10k
-	// Services of 5 endpoints, most of it growing the map).
-	shared map[setKey]int
+	// shared holds the elements held more than once (see holding): an
+	// element is held once if it is in its set and not here. Most
+	// elements have one holder, and recording only the others keeps a map
+	// insert per element out of a full sync (two fifths of Replace's time
+	// at 10k Services of 5 endpoints, most of it growing the map).
+	shared map[setKey]holding
 	reset  bool // the next transaction is not incremental: see loaded
 	// loaded is the kernel's state the first transaction diffs against
 	// (NewEditorFrom); nil: the first transaction resets the table.
@@ -90,7 +91,7 @@ type setKey struct{ set, key string }
 // NewEditor returns an editor for an empty table; its first transaction
 // resets the table in the kernel.
 func NewEditor(f Family) *Editor {
-	return &Editor{rs: NewRuleset(f), shared: map[setKey]int{}, reset: true,
+	return &Editor{rs: NewRuleset(f), shared: map[setKey]holding{}, reset: true,
 		chainsBefore: map[string]*Chain{}, setsBefore: map[string]*Set{}, elemsBefore: map[setKey]*Element{}}
 }
 
@@ -285,6 +286,18 @@ func (e *Editor) packed(set string, key []Datum) setKey {
 // map with string keys stores the key given, even for a key it had).
 func (k setKey) kept() setKey { return setKey{k.set, strings.Clone(k.key)} }
 
+// holding is how an element held more than once is held: by n holders
+// beyond the first and, once two of them put different values (two
+// Services with one external IP and port, which the API allows), by each
+// holder's value, in the order they put them. The element has the last
+// one's; when a holder releases it, the latest of the others'. Without
+// them, the element would keep the value of a holder that is gone: a goto
+// to its deleted chain, which the kernel refuses (EBUSY).
+type holding struct {
+	n      int
+	values []string // nil: every holder put the element's value
+}
+
 func (e *Editor) hold(se SetElement) {
 	s := e.mustSet(se.Set)
 	k := e.packed(se.Set, se.Element.Key)
@@ -294,13 +307,12 @@ func (e *Editor) hold(se SetElement) {
 	}
 	e.touchElement(s, k)
 	// The latest holder's value wins. An element that was there already
-	// leaves the length as it was: one operation, not a lookup and an
-	// insert (a fifth of hold's time).
-	n := s.Elements.Len()
+	// is updated in place: one operation, not a lookup and an insert (a
+	// fifth of hold's time).
 	e.valBuf = appendValue(e.valBuf[:0], se.Element)
-	s.Elements.put(k.key, view(e.valBuf)) // put copies it into the slab
-	if s.Elements.Len() == n {
-		e.shared[k.kept()]++
+	v := view(e.valBuf)
+	if _, existed, old := s.Elements.upsert(k.key, v); existed { // upsert copies v into the slab
+		e.addHolder(k, old, v)
 	}
 }
 
@@ -311,11 +323,25 @@ func (e *Editor) holdAdopted(s *Set, ad *adoption, k setKey, el Element) {
 	v := view(e.valBuf)
 	existed, marked, old := s.Elements.putMarked(k.key, v)
 	if existed && marked {
-		e.shared[k.kept()]++
+		e.addHolder(k, old, v)
 	}
 	if !existed || old != v {
 		ad.record(k.key, existed, old)
 	}
+}
+
+// addHolder records one more holder of the element of k, which had value
+// old and now has v.
+func (e *Editor) addHolder(k setKey, old, v string) {
+	h := e.shared[k]
+	if h.values == nil && old != v {
+		h.values = slices.Repeat([]string{strings.Clone(old)}, h.n+1)
+	}
+	if h.values != nil {
+		h.values = append(h.values, strings.Clone(v))
+	}
+	h.n++
+	e.shared[k.kept()] = h
 }
 
 func (e *Editor) release(se SetElement) {
@@ -327,13 +353,27 @@ func (e *Editor) release(se SetElement) {
 		}
 	}
 	e.touchElement(s, k)
-	switch n := e.shared[k]; {
-	case n > 1:
-		e.shared[k.kept()] = n - 1
-	case n == 1:
-		delete(e.shared, k)
-	default: // the last holder
+	h, ok := e.shared[k]
+	if !ok { // the last holder
 		s.Elements.del(k.key)
+		return
+	}
+	if h.values != nil {
+		e.valBuf = appendValue(e.valBuf[:0], se.Element)
+		if i := slices.Index(h.values, view(e.valBuf)); i >= 0 {
+			h.values = slices.Delete(h.values, i, i+1)
+		} else { // a value no holder put: not the caller's to release
+			h.values = h.values[:len(h.values)-1]
+		}
+		s.Elements.put(k.key, h.values[len(h.values)-1]) // an adopted set's mark stays
+		if !slices.ContainsFunc(h.values, func(v string) bool { return v != h.values[0] }) {
+			h.values = nil
+		}
+	}
+	if h.n--; h.n == 0 {
+		delete(e.shared, k)
+	} else {
+		e.shared[k.kept()] = h
 	}
 }
 

@@ -336,3 +336,75 @@ func TestEditorAdoptionMatchesDiff(t *testing.T) {
 		}
 	}
 }
+
+// TestEditorSharedElementOfTwoValues: two fragments may put one key with
+// different values (two Services with one external IP and port). The
+// element has the latest holder's value; when that holder goes, the
+// remaining one's, so that it never points to a chain that is gone (the
+// kernel refuses to delete a chain an element uses). Also when the editor
+// started from the table read back.
+func TestEditorSharedElementOfTwoValues(t *testing.T) {
+	key := []Datum{Addr(netip.MustParseAddr("192.0.2.1")), Int(uint32(ProtoTCP)), Int(80)}
+	frag := func(chain string) *Fragment {
+		return &Fragment{Chains: []*Chain{{Name: chain}}, Elements: []SetElement{{"dispatch",
+			Element{Key: key, Verdict: &Verdict{Kind: VerdictGoto, Chain: chain}, Comment: chain}}}}
+	}
+	for _, adopt := range []bool{false, true} {
+		for _, release := range [][]string{{"c", "b", "a"}, {"a", "b", "c"}, {"b", "a", "c"}} {
+			fk := NewFake()
+			ed := NewEditor(IPv4)
+			if adopt { // the table has a, b and c already: a restart
+				for _, s := range editorSets() {
+					ed.AddSet(s)
+				}
+				for _, c := range []string{"a", "b", "c"} {
+					ed.Replace(nil, frag(c))
+				}
+				if err := fk.Apply(context.Background(), ed.Transaction()); err != nil {
+					t.Fatal(err)
+				}
+				loaded, err := fk.Load(context.Background(), IPv4)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ed = NewEditorFrom(IPv4, loaded)
+			}
+			for _, s := range editorSets() {
+				ed.AddSet(s)
+			}
+			held := map[string]bool{"a": true, "b": true, "c": true}
+			for _, c := range []string{"a", "b", "c"} {
+				ed.Replace(nil, frag(c))
+			}
+			latest := func() string {
+				for _, c := range []string{"c", "b", "a"} {
+					if held[c] {
+						return c
+					}
+				}
+				return ""
+			}
+			for i := 0; ; i++ {
+				if err := fk.Apply(context.Background(), ed.Transaction()); err != nil {
+					t.Fatalf("adopted %v, released %v: %v", adopt, release[:i], err)
+				}
+				ed.Commit()
+				e, ok := fk.Ruleset(IPv4).Sets["dispatch"].Elements.Get(key)
+				switch want := latest(); {
+				case want == "" && ok:
+					t.Fatalf("adopted %v: element kept after every holder released it", adopt)
+				case want != "" && (!ok || e.Verdict.Chain != want || e.Comment != want):
+					t.Fatalf("adopted %v, released %v: element %+v, want the value of %s", adopt, release[:i], e, want)
+				}
+				if i == len(release) {
+					break
+				}
+				ed.Replace(frag(release[i]), nil)
+				held[release[i]] = false
+			}
+			if len(ed.shared) != 0 {
+				t.Errorf("holders left: %v", ed.shared)
+			}
+		}
+	}
+}

@@ -12,7 +12,8 @@ import (
 // Fake is an in-memory Interface for tests. It applies a transaction
 // atomically to a copy of its state and checks what the kernel checks:
 // objects exist before they are used, referenced chains and sets cannot be
-// deleted, element keys fit their set, no duplicate elements, no
+// deleted, names and comments fit the kernel's limits, element keys fit
+// their set, no duplicate elements, no
 // overlapping ranges in an endpoints map. A failed
 // transaction leaves the state untouched, like a rejected batch.
 //
@@ -160,6 +161,9 @@ func applyOp(rs *Ruleset, f Family, op Op) (*Ruleset, error) {
 	if rs == nil {
 		return nil, opErr(unix.ENOENT, "table %s %s", f, TableName)
 	}
+	if err := checkLimits(op); err != nil {
+		return nil, err
+	}
 	switch op.Kind {
 	case OpAddChain:
 		if have, ok := rs.Chains[op.Chain.Name]; ok {
@@ -233,6 +237,45 @@ func applyOp(rs *Ruleset, f Family, op Op) (*Ruleset, error) {
 		return nil, opErr(unix.EINVAL, "unknown op %d", int(op.Kind))
 	}
 	return rs, nil
+}
+
+// maxNameLen is the longest chain or set name the kernel takes: its
+// NFT_CHAIN_MAXNAMELEN and NFT_SET_MAXNAMELEN count the terminating NUL,
+// and a longer name fails the batch with ERANGE.
+const maxNameLen = unix.NFT_CHAIN_MAXNAMELEN - 1
+
+// checkLimits checks the names and comments an operation writes against
+// the kernel's limits (comments: see maxComment). A set's comment shares
+// the set's userdata with its type's: set comments are constants, never
+// checked here.
+func checkLimits(op Op) error {
+	name := func(what, n string) error {
+		if len(n) > maxNameLen {
+			return opErr(unix.ERANGE, "%s name %q: longer than %d bytes", what, n, maxNameLen)
+		}
+		return nil
+	}
+	comment := func(c string) error {
+		if len(c) > maxComment {
+			return opErr(unix.ERANGE, "comment %q: longer than %d bytes", c, maxComment)
+		}
+		return nil
+	}
+	switch op.Kind {
+	case OpAddChain:
+		return name("chain", op.Chain.Name)
+	case OpAddSet:
+		return name("set", op.Set.Name)
+	case OpAddRule:
+		return comment(op.Rule.Comment)
+	case OpAddElements:
+		for e := range op.AllOf() {
+			if err := comment(e.Comment); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func addElements(rs *Ruleset, f Family, op Op) error {
@@ -343,6 +386,11 @@ func checkRule(rs *Ruleset, f Family, r Rule) error {
 			}
 			if !s.IsVerdictMap() || !fieldsFit(f, p.Fields, s.Key) {
 				return opErr(unix.EINVAL, "map %q does not fit %s", p.Map, fieldsText(f, p.Fields))
+			}
+		case MatchPrefix:
+			if p.Prefix.Bits() <= 0 {
+				// nft writes no such match, and neither does our encoder.
+				return opErr(unix.EINVAL, "prefix %v matches everything", p.Prefix)
 			}
 		case MatchRandom:
 			if p.Mod == 0 {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,16 +129,33 @@ func TestServiceLifecycle(t *testing.T) {
 }
 
 // TestBadInputIsSkipped: an invalid endpoint address, an invalid ClusterIP
-// and an unknown protocol are skipped; other Services keep working.
+// and an unknown protocol are skipped: they produce no rules and are
+// counted once each; other Services keep working. (TestBadInput has every
+// other kind of bad input.)
 func TestBadInputIsSkipped(t *testing.T) {
 	bad := service("default", "bad-ip", "not-an-ip", 80, v1.ProtocolTCP)
 	badProto := service("default", "bad-proto", "10.96.0.30", 80, "ICMP")
+	before := problemCounts()
 	h := start(t,
 		service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP),
 		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11", "999.1.1.1", "fe80::1", "127.0.0.1"),
 		bad, badProto,
 	)
 	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
+	// bad-proto has no port left: its ClusterIP is not live, and traffic
+	// to it is dropped as to any unallocated address.
+	h.eventually(tcp("10.96.0.30", 80), nft.VerdictDrop)
+	dump := h.fk.Dump(nft.IPv4)
+	for _, s := range []string{"bad-ip", "bad-proto", "10.96.0.30", "999.1.1.1", "fe80::1", "127.0.0.1"} {
+		if strings.Contains(dump, s) {
+			t.Errorf("the table holds %q:\n%s", s, grep(dump, s))
+		}
+	}
+	want := map[problemKey]float64{{"EndpointSlice", "invalid-address"}: 3, {"Service", "invalid-cluster-ip"}: 1,
+		{"Service", "invalid-protocol"}: 1}
+	if got := countedSince(before); !maps.Equal(got, want) {
+		t.Errorf("counted %v, want %v", got, want)
+	}
 }
 
 // TestFailedSyncIsRetried: a transaction the kernel refuses is retried, the

@@ -2,6 +2,7 @@ package ruleset
 
 import (
 	"net/netip"
+	"slices"
 
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -216,6 +217,12 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 		{Phrases: []nft.Phrase{toClusterIP, nft.Reject{}}, Comment: "reject traffic to invalid ports of ClusterIPs"},
 	}
 	for _, p := range cfg.ServiceCIDRs {
+		if p.Bits() == 0 {
+			// A ServiceCIDR of every address (the API allows it): dropping
+			// all traffic to addresses no Service has would cut the node
+			// off, and nft cannot write a match of everything.
+			continue
+		}
 		check = append(check, nft.Rule{
 			Phrases: []nft.Phrase{nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: p}, nft.Drop()},
 			Comment: "drop traffic to unallocated ClusterIPs",
@@ -327,7 +334,7 @@ func gotoChain(name string) *nft.Verdict { return &nft.Verdict{Kind: nft.Verdict
 
 func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState, slots *Slots) {
 	b := portBuilder{fr: fr, cfg: cfg, sp: sp, slots: slots}
-	comment := sp.Name.String()
+	comment := Comment(sp.Name)
 	vip := b.fr.Datums(1)
 	vip[0] = nft.Addr(sp.ClusterIP)
 	b.element(setClusterIPs, nft.Element{Key: vip})
@@ -426,7 +433,11 @@ func externalRules(b portBuilder, cluster, local func() string) []nft.Rule {
 // NodePorts and external IPs are not filtered, as upstream.
 func firewall(b portBuilder) {
 	sp := b.sp
-	if len(sp.SourceRanges) == 0 || len(sp.LoadBalancerIPs) == 0 {
+	// A range of every address (0.0.0.0/0, a common way of writing "no
+	// restriction") lets every source in: no firewall, and no match of
+	// everything, which nft cannot write.
+	if len(sp.SourceRanges) == 0 || len(sp.LoadBalancerIPs) == 0 ||
+		slices.ContainsFunc(sp.SourceRanges, func(r netip.Prefix) bool { return r.Bits() == 0 }) {
 		return
 	}
 	rules := make([]nft.Rule, 0, len(sp.SourceRanges)+1)
@@ -437,7 +448,7 @@ func firewall(b portBuilder) {
 	rules = append(rules, nft.Rule{Phrases: []nft.Phrase{nft.Drop()}, Comment: "source outside loadBalancerSourceRanges"})
 	fw := b.chain(kindFirewall, rules...)
 	for _, a := range sp.LoadBalancerIPs {
-		b.element(mapFirewallIPs, nft.Element{Key: b.key(a, sp.Port), Comment: sp.Name.String(), Verdict: gotoChain(fw)})
+		b.element(mapFirewallIPs, nft.Element{Key: b.key(a, sp.Port), Comment: Comment(sp.Name), Verdict: gotoChain(fw)})
 	}
 }
 
@@ -506,8 +517,8 @@ func (b portBuilder) affinityRules(endpoints []netip.AddrPort) []nft.Rule {
 // The timeout is part of the set's name, so changing it replaces the set.
 func (b portBuilder) affinityEndpoint(ep netip.AddrPort) (set, chain string) {
 	suffix := "__" + endpointText(ep)
-	set = kindAffinity + "-" + hashOf(b.sp.Name, ep.String(), b.sp.AffinityTimeout.String()) + "-" + readable(b.sp.Name) + suffix
-	chain = kindEndpoint + "-" + hashOf(b.sp.Name, ep.String()) + "-" + readable(b.sp.Name) + suffix
+	set = objectName(kindAffinity, nameHash(b.sp.Name, ep.String(), b.sp.AffinityTimeout.String()), b.sp.Name, suffix)
+	chain = objectName(kindEndpoint, nameHash(b.sp.Name, ep.String()), b.sp.Name, suffix)
 	for _, s := range b.fr.Sets {
 		if s.Name == set {
 			return set, chain

@@ -158,3 +158,36 @@ func bigState(n int) []model.ServicePortState {
 	}
 	return st
 }
+
+// TestPrefixesOfEverything: a loadBalancerSourceRanges entry of 0.0.0.0/0
+// (a common way of writing "no restriction") lets every source in, and a
+// ServiceCIDR of 0.0.0.0/0 drops nothing: neither writes a match of every
+// address, which nft and our encoder cannot write (the whole sync failed).
+func TestPrefixesOfEverything(t *testing.T) {
+	cfg := testConfig
+	cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
+	lb := model.ServicePortState{Name: spName("default", "lb", "", nft.ProtoTCP), ClusterIP: ip("10.96.0.30"), Port: 80,
+		LoadBalancerIPs: []netip.Addr{ip("192.0.2.30")},
+		SourceRanges:    []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("0.0.0.0/0")},
+		Endpoints:       []netip.AddrPort{ap("10.244.2.30:8080")}}
+	rs := Build(cfg, nft.IPv4, append(testState(), lb))
+	fk := nft.NewFake()
+	apply(t, fk, nil, rs)
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			for _, p := range r.Phrases {
+				if m, ok := p.(nft.MatchPrefix); ok && m.Prefix.Bits() == 0 {
+					t.Errorf("chain %s: %s", c.Name, r.Text(nft.IPv4))
+				}
+			}
+		}
+	}
+	tr := nft.NewTracer(fk, ip("10.10.0.11"))
+	if res := tr.Trace(nft.Packet{Src: ip("203.0.113.7"), Dst: ip("192.0.2.30"), Proto: nft.ProtoTCP, DPort: 80}); res.Verdict != nft.VerdictAccept ||
+		!slices.Equal(res.DNAT, lb.Endpoints) {
+		t.Errorf("load balancer IP from anywhere: %s %v", res.Verdict, res.DNAT)
+	}
+	if res := tr.Trace(nft.Packet{Src: ip("10.244.1.5"), Dst: ip("10.96.5.5"), Proto: nft.ProtoTCP, DPort: 80}); res.Verdict != nft.VerdictAccept {
+		t.Errorf("an address no Service has: %s, want it untouched", res.Verdict)
+	}
+}

@@ -7,12 +7,15 @@ package watch
 import (
 	"fmt"
 	"net/netip"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unique"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -30,7 +33,7 @@ const (
 // part of it named in Reason) is skipped, everything else goes on.
 type Problem struct {
 	Kind   string // "Service" or "EndpointSlice"
-	Object string // namespace/name
+	Object string // namespace/name (escaped: see printable)
 	Reason string // short, stable: used as a metric label
 	Detail string
 }
@@ -38,6 +41,47 @@ type Problem struct {
 func (p Problem) Error() string {
 	return fmt.Sprintf("%s %s: %s: %s", p.Kind, p.Object, p.Reason, p.Detail)
 }
+
+// Reasons are every Problem.Reason: the values of the metric's label.
+var Reasons = []string{
+	"invalid-name", "invalid-port-name", "invalid-protocol", "invalid-port", "duplicate-port",
+	"invalid-node-port", "invalid-cluster-ip", "invalid-external-ip", "invalid-load-balancer-ip",
+	"invalid-source-range", "invalid-address",
+}
+
+// newProblems are the problems of an object that its previous version
+// (nil: none) did not have. Each problem is reported once, when it
+// appears, not again at each resync or relist of the unchanged object, or
+// at an update that keeps it: the log would repeat it forever.
+func newProblems(old, cur []Problem) []Problem {
+	if len(old) == 0 {
+		return cur
+	}
+	var out []Problem
+	for _, p := range cur {
+		if !slices.Contains(old, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// printable is s as a log line may hold it: a name the API server would
+// have refused may hold newlines, which klog writes over several lines, or
+// invalid UTF-8. They are escaped as in a Go string literal.
+func printable(s string) string {
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
+}
+
+// validName reports whether a namespace, Service name or port name is a
+// DNS-1123 label: at most 63 characters of [a-z0-9-], starting and ending
+// with a letter or digit. The API server admits no other (Service names
+// are DNS-1035 labels, or with RelaxedServiceNameValidation, on by default
+// since Kubernetes 1.36, DNS-1123 labels), but an object written straight
+// into etcd skips its validation, and these names end up in chain names
+// and comments.
+func validName(s string) bool { return len(validation.IsDNS1123Label(s)) == 0 }
 
 func protocol(p v1.Protocol) (uint8, bool) {
 	switch p {
@@ -64,9 +108,27 @@ func ConvertService(s *v1.Service) (*model.Service, []Problem) {
 	}
 	name := model.ServiceName{Namespace: s.Namespace, Name: s.Name}
 	problem := func(reason, format string, args ...any) Problem {
-		return Problem{Kind: "Service", Object: name.String(), Reason: reason, Detail: fmt.Sprintf(format, args...)}
+		return Problem{Kind: "Service", Object: printable(name.String()), Reason: reason, Detail: fmt.Sprintf(format, args...)}
 	}
 	out := &model.Service{Name: name}
+	problems, headless := clusterIPs(s, out, problem)
+	if headless {
+		return nil, nil
+	}
+	if !validName(s.Namespace) || !validName(s.Name) {
+		return nil, []Problem{problem("invalid-name", "namespace %q or name %q is not a DNS-1123 label", s.Namespace, s.Name)}
+	}
+	problems = append(problems, ports(s, out, problem)...)
+	if len(out.ClusterIPs) == 0 {
+		return nil, problems
+	}
+	problems = append(problems, convertExternal(s, out, problem)...)
+	return out, problems
+}
+
+// clusterIPs converts the ClusterIPs of a Service: at most one per family,
+// the first. It reports whether the Service is headless instead.
+func clusterIPs(s *v1.Service, out *model.Service, problem func(reason, format string, args ...any) Problem) ([]Problem, bool) {
 	var problems []Problem
 	ips := s.Spec.ClusterIPs
 	if len(ips) == 0 && s.Spec.ClusterIP != "" {
@@ -74,32 +136,51 @@ func ConvertService(s *v1.Service) (*model.Service, []Problem) {
 	}
 	for _, raw := range ips {
 		if raw == v1.ClusterIPNone || raw == "" {
-			return nil, nil // headless
+			return nil, true
 		}
 		ip, err := netip.ParseAddr(raw)
 		if err != nil || ip.Zone() != "" || ip.IsUnspecified() {
 			problems = append(problems, problem("invalid-cluster-ip", "ClusterIP %q is not an IP address", raw))
 			continue
 		}
-		out.ClusterIPs = append(out.ClusterIPs, ip.Unmap())
+		ip = ip.Unmap()
+		if slices.ContainsFunc(out.ClusterIPs, func(have netip.Addr) bool { return have.Is4() == ip.Is4() }) {
+			problems = append(problems, problem("invalid-cluster-ip", "ClusterIP %q: a second one of its family", raw))
+			continue
+		}
+		out.ClusterIPs = append(out.ClusterIPs, ip)
 	}
-	seen := map[string]bool{}
+	return problems, false
+}
+
+// ports converts the ports of a Service. A port is skipped if its name,
+// protocol or number is invalid, or if an earlier port has its name or
+// its protocol and number (the API server refuses both): two ports with
+// one protocol and number would need one map element with two verdicts.
+func ports(s *v1.Service, out *model.Service, problem func(reason, format string, args ...any) Problem) []Problem {
+	var problems []Problem
+	type protoPort struct {
+		proto uint8
+		port  int32
+	}
+	names, numbers := map[string]bool{}, map[protoPort]bool{}
 	for _, p := range s.Spec.Ports {
 		proto, ok := protocol(p.Protocol)
 		switch {
+		case p.Name != "" && !validName(p.Name):
+			problems = append(problems, problem("invalid-port-name", "port %q: not a DNS-1123 label", p.Name))
+			continue
 		case !ok:
 			problems = append(problems, problem("invalid-protocol", "port %q: protocol %q", p.Name, p.Protocol))
 			continue
 		case p.Port <= 0 || p.Port > 65535:
 			problems = append(problems, problem("invalid-port", "port %q: %d out of range", p.Name, p.Port))
 			continue
-		}
-		key := fmt.Sprintf("%s/%d", p.Name, proto)
-		if seen[key] {
-			problems = append(problems, problem("duplicate-port", "port %q/%s listed twice", p.Name, p.Protocol))
+		case names[p.Name] || numbers[protoPort{proto, p.Port}]:
+			problems = append(problems, problem("duplicate-port", "port %q: its name or %d/%s listed before", p.Name, p.Port, p.Protocol))
 			continue
 		}
-		seen[key] = true
+		names[p.Name], numbers[protoPort{proto, p.Port}] = true, true
 		sp := model.ServicePort{Name: p.Name, Protocol: proto, Port: uint16(p.Port)}
 		switch {
 		case p.NodePort < 0 || p.NodePort > 65535:
@@ -109,11 +190,7 @@ func ConvertService(s *v1.Service) (*model.Service, []Problem) {
 		}
 		out.Ports = append(out.Ports, sp)
 	}
-	if len(out.ClusterIPs) == 0 {
-		return nil, problems
-	}
-	problems = append(problems, convertExternal(s, out, problem)...)
-	return out, problems
+	return problems
 }
 
 // convertExternal converts what makes a Service reachable from outside:
@@ -191,7 +268,12 @@ func ConvertEndpointSlice(es *discovery.EndpointSlice) (*model.EndpointSlice, []
 	}
 	key := model.SliceKey{Namespace: es.Namespace, Name: es.Name}
 	problem := func(reason, format string, args ...any) Problem {
-		return Problem{Kind: "EndpointSlice", Object: key.String(), Reason: reason, Detail: fmt.Sprintf(format, args...)}
+		return Problem{Kind: "EndpointSlice", Object: printable(key.String()), Reason: reason, Detail: fmt.Sprintf(format, args...)}
+	}
+	// No Service could be named so: the slice would serve none.
+	if !validName(es.Namespace) || !validName(svc) {
+		return nil, []Problem{problem("invalid-name", "namespace %q or label %s=%q is not a DNS-1123 label",
+			es.Namespace, discovery.LabelServiceName, svc)}
 	}
 	out := &model.EndpointSlice{Name: es.Name, Service: model.ServiceName{Namespace: es.Namespace, Name: svc}, Family: fam}
 	if raw, ok := es.Annotations[v1.EndpointsLastChangeTriggerTime]; ok {
@@ -207,7 +289,11 @@ func ConvertEndpointSlice(es *discovery.EndpointSlice) (*model.EndpointSlice, []
 			proto = *p.Protocol
 		}
 		pr, ok := protocol(proto)
-		if !ok || p.Port == nil || *p.Port <= 0 || *p.Port > 65535 {
+		switch {
+		case !ok:
+			problems = append(problems, problem("invalid-protocol", "port %s", describePort(p)))
+			continue
+		case p.Port == nil || *p.Port <= 0 || *p.Port > 65535:
 			problems = append(problems, problem("invalid-port", "port %s", describePort(p)))
 			continue
 		}
@@ -222,6 +308,7 @@ func ConvertEndpointSlice(es *discovery.EndpointSlice) (*model.EndpointSlice, []
 	out.Endpoints = make([]model.Endpoint, 0, len(es.Endpoints))
 	for _, e := range es.Endpoints {
 		if len(e.Addresses) == 0 {
+			problems = append(problems, problem("invalid-address", "endpoint without an address"))
 			continue
 		}
 		ip, err := netip.ParseAddr(e.Addresses[0])

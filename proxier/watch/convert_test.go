@@ -1,6 +1,8 @@
 package watch
 
 import (
+	"slices"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
@@ -158,5 +160,106 @@ func TestConvertEndpointHints(t *testing.T) {
 	}
 	if e := got.Endpoints[1]; e.Hints != nil {
 		t.Errorf("empty hints kept: %+v", e.Hints)
+	}
+}
+
+// TestConvertRejectsInvalidNames: a namespace, name or port name that is
+// not a DNS-1123 label (which the API server refuses, but etcd holds what
+// is written into it) skips the object or the port, with a problem: these
+// names become chain names and comments.
+func TestConvertRejectsInvalidNames(t *testing.T) {
+	l63, l64 := strings.Repeat("a", 63), strings.Repeat("a", 64)
+	for _, tc := range []struct {
+		ns, name, port string
+		want           string // the problem's reason; "": converted whole
+	}{
+		{l63, l63, l63, ""},
+		{"ns", "1st", "2nd", ""}, // RelaxedServiceNameValidation
+		{l64, "s", "p", "invalid-name"},
+		{"ns", l64, "p", "invalid-name"},
+		{"ns", "s", l64, "invalid-port-name"},
+		{"", "s", "p", "invalid-name"},
+		{"ns", "s", "P", "invalid-port-name"},
+		{"ns", `s" } chain x {`, "p", "invalid-name"},
+		{"ns\n", "s", "p", "invalid-name"},
+		{"ñs", "s", "p", "invalid-name"},
+		{"ns", "s", "p;", "invalid-port-name"},
+		{"ns", "-s", "p", "invalid-name"},
+	} {
+		svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: tc.ns, Name: tc.name},
+			Spec: v1.ServiceSpec{ClusterIPs: []string{"10.96.0.1"},
+				Ports: []v1.ServicePort{{Name: tc.port, Port: 80}, {Name: "ok", Port: 81}}}}
+		got, problems := ConvertService(svc)
+		reasons := reasonsOf(problems)
+		switch tc.want {
+		case "":
+			if got == nil || len(got.Ports) != 2 || len(problems) != 0 {
+				t.Errorf("%q/%q:%q: got %+v, problems %v", tc.ns, tc.name, tc.port, got, problems)
+			}
+		case "invalid-name":
+			if got != nil || !slices.Equal(reasons, []string{tc.want}) {
+				t.Errorf("%q/%q: got %+v, problems %v; want none and %s", tc.ns, tc.name, got, problems, tc.want)
+			}
+		default:
+			if got == nil || len(got.Ports) != 1 || got.Ports[0].Name != "ok" || !slices.Equal(reasons, []string{tc.want}) {
+				t.Errorf("port %q: got %+v, problems %v; want port ok and %s", tc.port, got, problems, tc.want)
+			}
+		}
+		es := testSlice("s-1", tc.name, "10.244.1.1")
+		es.Namespace = tc.ns
+		gotES, problems := ConvertEndpointSlice(es)
+		if nameOK := tc.want != "invalid-name"; (gotES != nil) != nameOK || nameOK != (len(problems) == 0) {
+			t.Errorf("slice of %q/%q: got %+v, problems %v", tc.ns, tc.name, gotES, problems)
+		}
+	}
+}
+
+func reasonsOf(problems []Problem) []string {
+	var out []string
+	for _, p := range problems {
+		out = append(out, p.Reason)
+	}
+	return out
+}
+
+// TestConvertServiceDuplicates: of two ports with one protocol and number,
+// or one name, and of two ClusterIPs of one family, the first is kept (the
+// API server refuses the second).
+func TestConvertServiceDuplicates(t *testing.T) {
+	s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s"},
+		Spec: v1.ServiceSpec{ClusterIPs: []string{"10.96.0.1", "fd00::1", "10.96.0.2", "fd00::2"}, Ports: []v1.ServicePort{
+			{Name: "a", Port: 80, Protocol: v1.ProtocolTCP},
+			{Name: "b", Port: 80, Protocol: v1.ProtocolTCP},
+			{Name: "c", Port: 80, Protocol: v1.ProtocolUDP},
+			{Name: "a", Port: 81, Protocol: v1.ProtocolSCTP},
+		}}}
+	got, problems := ConvertService(s)
+	if got == nil || len(got.ClusterIPs) != 2 || got.ClusterIPs[0].String() != "10.96.0.1" || got.ClusterIPs[1].String() != "fd00::1" {
+		t.Fatalf("ClusterIPs %+v", got)
+	}
+	if len(got.Ports) != 2 || got.Ports[0].Name != "a" || got.Ports[1].Name != "c" {
+		t.Errorf("ports %+v", got.Ports)
+	}
+	if r := reasonsOf(problems); !slices.Equal(r, []string{"invalid-cluster-ip", "invalid-cluster-ip", "duplicate-port", "duplicate-port"}) {
+		t.Errorf("problems %v", problems)
+	}
+}
+
+// TestConvertEndpointSliceProblems: each skipped port or endpoint of a
+// slice is reported, with a reason of its own.
+func TestConvertEndpointSliceProblems(t *testing.T) {
+	es := testSlice("s-1", "s", "10.244.1.1", "fd00::1", "10.244.1.300")
+	icmp, zero, big := v1.Protocol("ICMP"), int32(0), int32(65536)
+	es.Ports = append(es.Ports, discovery.EndpointPort{Port: es.Ports[0].Port, Protocol: &icmp},
+		discovery.EndpointPort{Port: &zero}, discovery.EndpointPort{Port: &big}, discovery.EndpointPort{})
+	es.Endpoints = append(es.Endpoints, discovery.Endpoint{})
+	got, problems := ConvertEndpointSlice(es)
+	if got == nil || len(got.Ports) != 1 || len(got.Endpoints) != 1 {
+		t.Fatalf("got %+v", got)
+	}
+	want := []string{"invalid-protocol", "invalid-port", "invalid-port", "invalid-port",
+		"invalid-address", "invalid-address", "invalid-address"}
+	if r := reasonsOf(problems); !slices.Equal(r, want) {
+		t.Errorf("problems %v, want reasons %v", problems, want)
 	}
 }

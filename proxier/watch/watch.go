@@ -188,20 +188,29 @@ func convertForCache(obj any) (any, error) {
 }
 
 // tracking returns the event handler that records converted objects in t
-// and reports their problems: an object the proxy ignores (converted to
-// nil) counts as deleted.
+// and reports the problems each version brings (newProblems): an object
+// the proxy ignores (converted to nil) counts as deleted.
 func tracking[K comparable, V any](h Hooks, kind string, t *changes.Tracker[K, *V],
 	key func(ns, name string) K) cache.ResourceEventHandler {
 	del := func(ns, name string) { recordDelete(h, t, key(ns, name)) }
-	return handler(h, kind, func(obj any) {
-		c := obj.(*converted[V])
-		report(h, c.problems)
+	upsert := func(was []Problem, c *converted[V]) {
+		report(h, newProblems(was, c.problems))
 		if c.value == nil {
 			del(c.namespace, c.name)
 		} else if t.Set(key(c.namespace, c.name), c.value) {
 			h.Changed()
 		}
-	}, del)
+	}
+	funcs := handler(h, kind, func(obj any) { upsert(nil, obj.(*converted[V])) }, del).(cache.ResourceEventHandlerFuncs)
+	funcs.UpdateFunc = func(old, obj any) {
+		h.Event(kind)
+		var was []Problem
+		if o, ok := old.(*converted[V]); ok {
+			was = o.problems
+		}
+		upsert(was, obj.(*converted[V]))
+	}
+	return funcs
 }
 
 // handler adapts add/update/delete callbacks; deletes are given the object's

@@ -2,15 +2,19 @@ package watch
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	"github.com/nftproxy/nftproxy/proxier/model"
 )
@@ -48,7 +52,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 // TestWatcherTracksConvertedObjects: adds, updates and deletes reach the
 // trackers as model values, objects the proxy ignores count as deleted,
-// problems are reported on every event, and the informers cache only the
+// problems are reported when they appear, and the informers cache only the
 // converted values, never the API objects.
 func TestWatcherTracksConvertedObjects(t *testing.T) {
 	ignored := testService("ext", "")
@@ -135,5 +139,132 @@ func TestTombstoneDelete(t *testing.T) {
 	h.OnDelete(cache.DeletedFinalStateUnknown{Key: "ns/web", Obj: c})
 	if n := len(tr.Services.All()); n != 0 {
 		t.Errorf("%d services left after the tombstone", n)
+	}
+}
+
+// captureLog sends what klog logs to a buffer, one line per call, until
+// the test ends.
+func captureLog(t *testing.T) *logLines {
+	t.Helper()
+	l := &logLines{}
+	klog.SetLogger(funcr.New(func(prefix, args string) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.lines = append(l.lines, prefix+" "+args)
+	}, funcr.Options{}))
+	t.Cleanup(klog.ClearLogger)
+	return l
+}
+
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+// count counts the lines that contain all of words.
+func (l *logLines) count(words ...string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, line := range l.lines {
+		all := true
+		for _, w := range words {
+			all = all && strings.Contains(line, w)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
+}
+
+// TestProblemsReportedOnce: a problem is logged and counted once, when a
+// version of the object brings it; not again when the informer resyncs
+// (an update from the cached object to itself), relists (the object
+// converted again) or an update keeps it. A new problem is reported, and
+// so is an old one again after the object was deleted.
+func TestProblemsReportedOnce(t *testing.T) {
+	logs := captureLog(t)
+	tr := NewTrackers()
+	reported := map[string]int{}
+	h := tracking(Hooks{Invalid: func(p Problem) { reported[p.Reason]++ }}.withDefaults(), "Service", tr.Services,
+		func(ns, name string) model.ServiceName { return model.ServiceName{Namespace: ns, Name: name} })
+	bad := func(rv string, ports ...int32) any {
+		s := testService("web", "10.96.0.10")
+		s.ResourceVersion = rv
+		for _, p := range ports {
+			s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: fmt.Sprint("p", p), Port: p})
+		}
+		c, _ := convertForCache(s)
+		return c
+	}
+	check := func(step string, invalidPort int) {
+		t.Helper()
+		if reported["invalid-port"] != invalidPort {
+			t.Errorf("%s: invalid-port reported %d times, want %d", step, reported["invalid-port"], invalidPort)
+		}
+		if n := logs.count("Skipping invalid part of object", "invalid-port"); n != invalidPort {
+			t.Errorf("%s: %d log lines, want %d", step, n, invalidPort)
+		}
+	}
+	v1obj := bad("1", 0)
+	h.OnAdd(v1obj, true)
+	check("add", 1)
+	h.OnUpdate(v1obj, v1obj)
+	check("resync", 1)
+	relisted := bad("1", 0)
+	h.OnUpdate(v1obj, relisted)
+	check("relist", 1)
+	kept := bad("2", 0)
+	h.OnUpdate(relisted, kept)
+	check("update keeping the problem", 1)
+	more := bad("3", 0, 70000)
+	h.OnUpdate(kept, more)
+	check("update adding one", 2)
+	h.OnDelete(more)
+	h.OnAdd(bad("4", 0), false)
+	check("deleted and created again", 3)
+}
+
+// TestResyncDoesNotRepeatProblems: with the informers resyncing (every
+// second, their minimum), a problem is still reported once.
+func TestResyncDoesNotRepeatProblems(t *testing.T) {
+	bad := testService("web", "10.96.0.10")
+	bad.Spec.Ports = append(bad.Spec.Ports, v1.ServicePort{Name: "zero", Port: 0})
+	client := fake.NewClientset(bad)
+	var mu sync.Mutex
+	events, invalid := 0, 0
+	w, err := New(client, "n1", time.Second, NewTrackers(), Hooks{
+		Event: func(kind string) {
+			mu.Lock()
+			defer mu.Unlock()
+			if kind == "Service" {
+				events++
+			}
+		},
+		Invalid: func(Problem) { mu.Lock(); invalid++; mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		mu.Lock()
+		n := events
+		mu.Unlock()
+		if n >= 3 { // the add and two resyncs
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d Service events in 10 s, want the add and two resyncs", n)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if invalid != 1 {
+		t.Errorf("problem reported %d times over %d events, want once", invalid, events)
 	}
 }
