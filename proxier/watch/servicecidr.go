@@ -6,7 +6,8 @@ import (
 
 	networking "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -28,8 +29,13 @@ func ServiceCIDRsAvailable(ctx context.Context, client kubernetes.Interface) boo
 // called with every CIDR of every ServiceCIDR object after each change.
 func (w *Watcher) WatchServiceCIDRs(client kubernetes.Interface, h Hooks, set func([]netip.Prefix)) error {
 	h = h.withDefaults()
-	f := informers.NewSharedInformerFactory(client, 0)
-	inf := f.Networking().V1().ServiceCIDRs().Informer()
+	inf := w.informer(&networking.ServiceCIDR{}, "servicecidrs", nil,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return client.NetworkingV1().ServiceCIDRs().List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return client.NetworkingV1().ServiceCIDRs().Watch(ctx, o)
+		})
 	update := func() {
 		var out []netip.Prefix
 		for _, obj := range inf.GetStore().List() {
@@ -54,7 +60,7 @@ func (w *Watcher) WatchServiceCIDRs(client kubernetes.Interface, h Hooks, set fu
 	if err != nil {
 		return err
 	}
-	w.extra = append(w.extra, f)
+	w.informers = append(w.informers, inf)
 	w.synced = append(w.synced, reg.HasSynced)
 	return nil
 }
