@@ -165,11 +165,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 		return err
 	}
 	go p.watchTables(ctx)
-	if watch.ServiceCIDRsAvailable(ctx, p.deps.Client) {
-		if err := w.WatchServiceCIDRs(p.deps.Client, hooks, p.setAPIServiceCIDRs); err != nil {
-			return err
-		}
-	}
+	w.WatchServiceCIDRs(hooks, p.setAPIServiceCIDRs)
 	klog.InfoS("Waiting for informers to sync")
 	if err := w.Start(ctx); err != nil {
 		if ctx.Err() != nil {

@@ -67,6 +67,7 @@ type Watcher struct {
 	gate      *gate
 	informers []cache.SharedIndexInformer // started by Start
 	synced    []cache.InformerSynced
+	cidrs     *serviceCIDRs // nil: ServiceCIDRs not watched
 }
 
 // New sets up informers for Services, EndpointSlices and this node that
@@ -169,16 +170,26 @@ func watchErrorHandler(ctx context.Context, r *cache.Reflector, err error) {
 	cache.DefaultWatchErrorHandler(ctx, r, err)
 }
 
-// Start starts the informers and waits until they are synced: before
-// that, the proxy must not program anything (a partial view after a
-// restart would drop traffic to Services not seen yet). While the API
-// server is unreachable, it waits.
+// Start starts the informers and waits until they are synced (and, if
+// the API serves them, the ServiceCIDRs): before that, the proxy must not
+// program anything (a partial view after a restart would drop traffic to
+// Services not seen yet). While the API server is unreachable, it waits.
 func (w *Watcher) Start(ctx context.Context) error {
 	w.gate.start(ctx)
 	for _, inf := range w.informers {
 		go inf.RunWithContext(ctx)
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), w.synced...) {
+	synced := w.synced
+	if w.cidrs != nil {
+		cidrsSynced, err := w.cidrs.start(ctx)
+		if err != nil {
+			return fmt.Errorf("ServiceCIDR discovery: %w", err)
+		}
+		if cidrsSynced != nil {
+			synced = append(synced, cidrsSynced)
+		}
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return fmt.Errorf("informers did not sync: %w", ctx.Err())
 	}
 	return nil
