@@ -145,7 +145,9 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 }
 
 // Run watches the API and syncs until ctx is done. No rule is written
-// before the Service and EndpointSlice informers have synced.
+// before the informers have synced (Services, EndpointSlices, this Node
+// and, when the API serves them, ServiceCIDRs); while the API server is
+// unreachable, Run waits for it.
 func (p *Proxier) Run(ctx context.Context) error {
 	hooks := watch.Hooks{
 		Changed: p.queued,
