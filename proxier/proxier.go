@@ -145,7 +145,9 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 }
 
 // Run watches the API and syncs until ctx is done. No rule is written
-// before the Service and EndpointSlice informers have synced.
+// before the informers have synced (Services, EndpointSlices, this Node
+// and, when the API serves them, ServiceCIDRs); while the API server is
+// unreachable, Run waits for it.
 func (p *Proxier) Run(ctx context.Context) error {
 	hooks := watch.Hooks{
 		Changed: p.queued,
@@ -165,11 +167,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 		return err
 	}
 	go p.watchTables(ctx)
-	if watch.ServiceCIDRsAvailable(ctx, p.deps.Client) {
-		if err := w.WatchServiceCIDRs(p.deps.Client, hooks, p.setAPIServiceCIDRs); err != nil {
-			return err
-		}
-	}
+	w.WatchServiceCIDRs(hooks, p.setAPIServiceCIDRs)
 	klog.InfoS("Waiting for informers to sync")
 	if err := w.Start(ctx); err != nil {
 		if ctx.Err() != nil {

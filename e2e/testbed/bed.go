@@ -70,7 +70,7 @@ type Bed struct {
 	logDir  string
 	pki     *pki
 	etcd    *Process
-	apisrv  *Process
+	apiArgs []string // kube-apiserver's command line, for StartAPIServer
 	client  kubernetes.Interface
 	cleaned sync.Once
 
@@ -80,6 +80,7 @@ type Bed struct {
 	containers []string // runc ids, in creation order
 	procSeq    int
 	nodes      []*Node
+	apisrv     *Process // the running kube-apiserver, or the last one stopped
 }
 
 // Start creates a bed: the control namespace and fabric, etcd and kube-apiserver (ready,
@@ -191,7 +192,7 @@ func (b *Bed) addNetns(ns string, settings ...string) error {
 }
 
 // ControlPlanePIDs are the process IDs of kube-apiserver and etcd.
-func (b *Bed) ControlPlanePIDs() []int { return []int{b.apisrv.Pid(), b.etcd.Pid()} }
+func (b *Bed) ControlPlanePIDs() []int { return []int{b.apiServer().Pid(), b.etcd.Pid()} }
 
 // RESTConfig is an admin client configuration whose connections are made inside the
 // control namespace. QPS and Burst are high for scale tests; copy and change as needed.
@@ -275,7 +276,7 @@ func (b *Bed) cleanup(failed bool) {
 func (b *Bed) dumpLogs(procs []*Process) {
 	for _, p := range procs {
 		n := 30
-		if p == b.apisrv || p == b.etcd {
+		if p == b.etcd || filepath.Base(p.Args[0]) == "kube-apiserver" { // every one, restarts too
 			n = 60
 		}
 		msg := fmt.Sprintf("testbed %s: last %d lines of %s (%v):\n%s", b.Prefix, n, p.LogPath, p.Args, tail(p.Log(), n))

@@ -69,7 +69,7 @@ func (b *Bed) startControlPlane() error {
 	if err := b.waitEtcd(); err != nil {
 		return err
 	}
-	args := []string{
+	b.apiArgs = []string{
 		filepath.Join(bin, "kube-apiserver"),
 		"--etcd-servers=http://127.0.0.1:2379",
 		"--bind-address=0.0.0.0",
@@ -86,15 +86,17 @@ func (b *Bed) startControlPlane() error {
 		"--service-cluster-ip-range=" + ServiceCIDRs,
 		"--profiling=false",
 	}
-	b.apisrv, err = b.startProcess(b.Ctl.NS, append(args, b.opts.APIServerFlags...))
+	b.apiArgs = append(b.apiArgs, b.opts.APIServerFlags...)
+	apisrv, err := b.startProcess(b.Ctl.NS, b.apiArgs)
 	if err != nil {
 		return fmt.Errorf("start kube-apiserver: %w", err)
 	}
+	b.setAPIServer(apisrv)
 	b.client, err = kubernetes.NewForConfig(b.RESTConfig())
 	if err != nil {
 		return err
 	}
-	if err := b.waitAPIServer(); err != nil {
+	if _, err := b.waitAPIServer(apisrv, 100*time.Millisecond); err != nil {
 		return err
 	}
 	if err := b.bindProxyUser(); err != nil {
@@ -126,19 +128,75 @@ func (b *Bed) waitEtcd() error {
 	})
 }
 
-// waitAPIServer polls /readyz, which includes the RBAC bootstrap (ClusterRole
+// waitAPIServer polls /readyz every interval until it passes and returns
+// when it did. /readyz includes the RBAC bootstrap (ClusterRole
 // system:node-proxier exists once it passes).
-func (b *Bed) waitAPIServer() error {
+func (b *Bed) waitAPIServer(p *Process, interval time.Duration) (time.Time, error) {
 	rc := b.client.Discovery().RESTClient()
-	return poll(apiserverTimeout, b.apisrv, "kube-apiserver", func() error {
+	var ready time.Time
+	err := pollEvery(apiserverTimeout, interval, p, "kube-apiserver", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		body, err := rc.Get().AbsPath("/readyz").DoRaw(ctx)
 		if err != nil {
 			return fmt.Errorf("%w: %s", err, body)
 		}
+		ready = time.Now()
 		return nil
 	})
+	return ready, err
+}
+
+// restartPoll is how often StartAPIServer asks /readyz: tests measure from
+// the moment it passes, so the poll's period bounds their error.
+const restartPoll = 20 * time.Millisecond
+
+// StopAPIServer stops kube-apiserver (SIGTERM, SIGKILL after 10 s) and
+// leaves etcd and its data running: clients see the API go away as in a
+// control plane outage or upgrade. StartAPIServer brings it back.
+func (b *Bed) StopAPIServer() {
+	b.t.Helper()
+	p := b.apiServer()
+	select {
+	case <-p.Done():
+		b.t.Fatalf("StopAPIServer: kube-apiserver is not running (%v)", p.err)
+	default:
+	}
+	p.Stop(10 * time.Second)
+}
+
+// StartAPIServer starts kube-apiserver again with the same flags,
+// certificates and etcd, waits until /readyz passes (polling every 20 ms)
+// and returns when it did. It fails the test if the server is running.
+func (b *Bed) StartAPIServer() time.Time {
+	b.t.Helper()
+	select {
+	case <-b.apiServer().Done():
+	default:
+		b.t.Fatalf("StartAPIServer: kube-apiserver is still running")
+	}
+	p, err := b.startProcess(b.Ctl.NS, b.apiArgs)
+	if err != nil {
+		b.t.Fatalf("start kube-apiserver: %v", err)
+	}
+	b.setAPIServer(p)
+	ready, err := b.waitAPIServer(p, restartPoll)
+	if err != nil {
+		b.t.Fatalf("restart kube-apiserver: %v", err)
+	}
+	return ready
+}
+
+func (b *Bed) apiServer() *Process {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.apisrv
+}
+
+func (b *Bed) setAPIServer(p *Process) {
+	b.mu.Lock()
+	b.apisrv = p
+	b.mu.Unlock()
 }
 
 // bindProxyUser grants ProxyUser the bootstrap ClusterRole system:node-proxier.
@@ -156,8 +214,14 @@ func (b *Bed) bindProxyUser() error {
 	return nil
 }
 
-// poll calls check until it succeeds, the process exits, or timeout passes.
+// poll calls check every 100 ms until it succeeds, the process exits, or
+// timeout passes.
 func poll(timeout time.Duration, p *Process, what string, check func() error) error {
+	return pollEvery(timeout, 100*time.Millisecond, p, what, check)
+}
+
+// pollEvery is poll with another period.
+func pollEvery(timeout, interval time.Duration, p *Process, what string, check func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := check()
@@ -172,7 +236,7 @@ func poll(timeout time.Duration, p *Process, what string, check func() error) er
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s not ready after %v: %v\n%s", what, timeout, err, tail(p.Log(), 40))
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(interval)
 	}
 }
 

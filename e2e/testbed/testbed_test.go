@@ -321,3 +321,52 @@ func TestSweep(t *testing.T) {
 		t.Error("Sweep removed the live bed's namespace")
 	}
 }
+
+// TestAPIServerRestart: StopAPIServer takes the API away and keeps etcd;
+// StartAPIServer brings it back with the same data and credentials, ready;
+// cleanup leaves nothing of either server, also when the test ends with
+// the API server stopped.
+func TestAPIServerRestart(t *testing.T) {
+	var prefix string
+	t.Run("bed", func(t *testing.T) {
+		b := Start(t, Options{})
+		prefix = b.Prefix
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: "default"},
+			Data: map[string]string{"k": "v"}}
+		if _, err := b.Client().CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		first := b.apiServer()
+		b.StopAPIServer()
+		if _, err := b.Client().CoreV1().ConfigMaps("default").Get(ctx, "kept", metav1.GetOptions{}); err == nil {
+			t.Fatal("the API answers after StopAPIServer")
+		}
+		before := time.Now()
+		ready := b.StartAPIServer()
+		if ready.Before(before) || time.Since(ready) > time.Second {
+			t.Errorf("StartAPIServer returned %v after it was called, ready %v before it returned",
+				ready.Sub(before), time.Since(ready))
+		}
+		if b.apiServer() == first || b.ControlPlanePIDs()[0] == first.Pid() {
+			t.Error("the bed still names the stopped kube-apiserver")
+		}
+		// Same etcd data, same certificates and tokens (admin and proxy user).
+		got, err := b.Client().CoreV1().ConfigMaps("default").Get(ctx, "kept", metav1.GetOptions{})
+		if err != nil || got.Data["k"] != "v" {
+			t.Fatalf("after the restart: %v, %v", got, err)
+		}
+		proxy, err := kubernetes.NewForConfig(b.ProxyRESTConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := proxy.CoreV1().Services("").List(ctx, metav1.ListOptions{}); err != nil {
+			t.Errorf("proxy user after the restart: %v", err)
+		}
+		b.StopAPIServer() // cleanup with the API server down
+	})
+	if prefix != "" {
+		checkNoLeftovers(t, prefix)
+	}
+}

@@ -2,6 +2,7 @@ package watch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"time"
@@ -13,10 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/informers"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/nftproxy/nftproxy/proxier/changes"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -55,61 +57,139 @@ type Hooks struct {
 	Node func(*v1.Node)
 }
 
-// Watcher runs the informers.
+// Watcher runs the informers. Their List and Watch calls go through a
+// gate that holds them while the API server is unreachable and lets them
+// go as soon as it is ready again (see reconnect.go).
 type Watcher struct {
-	factory     informers.SharedInformerFactory
-	nodeFactory informers.SharedInformerFactory
-	extra       []informers.SharedInformerFactory
-	synced      []cache.InformerSynced
+	client    kubernetes.Interface
+	clock     clock.Clock
+	resync    time.Duration
+	gate      *gate
+	informers []cache.SharedIndexInformer // started by Start
+	synced    []cache.InformerSynced
+	cidrs     *serviceCIDRs // nil: ServiceCIDRs not watched
 }
 
 // New sets up informers for Services, EndpointSlices and this node that
 // record into t. resync is the informers' resync period (0: none).
 func New(client kubernetes.Interface, nodeName string, resync time.Duration, t Trackers, h Hooks) (*Watcher, error) {
-	h = h.withDefaults()
-	factory := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = ProxyLabelSelector }),
-		informers.WithTransform(convertForCache))
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
-		}))
-	w := &Watcher{factory: factory, nodeFactory: nodeFactory}
+	return newWatcher(client, clock.RealClock{}, readyzProbe(client), nodeName, resync, t, h)
+}
 
-	svcInf := factory.Core().V1().Services().Informer()
+func newWatcher(client kubernetes.Interface, clk clock.Clock, probe func(context.Context) probeResult,
+	nodeName string, resync time.Duration, t Trackers, h Hooks) (*Watcher, error) {
+	h = h.withDefaults()
+	w := &Watcher{client: client, clock: clk, resync: resync, gate: newGate(clk, probe)}
+	proxied := func(o *metav1.ListOptions) { o.LabelSelector = ProxyLabelSelector }
+	svcInf := w.informer(&v1.Service{}, "services", convertForCache,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			proxied(&o)
+			return client.CoreV1().Services("").List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			proxied(&o)
+			return client.CoreV1().Services("").Watch(ctx, o)
+		})
 	svcReg, err := svcInf.AddEventHandler(tracking(h, "Service", t.Services,
 		func(ns, name string) model.ServiceName { return model.ServiceName{Namespace: ns, Name: name} }))
 	if err != nil {
 		return nil, fmt.Errorf("service informer: %w", err)
 	}
-	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
+	sliceInf := w.informer(&discovery.EndpointSlice{}, "endpointslices", convertForCache,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			proxied(&o)
+			return client.DiscoveryV1().EndpointSlices("").List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			proxied(&o)
+			return client.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
+		})
 	sliceReg, err := sliceInf.AddEventHandler(tracking(h, "EndpointSlice", t.Slices,
 		func(ns, name string) model.SliceKey { return model.SliceKey{Namespace: ns, Name: name} }))
 	if err != nil {
 		return nil, fmt.Errorf("endpointslice informer: %w", err)
 	}
-	nodeInf := nodeFactory.Core().V1().Nodes().Informer()
-	if _, err := nodeInf.AddEventHandler(handler(h, "Node", func(obj any) { h.Node(obj.(*v1.Node)) },
-		func(string, string) { h.Node(nil) })); err != nil {
-		return nil, fmt.Errorf("node informer: %w", err)
+	w.informers = append(w.informers, svcInf, sliceInf)
+	nodeReg, err := w.nodeInformer(nodeName, h)
+	if err != nil {
+		return nil, err
 	}
 	// The registrations' HasSynced, not the informers': an informer's store
 	// is synced before its handlers have seen every initial object, and a
-	// sync then would program a partial view.
-	w.synced = []cache.InformerSynced{svcReg.HasSynced, sliceReg.HasSynced}
+	// sync then would program a partial view. The Node's too: without it,
+	// the first sync would leave out the NodePorts on its addresses.
+	w.synced = []cache.InformerSynced{svcReg.HasSynced, sliceReg.HasSynced, nodeReg.HasSynced}
 	return w, nil
 }
 
-// Start starts the informers and waits until Services and EndpointSlices
-// are synced: before that, the proxy must not program anything (a partial
-// view after a restart would drop traffic to Services not seen yet).
-func (w *Watcher) Start(ctx context.Context) error {
-	w.factory.Start(ctx.Done())
-	w.nodeFactory.Start(ctx.Done())
-	for _, f := range w.extra {
-		f.Start(ctx.Done())
+// nodeInformer watches this node's Node object.
+func (w *Watcher) nodeInformer(nodeName string, h Hooks) (cache.ResourceEventHandlerRegistration, error) {
+	thisNode := func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), w.synced...) {
+	inf := w.informer(&v1.Node{}, "node "+nodeName, nil,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			thisNode(&o)
+			return w.client.CoreV1().Nodes().List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			thisNode(&o)
+			return w.client.CoreV1().Nodes().Watch(ctx, o)
+		})
+	reg, err := inf.AddEventHandler(handler(h, "Node", func(obj any) { h.Node(obj.(*v1.Node)) },
+		func(string, string) { h.Node(nil) }))
+	if err != nil {
+		return nil, fmt.Errorf("node informer: %w", err)
+	}
+	w.informers = append(w.informers, inf)
+	return reg, nil
+}
+
+// informer returns an informer of objects like obj, listed and watched
+// through the gate, and transformed (if transform is not nil) on arrival.
+func (w *Watcher) informer(obj runtime.Object, what string, transform cache.TransformFunc,
+	list cache.ListWithContextFunc, watchFn cache.WatchFuncWithContext) cache.SharedIndexInformer {
+	inf := cache.NewSharedIndexInformerWithOptions(newGatedLW(w.gate, what, w.client, list, watchFn), obj,
+		cache.SharedIndexInformerOptions{ResyncPeriod: w.resync})
+	// Both only fail once the informer runs.
+	if transform != nil {
+		_ = inf.SetTransform(transform)
+	}
+	_ = inf.SetWatchErrorHandlerWithContext(watchErrorHandler)
+	return inf
+}
+
+// watchErrorHandler logs what the reflector's List and Watch return, like
+// client-go's default handler, but a watch held for an unreachable server
+// only at -v 2: the gate has logged the outage once already.
+func watchErrorHandler(ctx context.Context, r *cache.Reflector, err error) {
+	if errors.As(err, new(errHeldWatch)) {
+		klog.V(2).InfoS("Watch ended: API server unreachable; relisting once it is ready", "type", r.TypeDescription())
+		return
+	}
+	cache.DefaultWatchErrorHandler(ctx, r, err)
+}
+
+// Start starts the informers and waits until they are synced (and, if
+// the API serves them, the ServiceCIDRs): before that, the proxy must not
+// program anything (a partial view after a restart would drop traffic to
+// Services not seen yet). While the API server is unreachable, it waits.
+func (w *Watcher) Start(ctx context.Context) error {
+	w.gate.start(ctx)
+	for _, inf := range w.informers {
+		go inf.RunWithContext(ctx)
+	}
+	synced := w.synced
+	if w.cidrs != nil {
+		cidrsSynced, err := w.cidrs.start(ctx)
+		if err != nil {
+			return fmt.Errorf("ServiceCIDR discovery: %w", err)
+		}
+		if cidrsSynced != nil {
+			synced = append(synced, cidrsSynced)
+		}
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return fmt.Errorf("informers did not sync: %w", ctx.Err())
 	}
 	return nil

@@ -84,8 +84,7 @@ func TestWatcherTracksConvertedObjects(t *testing.T) {
 		t.Errorf("invalid address reported %d times, want 1", invalid["invalid-address"])
 	}
 	mu.Unlock()
-	for _, inf := range []cache.SharedIndexInformer{w.factory.Core().V1().Services().Informer(),
-		w.factory.Discovery().V1().EndpointSlices().Informer()} {
+	for _, inf := range w.informers[:2] { // Services, EndpointSlices
 		for _, obj := range inf.GetStore().List() {
 			switch obj.(type) {
 			case *converted[model.Service], *converted[model.EndpointSlice]:

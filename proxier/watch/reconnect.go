@@ -1,0 +1,240 @@
+package watch
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+)
+
+// Getting the informers back quickly after the API server was unreachable.
+//
+// client-go's reflector retries a List or Watch that failed to connect
+// after a delay that doubles from 0.8 s to a 30 s cap, plus up to as much
+// again of jitter, and forgets the delay only 2 minutes after its last
+// reset: after a minute-long outage, a change waited tens of seconds after
+// the server was back before it reached the proxy. The informers' calls
+// therefore go through a gate (gatedLW): when a call finds the server
+// unreachable the gate closes, every later call waits at it instead of
+// failing into the reflector's backoff, and one prober asks /readyz until
+// the server is ready, then opens it. Answers with a status (429, 5xx,
+// 403, …) are not "unreachable": they stay client-go's and the
+// reflector's (429 and 5xx with Retry-After are retried after the delay
+// the server asked for), and a busy server is not asked harder.
+const (
+	// probeInterval is the pause before each readiness probe while the
+	// gate is closed, plus up to probeJitter of it at random (so that the
+	// proxies of a cluster spread their probes and their relists).
+	probeInterval = 500 * time.Millisecond
+	probeJitter   = 0.2
+	// probeTimeout bounds one probe (a blackholed server never answers).
+	probeTimeout = 2 * time.Second
+	// notReadyGrace is how long a server that is reachable but not ready
+	// (its /readyz fails, and a check unrelated to what we read may fail
+	// for long, or refuses us) holds the calls before they go out anyway.
+	notReadyGrace = 10 * time.Second
+)
+
+// probeResult is what a readiness probe found.
+type probeResult int
+
+const (
+	probeUnreachable probeResult = iota // no answer: connection refused, reset, timeout
+	probeNotReady                       // any other answer or error
+	probeReady                          // 200
+)
+
+// gate holds calls while the API server is unreachable. It is open at
+// first: a call finding the server unreachable closes it.
+type gate struct {
+	clock    clock.Clock
+	probe    func(context.Context) probeResult
+	interval time.Duration
+	jitter   float64        // fraction of interval added at random
+	random   func() float64 // in [0, 1)
+	grace    time.Duration  // see notReadyGrace
+
+	mu     sync.Mutex
+	ctx    context.Context // the prober's lifetime, from start
+	open   chan struct{}   // closed while calls may go out
+	closed time.Time       // when the gate last closed
+}
+
+func newGate(clk clock.Clock, probe func(context.Context) probeResult) *gate {
+	g := &gate{clock: clk, probe: probe, interval: probeInterval, jitter: probeJitter, random: rand.Float64,
+		grace: notReadyGrace, ctx: context.Background(), open: make(chan struct{})}
+	close(g.open)
+	return g
+}
+
+// start sets the lifetime of the probers the gate starts.
+func (g *gate) start(ctx context.Context) {
+	g.mu.Lock()
+	g.ctx = ctx
+	g.mu.Unlock()
+}
+
+// wait blocks while the gate is closed.
+func (g *gate) wait(ctx context.Context) error {
+	g.mu.Lock()
+	open := g.open
+	g.mu.Unlock()
+	select {
+	case <-open:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// shut records that a call (what) found the server unreachable: later
+// calls wait until a probe finds it ready.
+func (g *gate) shut(what string, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.open:
+	default:
+		return // closed already; its prober runs
+	}
+	g.open = make(chan struct{})
+	g.closed = g.clock.Now()
+	klog.InfoS("API server unreachable; holding the watches until it is ready", "call", what, "err", err)
+	go g.probeUntilReady(g.ctx, g.open)
+}
+
+// probeUntilReady probes every interval until the server is ready, or has
+// been reachable but not ready for the grace period, and opens the gate.
+func (g *gate) probeUntilReady(ctx context.Context, open chan struct{}) {
+	var answering time.Time // since when probes reach the server; zero: they do not
+	for {
+		delay := g.interval + time.Duration(g.jitter*g.random()*float64(g.interval))
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.clock.After(delay):
+		}
+		res := g.probe(ctx)
+		now := g.clock.Now()
+		switch {
+		case res == probeReady:
+			g.reopen(open, now, "ready")
+			return
+		case res == probeUnreachable:
+			answering = time.Time{}
+		case answering.IsZero():
+			answering = now
+		}
+		if !answering.IsZero() && now.Sub(answering) >= g.grace {
+			g.reopen(open, now, "reachable but not ready")
+			return
+		}
+	}
+}
+
+func (g *gate) reopen(open chan struct{}, now time.Time, why string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	close(open)
+	klog.InfoS("API server back; resuming the watches", "server", why, "after", now.Sub(g.closed))
+}
+
+// do calls call until it returns something other than an unreachable
+// server, waiting at the gate before each attempt.
+func (g *gate) do(ctx context.Context, what string, call func() error) error {
+	for {
+		if err := g.wait(ctx); err != nil {
+			return err
+		}
+		err := call()
+		if !unreachable(ctx, err) {
+			return err
+		}
+		g.shut(what, err)
+	}
+}
+
+// unreachable reports whether err says the API server could not be
+// reached, or the connection to it broke, rather than that it answered.
+// Errors after ctx ended are the caller's own.
+func unreachable(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && transportError(err)
+}
+
+// transportError reports whether err is a failure to reach the server or a
+// broken connection, not an answer.
+func transportError(err error) bool {
+	if err == nil {
+		return false
+	}
+	if answer(err) != nil {
+		return false
+	}
+	for _, errno := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EHOSTUNREACH,
+		syscall.ENETUNREACH, syscall.ETIMEDOUT, syscall.EPIPE} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	if utilnet.IsProbableEOF(err) || utilnet.IsHTTP2ConnectionLost(err) {
+		return true
+	}
+	ne, ok := errors.AsType[net.Error](err)
+	return ok && ne.Timeout()
+}
+
+// answer returns the status the server answered with, if err holds one.
+func answer(err error) apierrors.APIStatus {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return status
+	}
+	return nil
+}
+
+// classify turns the error of a readiness probe into its result: only a
+// 200 is ready. Any status but 200 is not: a starting server answers 403
+// before its authorizer has loaded the RBAC rules, and the calls would be
+// refused too. Neither is an error that is no answer and no transport
+// failure (TLS, DNS): the calls would likely fail alike. A server that
+// always refuses /readyz to us, or such an error that persists, costs
+// notReadyGrace at each outage.
+func classify(err error) probeResult {
+	switch {
+	case err == nil:
+		return probeReady
+	case transportError(err): // the probe's own timeout included
+		return probeUnreachable
+	default:
+		return probeNotReady
+	}
+}
+
+// readyzProbe asks the API server's /readyz, which every authenticated
+// user may read (ClusterRole system:public-info-viewer). Clients without a
+// REST client (fakes) are asked for their version instead.
+func readyzProbe(client kubernetes.Interface) func(context.Context) probeResult {
+	rc := client.Discovery().RESTClient()
+	if rc == nil {
+		return func(context.Context) probeResult {
+			_, err := client.Discovery().ServerVersion()
+			return classify(err)
+		}
+	}
+	return func(ctx context.Context) probeResult {
+		ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		defer cancel()
+		err := rc.Get().AbsPath("/readyz").Do(ctx).Error()
+		klog.V(4).InfoS("Probed the API server's /readyz", "err", err)
+		return classify(err)
+	}
+}
