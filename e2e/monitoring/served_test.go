@@ -35,8 +35,8 @@ var served struct {
 // scrapeNftproxy runs nftproxy's proxier on a kernel, in a network
 // namespace of its own, with every part that updates a metric wired as
 // cmd/nftproxy wires it (both families' netlink backends, the conntrack
-// cleaner, the health server), takes it through what the dashboard and
-// the alerts watch, and returns what the production /metrics handler then
+// cleaner, the monitor of other processes' changes, the health server),
+// takes it through what the dashboard and the alerts watch, and returns what the production /metrics handler then
 // serves. The API is a fake clientset, which bypasses client-go's request
 // metrics; one real request through client-go stands in for the API
 // traffic.
@@ -50,7 +50,7 @@ func scrapeNftproxy(t *testing.T) Served {
 }
 
 func runAndScrape(t *testing.T) Served {
-	ns := netnstest.New(t, "nftproxy-mon")
+	ns := netnstest.New(t, "nftproxy-mon", "nft")
 	client := fake.NewClientset(node(), dnsService(), invalidService())
 	health := healthz.NewProxyHealth(time.Minute, nil)
 	runProxier(t, ns.Fd, client, health)
@@ -58,6 +58,11 @@ func runAndScrape(t *testing.T) Served {
 		st := health.Status().Families
 		return !st[metrics.IPv4].LastUpdated.IsZero() && !st[metrics.IPv6].LastUpdated.IsZero()
 	})
+	// Another process deletes the IPv4 table: nftproxy repairs it.
+	if out, err := ns.Run("", "nft", "delete", "table", "ip", "nftproxy"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	waitFor(t, "the repair", func() bool { return len(scrape(t)["nftproxy_repairs_total"]) > 0 })
 	// Endpoints written after the start: a network programming latency
 	// and, the Service having a UDP port, a conntrack cleanup per family.
 	ctx := context.Background()
@@ -74,6 +79,10 @@ func runAndScrape(t *testing.T) Served {
 	})
 	probeHealth(t, health)
 	requestAPI(t)
+	// What cmd/nftproxy's runProxy sets at start (from a package main,
+	// which a test cannot import): the labels are the metric's own.
+	metrics.BuildInfo.WithLabelValues("1", "36", "v0.0.0-test", "0000000", "clean", "1970-01-01T00:00:00Z",
+		"go", "gc", "linux/amd64").Set(1)
 	return scrape(t)
 }
 
@@ -93,11 +102,20 @@ func runProxier(t *testing.T, netns int, client kubernetes.Interface, health *he
 	if err != nil {
 		t.Fatal(err)
 	}
+	var ours []uint32
+	for _, b := range backends {
+		ours = append(ours, b.(*nft.Netlink).PortID())
+	}
+	mon, err := nft.NewMonitor(nft.NetlinkOptions{NetNSFd: netns}, ours...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mon.Close() })
 	p, err := proxier.New(proxier.Config{NodeName: "n1", MasqueradeBit: 14, IPv4: true, IPv6: true,
 		SyncPeriod: time.Minute, FullSyncPeriod: time.Hour,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/48")},
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("fd00:96::/108")},
-	}, proxier.Deps{Client: client, NFT: backends, Health: health, Conntrack: ct})
+	}, proxier.Deps{Client: client, NFT: backends, Health: health, Conntrack: ct, Monitor: mon})
 	if err != nil {
 		t.Fatal(err)
 	}
