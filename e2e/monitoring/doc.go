@@ -8,5 +8,7 @@
 // its PromQL parser, at the version of the Debian prometheus package the
 // end-to-end test runs: v2.42) and the kustomize API stay out of
 // nftproxy's dependencies. Its replace directive builds nftproxy's
-// packages from this repository.
+// packages from this repository, with the main module's versions of what
+// they import (none of prometheus's requirements is newer); when the
+// main module's dependencies change, `go mod tidy` here follows.
 package monitoring
