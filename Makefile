@@ -38,9 +38,13 @@ image:
 	cd deploy/image && $(GO) run . build --binary $(abspath $(BIN)/nftproxy-static) --out $(abspath $(IMAGE_TAR)) \
 		--version $(VERSION) --revision $(or $(GIT_COMMIT),unknown) --created $(BUILD_DATE)
 
+# deploy/monitoring's tests are a module of their own (e2e/monitoring/doc.go).
+MONITORING := cd e2e/monitoring && NFTPROXY_E2E=1
+
 vet: deps
 	$(GO) vet ./...
 	cd deploy/image && $(GO) vet ./...
+	cd e2e/monitoring && $(GO) mod tidy -diff && $(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 
 # Unit tests (pure code, fakes) and kernel integration tests (root: each in
@@ -48,6 +52,7 @@ vet: deps
 unit: deps
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e/)
 	cd deploy/image && $(GO) test -race -count=1 ./...
+	$(MONITORING) $(GO) test -race -count=1 .
 
 # kube-apiserver, etcd and upstream kube-proxy, built from the Go module
 # proxy into ~/.cache/nftproxy-e2e (instant when up to date).
@@ -57,6 +62,7 @@ e2e-tools: deps
 # The real test bed: apiserver + etcd, nodes and pods as network namespaces.
 e2e: e2e-tools
 	NFTPROXY_E2E=1 $(GO) test -count=1 $(E2E_FLAGS) ./e2e/...
+	$(MONITORING) $(GO) test -count=1 $(E2E_FLAGS) ./live
 
 test: deps vet unit e2e
 

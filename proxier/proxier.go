@@ -61,6 +61,10 @@ type Proxier struct {
 	trackers watch.Trackers
 	runner   *runner.Runner
 	cleaner  *conntrackCleaner // nil without Deps.Conntrack
+	// started is when the proxier was created: the network programming
+	// latency of changes made before it is not the proxy's (see
+	// observeProgrammingLatency).
+	started time.Time
 
 	mu              sync.Mutex
 	apiServiceCIDRs []netip.Prefix // from ServiceCIDR objects; none: use Config.ServiceCIDRs
@@ -132,9 +136,11 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 		slicesBySvc: map[model.ServiceName][]*model.EndpointSlice{},
 		sliceSvc:    map[model.SliceKey]model.ServiceName{},
 		families:    map[nft.Family]*familyState{},
-		repairs:     map[nft.Family]*repair{}}
+		repairs:     map[nft.Family]*repair{},
+		started:     time.Now()}
 	for f := range deps.NFT {
 		p.families[f] = &familyState{}
+		initFamilyMetrics(f.IPFamily())
 	}
 	if deps.Conntrack != nil {
 		p.cleaner = newConntrackCleaner(deps.Conntrack)
@@ -253,8 +259,20 @@ func (p *Proxier) sync(ctx context.Context) error {
 	metrics.EndpointChangesTotal.Add(float64(len(slices.Changed)))
 	metrics.ServiceChangesPending.Set(float64(p.trackers.Services.Pending()))
 	metrics.EndpointChangesPending.Set(float64(p.trackers.Slices.Pending()))
-	observeProgrammingLatency(slices)
+	observeProgrammingLatency(slices, p.started)
 	return nil
+}
+
+// initFamilyMetrics creates a family's failure and result series at 0
+// before anything happens. A counter series that is born at 1 shows no
+// increase, so without them an alert on rate() or increase() would miss
+// the first failure, and dashboards would show "no data" for a healthy
+// proxy instead of 0.
+func initFamilyMetrics(fam string) {
+	metrics.NFTablesSyncFailuresTotal.WithLabelValues(fam)
+	for _, result := range []string{metrics.ResultSuccess, metrics.ResultUnchanged, metrics.ResultFailure} {
+		metrics.SyncsTotal.WithLabelValues(fam, result)
+	}
 }
 
 // record updates the proxier's view of the objects with the checked-out
@@ -305,11 +323,16 @@ func (p *Proxier) removeSlice(svc model.ServiceName, name string) {
 }
 
 // observeProgrammingLatency records, for every EndpointSlice change now in
-// the kernel, the time since the change that caused it.
-func observeProgrammingLatency(slices watch.SliceChanges) {
+// the kernel, the time since the change that caused it. Changes made
+// before the proxier started are left out, as upstream leaves them out
+// (its endpoints change tracker's start time): the first sync programs
+// every slice, and the age of a slice's last change (hours, days) is not
+// a programming latency; counted, it would put every restart in the
+// latency's 99th percentile.
+func observeProgrammingLatency(slices watch.SliceChanges, started time.Time) {
 	now := time.Now()
 	for _, c := range slices.Changed {
-		if es := c.Value; !c.Deleted && !es.TriggerTime.IsZero() {
+		if es := c.Value; !c.Deleted && es.TriggerTime.After(started) {
 			metrics.NetworkProgrammingLatency.WithLabelValues(es.Family.IPFamily()).Observe(now.Sub(es.TriggerTime).Seconds())
 		}
 	}

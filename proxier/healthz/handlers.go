@@ -22,6 +22,13 @@ const ProxyMode = "nftables"
 // drain the node; /livez ignores the node, so kubelet does not restart a
 // proxier that is merely on a departing node.
 func HealthMux(h *ProxyHealth) *http.ServeMux {
+	// Both answers' series exist from the start, at 0: an alert on the
+	// increase of 503s then sees the first one (a series born at 1 has no
+	// increase), and a healthy proxy shows 0 rather than no data.
+	for _, code := range []string{strconv.Itoa(http.StatusOK), strconv.Itoa(http.StatusServiceUnavailable)} {
+		metrics.ProxyHealthzTotal.WithLabelValues(code)
+		metrics.ProxyLivezTotal.WithLabelValues(code)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		st := h.Status()

@@ -188,3 +188,36 @@ func boolPtrText(b *bool) string {
 	}
 	return strconv.FormatBool(*b)
 }
+
+// TestHealthMuxCreatesSeries: both answers' counters exist, at 0, as soon as
+// the health server is set up, so that the first 503 is an increase that
+// alerts can see.
+func TestHealthMuxCreatesSeries(t *testing.T) {
+	metrics.ProxyHealthzTotal.Reset()
+	metrics.ProxyLivezTotal.Reset()
+	HealthMux(NewProxyHealth(testTimeout, nil))
+	for _, name := range []string{"kubeproxy_proxy_healthz_total", "kubeproxy_proxy_livez_total"} {
+		for _, code := range []int{200, 503} {
+			if !counterExists(t, name, code) {
+				t.Errorf("%s{code=%q} not served before the first request", name, strconv.Itoa(code))
+			}
+		}
+	}
+}
+
+// counterExists reports whether the registry serves name{code}.
+func counterExists(t *testing.T, name string, code int) bool {
+	t.Helper()
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if l := m.GetLabel(); mf.GetName() == name && len(l) == 1 && l[0].GetValue() == strconv.Itoa(code) {
+				return true
+			}
+		}
+	}
+	return false
+}
