@@ -159,7 +159,9 @@ var (
 // bucket ranges of its slot (N/65536) in map M, relative to the slot, and
 // the endpoints maps themselves are left out. A proxy that read its table
 // back keeps the slots it found, a fresh one assigns its own: resolved,
-// their tables compare equal.
+// their tables compare equal. So do tables with more or fewer endpoints
+// maps: a proxy keeps the maps its most slots needed (emptied slots are
+// reused), a fresh one makes those its Services need now.
 func ResolveSlots(listing string) string {
 	slots := map[string][]string{} // "map/slot" → "lo-hi:endpoint"
 	var kept []string
@@ -167,6 +169,9 @@ func ResolveSlots(listing string) string {
 	for _, line := range strings.Split(listing, "\n") {
 		if m := endpointsMapHeader.FindStringSubmatch(line); m != nil {
 			inMap = m[1]
+			if n := len(kept); n > 0 && kept[n-1] == "" {
+				kept = kept[:n-1] // the blank line between the map and what precedes it
+			}
 			continue
 		}
 		if inMap != "" {

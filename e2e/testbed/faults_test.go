@@ -33,6 +33,12 @@ func TestResolveSlots(t *testing.T) {
 	if want := "map tcp{0-32767:10.244.1.11 . 8080, 32768-65535:10.244.2.12 . 8080}"; !strings.Contains(slot0, want) {
 		t.Errorf("resolved:\n%s\nwant it to contain %q", slot0, want)
 	}
+	// A proxy that once had more Services keeps an emptied map.
+	extra := strings.Replace(table("offset 131072 ", "131072-163839", "163840-196607", "10.244.2.12"),
+		"\tchain ", "\tmap endpoints-tcp-1 {\n\t\ttypeof numgen random mod 65536 : ip daddr . tcp dport\n\t\tflags interval\n\t}\n\n\tchain ", 1)
+	if got := ResolveSlots(extra); got != slot0 {
+		t.Errorf("an extra empty map reads differently:\n%s\nwant\n%s", got, slot0)
+	}
 	if strings.Contains(slot0, "endpoints-tcp-0") {
 		t.Errorf("the endpoints map is still there:\n%s", slot0)
 	}
