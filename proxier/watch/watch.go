@@ -55,6 +55,10 @@ type Hooks struct {
 	Invalid func(Problem)
 	// Node is called with this node's object on every change.
 	Node func(*v1.Node)
+	// Log receives the line logged for each problem; by default klog's
+	// global logger. (Tests capture it here rather than swap the global
+	// logger under informers that are still running.)
+	Log klog.Logger
 }
 
 // Watcher runs the informers. Their List and Watch calls go through a
@@ -208,12 +212,15 @@ func (h Hooks) withDefaults() Hooks {
 	if h.Node == nil {
 		h.Node = func(*v1.Node) {}
 	}
+	if h.Log.GetSink() == nil {
+		h.Log = klog.Background()
+	}
 	return h
 }
 
 func report(h Hooks, problems []Problem) {
 	for _, p := range problems {
-		klog.ErrorS(nil, "Skipping invalid part of object", "kind", p.Kind, "object", p.Object, "reason", p.Reason, "detail", p.Detail)
+		h.Log.Error(nil, "Skipping invalid part of object", "kind", p.Kind, "object", p.Object, "reason", p.Reason, "detail", p.Detail)
 		h.Invalid(p)
 	}
 }

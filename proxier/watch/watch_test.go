@@ -141,18 +141,14 @@ func TestTombstoneDelete(t *testing.T) {
 	}
 }
 
-// captureLog sends what klog logs to a buffer, one line per call, until
-// the test ends.
-func captureLog(t *testing.T) *logLines {
-	t.Helper()
+// captureLog returns a logger that writes to a buffer, one line per call.
+func captureLog() (*logLines, klog.Logger) {
 	l := &logLines{}
-	klog.SetLogger(funcr.New(func(prefix, args string) {
+	return l, funcr.New(func(prefix, args string) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.lines = append(l.lines, prefix+" "+args)
-	}, funcr.Options{}))
-	t.Cleanup(klog.ClearLogger)
-	return l
+	}, funcr.Options{})
 }
 
 type logLines struct {
@@ -183,10 +179,10 @@ func (l *logLines) count(words ...string) int {
 // converted again) or an update keeps it. A new problem is reported, and
 // so is an old one again after the object was deleted.
 func TestProblemsReportedOnce(t *testing.T) {
-	logs := captureLog(t)
+	logs, logger := captureLog()
 	tr := NewTrackers()
 	reported := map[string]int{}
-	h := tracking(Hooks{Invalid: func(p Problem) { reported[p.Reason]++ }}.withDefaults(), "Service", tr.Services,
+	h := tracking(Hooks{Invalid: func(p Problem) { reported[p.Reason]++ }, Log: logger}.withDefaults(), "Service", tr.Services,
 		func(ns, name string) model.ServiceName { return model.ServiceName{Namespace: ns, Name: name} })
 	bad := func(rv string, ports ...int32) any {
 		s := testService("web", "10.96.0.10")
