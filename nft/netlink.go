@@ -69,8 +69,10 @@ type NetlinkOptions struct {
 	OwnTable bool
 }
 
-// BatchStats describes the last batch Apply sent.
+// BatchStats describes the last batch Apply sent, or the batches of the
+// last Apply: a rewrite that hands over sends three (see handover).
 type BatchStats struct {
+	Batches  int
 	Ops      int // operations of the transaction
 	Messages int // netlink messages, BATCH_BEGIN and BATCH_END included
 	Bytes    int // bytes sent in the one sendmsg
@@ -83,7 +85,10 @@ type BatchStats struct {
 	// context, so this is its work, and Kernel less this is mostly the
 	// thread waiting for a CPU.
 	KernelCPU time.Duration
-	GenID     uint32 // ruleset generation after the batch
+	// List is the time a rewrite took to list the table's chains and
+	// sets before its batch (see rewrite).
+	List  time.Duration
+	GenID uint32 // ruleset generation after the batch
 	// Confirmed: the kernel ACKed BATCH_END, which it does only after a
 	// successful commit (Linux ≥ 6.10, "nfnetlink: handle ACK flags for
 	// batch messages"); older kernels ignore the flag and success is
@@ -196,18 +201,28 @@ func (n *Netlink) Apply(ctx context.Context, tx *Transaction) error {
 // apply encodes tx, sends it and reads the replies. Unless the
 // transaction recreates the table (OpResetTable, with the owned flags), a
 // table to be owned is claimed by the first batch after the socket opened
-// (an empty tx: only that).
+// (an empty tx: only that). A rewrite (OpResetTable) goes through rewrite.
 func (n *Netlink) apply(ctx context.Context, tx *Transaction) error {
-	start := time.Now()
 	var msgFlags uint16
 	if n.ackEvery {
 		msgFlags = flagAck
 	}
 	opts := batchOptions{msgFlags: msgFlags, endFlags: flagAck}
+	reset := len(tx.Ops) > 0 && tx.Ops[0].Kind == OpResetTable
 	if n.owning {
 		opts.tableFlags = ownedFlags
-		opts.claim = !n.claimed && (len(tx.Ops) == 0 || (tx.Ops[0].Kind != OpResetTable && tx.Ops[0].Kind != OpDeleteTable))
+		opts.claim = !n.claimed && !reset && (len(tx.Ops) == 0 || tx.Ops[0].Kind != OpDeleteTable)
 	}
+	if reset {
+		return n.rewrite(ctx, tx, opts)
+	}
+	return n.commit(ctx, tx, opts)
+}
+
+// commit encodes tx as one batch with opts, sends it and reads the
+// replies.
+func (n *Netlink) commit(ctx context.Context, tx *Transaction, opts batchOptions) error {
+	start := time.Now()
 	first := n.nextSeqs(0)
 	opts.firstSeq = first
 	buf := &batchBuffer{}
@@ -218,7 +233,7 @@ func (n *Netlink) apply(ctx context.Context, tx *Transaction) error {
 		return err
 	}
 	n.seq = first + uint32(len(b.owners))
-	n.last = BatchStats{Ops: len(tx.Ops), Messages: len(b.owners), Bytes: len(b.enc.b),
+	n.last = BatchStats{Batches: 1, Ops: len(tx.Ops), Messages: len(b.owners), Bytes: len(b.enc.b),
 		Elements: b.elements, Encode: time.Since(start)}
 
 	// The kernel runs the batch inside sendmsg, which cannot be
@@ -244,14 +259,10 @@ func (n *Netlink) apply(ctx context.Context, tx *Transaction) error {
 		return err
 	}
 	if len(res.errs) > 0 {
-		err := describeError(tx, b, res.errs)
-		if res.overflow {
-			err = fmt.Errorf("%w (more lost: receive buffer overflow)", err)
-		}
-		if first := res.errs[0]; first.errno == unix.EOPNOTSUPP && setsTableFlags(tx, b.owners[first.index]) && opts.tableFlags != 0 {
-			err = fmt.Errorf("%w: %w", errOwnedRefused, err)
-		}
-		return err
+		return batchError(tx, b, res, opts)
+	}
+	if b.table != TableName {
+		return nil
 	}
 	switch {
 	case len(tx.Ops) > 0 && tx.Ops[len(tx.Ops)-1].Kind == OpDeleteTable:
@@ -260,6 +271,24 @@ func (n *Netlink) apply(ctx context.Context, tx *Transaction) error {
 		n.claimed = true
 	}
 	return nil
+}
+
+// batchError is the error of a batch the kernel refused: the first
+// message it refused, marked errOwnedRefused if that set the flags of an
+// owned table, errGenerationMoved if the kernel refused the batch for
+// the generation it carried.
+func batchError(tx *Transaction, b *batch, res replies, opts batchOptions) error {
+	err := describeError(tx, b, res.errs)
+	if res.overflow {
+		err = fmt.Errorf("%w (more lost: receive buffer overflow)", err)
+	}
+	switch first := res.errs[0]; {
+	case first.errno == unix.EOPNOTSUPP && setsTableFlags(tx, b.owners[first.index]) && opts.tableFlags != 0:
+		err = fmt.Errorf("%w: %w", errOwnedRefused, err)
+	case first.errno == unix.ERESTART && first.index == 0 && opts.genID != 0:
+		err = fmt.Errorf("%w: %w", errGenerationMoved, err)
+	}
+	return err
 }
 
 // errOwnedRefused: the kernel refused the flags of an owned table.

@@ -73,7 +73,7 @@ func costRaw(n *Netlink, f Family, fill func(b *batch) error) (time.Duration, er
 	defer n.mu.Unlock()
 	first := n.nextSeqs(0)
 	b := newBatch(&Transaction{Family: f}, batchOptions{firstSeq: first})
-	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0)
+	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0, 0)
 	b.op = 0
 	if err := fill(b); err != nil {
 		return 0, err
@@ -82,7 +82,7 @@ func costRaw(n *Netlink, f Family, fill func(b *batch) error) (time.Duration, er
 		return 0, b.enc.err
 	}
 	b.op = -1
-	b.control(unix.NFNL_MSG_BATCH_END, flagAck)
+	b.control(unix.NFNL_MSG_BATCH_END, flagAck, 0)
 	n.seq = first + uint32(len(b.owners))
 	if err := n.conn.SetDeadline(time.Now().Add(30 * time.Minute)); err != nil {
 		return 0, err

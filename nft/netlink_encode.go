@@ -142,6 +142,14 @@ type batch struct {
 	op         int    // index of the Op being encoded
 	msgFlags   uint16 // extra flags for every message (flagAck to measure ACK-all)
 	tableFlags uint32 // of a table the batch creates
+	table      string // the table the batch writes: TableName, or handoverTable
+	// inPlace, when set, is the table in the kernel that OpResetTable
+	// clears in place (see clearInPlace); nil: OpResetTable deletes and
+	// recreates the table. keptSets and keptChains are the objects the
+	// clearing keeps, which the transaction's OpAddSet and OpAddChain
+	// then leave alone.
+	inPlace              *tableListing
+	keptSets, keptChains map[string]bool
 
 	// setIDs names the sets created in this batch: NEWSET carries an ID
 	// that later messages of the same batch may use to find the set. IDs
@@ -165,7 +173,16 @@ type batchOptions struct {
 	tableFlags uint32
 	// claim starts the batch with a NEWTABLE that claims the table for the
 	// sending socket (ownedFlags).
-	claim    bool
+	claim bool
+	// table is the table the batch writes (default TableName).
+	table string
+	// inPlace makes OpResetTable clear this table in place instead of
+	// deleting and recreating it (see clearInPlace).
+	inPlace *tableListing
+	// genID, if not 0, is the ruleset generation the batch was computed
+	// against: BATCH_BEGIN carries it (NFNL_BATCH_GENID) and the kernel
+	// refuses the whole batch with ERESTART if the generation moved.
+	genID    uint32
 	msgFlags uint16 // added to every nf_tables message (flagAck: ACK-every-message mode)
 	endFlags uint16 // added to BATCH_END
 	// buffer, if set, returns the buffer to encode into: length 0,
@@ -180,9 +197,13 @@ func newBatch(tx *Transaction, o batchOptions) *batch {
 	if alloc == nil {
 		alloc = func(n int) []byte { return make([]byte, 0, n) }
 	}
+	table := o.table
+	if table == "" {
+		table = TableName
+	}
 	return &batch{enc: encoder{b: alloc(sizeHint(tx))}, family: tx.Family, firstSeq: o.firstSeq,
 		owners: make([]int, 0, len(tx.Ops)+3), msgFlags: o.msgFlags, setIDs: map[string]uint32{},
-		tableFlags: o.tableFlags}
+		tableFlags: o.tableFlags, table: table}
 }
 
 // sizeHint estimates the bytes of tx's batch, a little high for the rules
@@ -234,9 +255,13 @@ func (b *batch) begin(msgType uint16, flags uint16) int {
 func (b *batch) end(start int) { b.enc.endMsg(start) }
 
 // control writes BATCH_BEGIN or BATCH_END: family AF_UNSPEC, res_id
-// NFNL_SUBSYS_NFTABLES so that the kernel hands the batch to nf_tables.
-func (b *batch) control(msgType uint16, flags uint16) {
+// NFNL_SUBSYS_NFTABLES so that the kernel hands the batch to nf_tables;
+// a BATCH_BEGIN with a genID (not 0) carries it as NFNL_BATCH_GENID.
+func (b *batch) control(msgType uint16, flags uint16, genID uint32) {
 	start := b.enc.beginMsg(msgType, flagRequest|flags, b.seq(), unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)
+	if genID != 0 {
+		b.enc.u32(unix.NFNL_BATCH_GENID, genID)
+	}
 	b.owners = append(b.owners, opControl)
 	b.enc.endMsg(start)
 }
@@ -244,7 +269,11 @@ func (b *batch) control(msgType uint16, flags uint16) {
 // encodeTransaction returns the batch for tx.
 func encodeTransaction(tx *Transaction, o batchOptions) (*batch, error) {
 	b := newBatch(tx, o)
-	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0)
+	if o.inPlace != nil {
+		b.inPlace = o.inPlace
+		b.keptSets, b.keptChains = o.inPlace.kept(tx)
+	}
+	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0, o.genID)
 	if o.claim {
 		b.op = opClaim
 		b.newTable(ownedFlags)
@@ -259,7 +288,7 @@ func encodeTransaction(tx *Transaction, o batchOptions) (*batch, error) {
 		}
 	}
 	b.op = opControl
-	b.control(unix.NFNL_MSG_BATCH_END, o.endFlags)
+	b.control(unix.NFNL_MSG_BATCH_END, o.endFlags, 0)
 	return b, nil
 }
 
@@ -279,9 +308,14 @@ func (op Op) target() string {
 func (b *batch) addOp(op Op) error {
 	switch op.Kind {
 	case OpResetTable:
+		if b.inPlace != nil {
+			b.clearInPlace()
+			break
+		}
 		// add; delete; add: the table exists and is empty whatever was
 		// there, in one atomic step (the kernel's DELTABLE drops the
-		// table's chains, rules and sets).
+		// table's chains, rules and sets). Only for a table no traffic
+		// goes through: see clearInPlace.
 		b.ensureTable()
 		b.deleteTable()
 		b.newTable(b.tableFlags)
@@ -289,7 +323,9 @@ func (b *batch) addOp(op Op) error {
 		b.ensureTable()
 		b.deleteTable()
 	case OpAddChain:
-		b.newChain(op.Chain)
+		if !b.keptChains[op.Chain.Name] {
+			b.newChain(op.Chain)
+		}
 	case OpFlushChain:
 		b.chainMsg(unix.NFT_MSG_DELRULE, op.Chain.Name)
 	case OpDeleteChain:
@@ -297,6 +333,9 @@ func (b *batch) addOp(op Op) error {
 	case OpAddRule:
 		return b.newRule(op.ChainName, op.Rule, op.Digest)
 	case OpAddSet:
+		if b.keptSets[op.Set.Name] {
+			return nil // kept by clearInPlace, with this definition
+		}
 		return b.newSet(op.Set)
 	case OpDeleteSet:
 		b.delSet(op.Set.Name)
@@ -328,7 +367,7 @@ const (
 // (EOPNOTSUPP) to drop or add tablePersist on a table that exists.
 func (b *batch) newTable(flags uint32) {
 	m := b.begin(unix.NFT_MSG_NEWTABLE, flagCreate)
-	b.enc.str(unix.NFTA_TABLE_NAME, TableName)
+	b.enc.str(unix.NFTA_TABLE_NAME, b.table)
 	b.enc.u32(unix.NFTA_TABLE_FLAGS, flags)
 	b.end(m)
 }
@@ -338,13 +377,13 @@ func (b *batch) newTable(flags uint32) {
 // is accepted whatever flags an earlier owner left.
 func (b *batch) ensureTable() {
 	m := b.begin(unix.NFT_MSG_NEWTABLE, flagCreate)
-	b.enc.str(unix.NFTA_TABLE_NAME, TableName)
+	b.enc.str(unix.NFTA_TABLE_NAME, b.table)
 	b.end(m)
 }
 
 func (b *batch) deleteTable() {
 	m := b.begin(unix.NFT_MSG_DELTABLE, 0)
-	b.enc.str(unix.NFTA_TABLE_NAME, TableName)
+	b.enc.str(unix.NFTA_TABLE_NAME, b.table)
 	b.end(m)
 	b.setIDs = map[string]uint32{}
 }
@@ -362,7 +401,7 @@ var hookNum = map[Hook]uint32{
 // hook, in nft's attribute order.
 func (b *batch) newChain(c *Chain) {
 	m := b.begin(unix.NFT_MSG_NEWCHAIN, flagCreate)
-	b.enc.str(unix.NFTA_CHAIN_TABLE, TableName)
+	b.enc.str(unix.NFTA_CHAIN_TABLE, b.table)
 	b.enc.str(unix.NFTA_CHAIN_NAME, c.Name)
 	if c.Base != nil {
 		b.enc.str(unix.NFTA_CHAIN_TYPE, string(c.Base.Type))
@@ -378,7 +417,7 @@ func (b *batch) newChain(c *Chain) {
 // chainMsg writes DELCHAIN, or DELRULE with only the chain (flush chain).
 func (b *batch) chainMsg(msgType uint16, chain string) {
 	m := b.begin(msgType, 0)
-	b.enc.str(unix.NFTA_CHAIN_TABLE, TableName) // == NFTA_RULE_TABLE
+	b.enc.str(unix.NFTA_CHAIN_TABLE, b.table) // == NFTA_RULE_TABLE
 	if msgType == unix.NFT_MSG_DELRULE {
 		b.enc.str(unix.NFTA_RULE_CHAIN, chain)
 	} else {
@@ -392,7 +431,7 @@ func (b *batch) chainMsg(msgType uint16, chain string) {
 // chain's rules on a chain's first rule (see ruleUserdata).
 func (b *batch) newRule(chain string, r Rule, digest *RulesDigest) error {
 	m := b.begin(unix.NFT_MSG_NEWRULE, flagCreate|flagAppend)
-	b.enc.str(unix.NFTA_RULE_TABLE, TableName)
+	b.enc.str(unix.NFTA_RULE_TABLE, b.table)
 	b.enc.str(unix.NFTA_RULE_CHAIN, chain)
 	list := b.enc.nest(unix.NFTA_RULE_EXPRESSIONS)
 	if err := b.lowerRule(r); err != nil {

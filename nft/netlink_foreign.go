@@ -153,7 +153,7 @@ func encodeDeleteTables(f Family, names []string, firstSeq uint32) *batch {
 	b := &batch{enc: encoder{b: make([]byte, 0, 64+96*len(names))}, family: f, firstSeq: firstSeq,
 		owners: make([]int, 0, 2+2*len(names)), setIDs: map[string]uint32{}}
 	b.op = -1
-	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0)
+	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0, 0)
 	for i, name := range names {
 		b.op = i
 		for _, typ := range []uint16{unix.NFT_MSG_NEWTABLE, unix.NFT_MSG_DELTABLE} {
@@ -167,6 +167,6 @@ func encodeDeleteTables(f Family, names []string, firstSeq uint32) *batch {
 		}
 	}
 	b.op = -1
-	b.control(unix.NFNL_MSG_BATCH_END, flagAck)
+	b.control(unix.NFNL_MSG_BATCH_END, flagAck, 0)
 	return b
 }

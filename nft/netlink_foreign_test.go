@@ -143,14 +143,14 @@ func TestNetlinkDeleteTablesError(t *testing.T) {
 	// A table owned by owner's socket (NFT_TABLE_F_OWNER, Linux ≥ 5.12).
 	b := &batch{enc: encoder{}, family: IPv4, firstSeq: owner.nextSeqs(0), setIDs: map[string]uint32{}}
 	b.op = -1
-	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0)
+	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0, 0)
 	b.op = 0
 	m := b.begin(unix.NFT_MSG_NEWTABLE, flagCreate)
 	b.enc.str(unix.NFTA_TABLE_NAME, "owned")
 	b.enc.u32(unix.NFTA_TABLE_FLAGS, 2) // NFT_TABLE_F_OWNER
 	b.end(m)
 	b.op = -1
-	b.control(unix.NFNL_MSG_BATCH_END, flagAck)
+	b.control(unix.NFNL_MSG_BATCH_END, flagAck, 0)
 	owner.seq = b.firstSeq + uint32(len(b.owners))
 	if _, err := owner.send(b.enc.b); err != nil {
 		t.Fatal(err)

@@ -21,7 +21,7 @@ const (
 
 func (b *batch) delSet(name string) {
 	m := b.begin(unix.NFT_MSG_DELSET, 0)
-	b.enc.str(unix.NFTA_SET_TABLE, TableName)
+	b.enc.str(unix.NFTA_SET_TABLE, b.table)
 	b.enc.str(unix.NFTA_SET_NAME, name)
 	b.end(m)
 	delete(b.setIDs, name)
@@ -66,7 +66,7 @@ func (b *batch) newSet(s *Set) error {
 		flags |= unix.NFT_SET_INTERVAL
 	}
 	m := b.begin(unix.NFT_MSG_NEWSET, flagCreate)
-	b.enc.str(unix.NFTA_SET_TABLE, TableName)
+	b.enc.str(unix.NFTA_SET_TABLE, b.table)
 	b.enc.str(unix.NFTA_SET_NAME, s.Name)
 	b.enc.u32(unix.NFTA_SET_FLAGS, flags)
 	b.enc.u32(unix.NFTA_SET_KEY_TYPE, typeMagic(s.Key))
@@ -181,7 +181,7 @@ func (w *elemWriter) open() {
 		flags = flagCreate
 	}
 	w.m = b.begin(w.msgType, flags)
-	b.enc.str(unix.NFTA_SET_ELEM_LIST_TABLE, TableName)
+	b.enc.str(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
 	b.enc.str(unix.NFTA_SET_ELEM_LIST_SET, w.name)
 	if w.setID != 0 {
 		b.enc.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, w.setID)
