@@ -51,6 +51,10 @@ type Netlink struct {
 	owning, claimed bool
 	// ownErr is why the table is not owned though opts.OwnTable asked.
 	ownErr error
+	// recreate makes a rewrite delete and recreate the table in its one
+	// batch (add; delete; add), as it did before rewrite: tests set it to
+	// show what that shape refuses.
+	recreate bool
 }
 
 var _ Interface = (*Netlink)(nil)
@@ -213,7 +217,7 @@ func (n *Netlink) apply(ctx context.Context, tx *Transaction) error {
 		opts.tableFlags = ownedFlags
 		opts.claim = !n.claimed && !reset && (len(tx.Ops) == 0 || tx.Ops[0].Kind != OpDeleteTable)
 	}
-	if reset {
+	if reset && !n.recreate {
 		return n.rewrite(ctx, tx, opts)
 	}
 	return n.commit(ctx, tx, opts)
