@@ -281,3 +281,65 @@ func medianOf(ds []time.Duration) time.Duration {
 	slices.Sort(s)
 	return s[len(s)/2]
 }
+
+// TestNetlinkClearingMatchesNft: the messages of a clearing in place are
+// those nft writes for the same commands: `add table`, `flush table` (the
+// rules), `flush set` for a kept set, `delete set` and `delete chain` for
+// the others.
+func TestNetlinkClearingMatchesNft(t *testing.T) {
+	f := IPv4
+	ns := newTestNS(t)
+	have := realisticRuleset(f, makeServices(f, 3, 2))
+	ns.mustNft(t, have.Dump(), "-f", "-")
+	n := ns.netlink(t)
+	l, err := n.listTable(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Keep the sets and chains of a ruleset without Services but with
+	// a set of another definition: the Services' chains and that set go.
+	want := realisticRuleset(f, nil)
+	want.Sets["nodeport-ips"] = &Set{Name: "nodeport-ips", Key: []DataType{f.AddrType()}, Comment: "another"}
+	tx := fullRewrite(want)
+	b, err := encodeTransaction(tx, batchOptions{firstSeq: 1, inPlace: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clearing [][]byte // the messages of OpResetTable, and BATCH_BEGIN and BATCH_END
+	for i, m := range splitMessages(b.enc.b) {
+		if b.owners[i] == 0 || b.owners[i] == opControl {
+			clearing = append(clearing, m)
+		}
+	}
+	sets, chains := l.kept(tx)
+	var cmds strings.Builder
+	fmt.Fprintf(&cmds, "add table ip %s\nflush table ip %s\n", TableName, TableName)
+	for _, name := range sortedKeys(l.sets) {
+		kind := "set"
+		if l.sets[name].IsMap() {
+			kind = "map"
+		}
+		if sets[name] {
+			fmt.Fprintf(&cmds, "flush %s ip %s %s\n", kind, TableName, name)
+		} else {
+			fmt.Fprintf(&cmds, "delete %s ip %s %s\n", kind, TableName, name)
+		}
+	}
+	for _, name := range sortedKeys(l.chains) {
+		if !chains[name] {
+			fmt.Fprintf(&cmds, "delete chain ip %s %s\n", TableName, name)
+		}
+	}
+	if len(sets) == len(l.sets) || len(chains) == len(l.chains) || len(sets) == 0 || len(chains) == 0 {
+		t.Fatalf("kept %d of %d sets, %d of %d chains: the test compares nothing", len(sets), len(l.sets), len(chains), len(l.chains))
+	}
+	out := ns.mustNft(t, cmds.String(), "--debug=mnl", "-f", "-")
+	theirs, err := parseMnlDump(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	th, _ := canonicalBatch(t, theirs)
+	ou, _ := canonicalBatch(t, clearing)
+	compareBatches(t, th, ou)
+	t.Logf("%d messages equal:\n%s", len(th), cmds.String())
+}
