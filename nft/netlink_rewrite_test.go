@@ -59,8 +59,12 @@ func TestNetlinkRewriteRefusesNothing(t *testing.T) {
 			case tc.recreate && res.refused == 0:
 				t.Errorf("add, delete, add refused no connection: the test no longer shows the window it guards against")
 			}
-			if got := Canonical(ns.list(t, f)); got != rulesets[(rewriteRounds-1)%2].Dump() {
+			listing := ns.list(t, f)
+			if got := Canonical(listing); got != rulesets[(rewriteRounds-1)%2].Dump() {
 				t.Errorf("after the rewrites the kernel holds:\n%s", got)
+			}
+			if out, err := newTestNS(t).nft(listing, "-f", "-"); err != nil {
+				t.Errorf("nft cannot reload the listing of the rewritten table: %v\n%s", err, out)
 			}
 		})
 	}
