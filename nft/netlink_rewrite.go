@@ -32,7 +32,7 @@ import (
 // translation, and filter-forward's cluster-ips-check refuses it. Hash
 // sets (every other set) have no commit function: their elements change
 // with the generation, and a rewrite of a table without interval sets
-// loses nothing. See docs/rewrite.md for the traces and measurements.
+// loses nothing. See docs/rewrite.md for the reproduction and measurements.
 //
 // So a rewrite keeps the table and its interval sets' objects: it clears
 // the table in place (clearInPlace) and refills it. A set that is kept
