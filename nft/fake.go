@@ -197,20 +197,7 @@ func applyOp(rs *Ruleset, f Family, op Op) (*Ruleset, error) {
 		}
 		c.Rules = append(c.Rules, op.Rule)
 	case OpAddSet:
-		if have, ok := rs.Sets[op.Set.Name]; ok {
-			if !sameSetDefinition(have, op.Set) {
-				return nil, opErr(unix.EEXIST, "set %q", op.Set.Name)
-			}
-			return rs, nil
-		}
-		if op.Set.Endpoints != 0 {
-			if err := checkEndpointsMap(f, op.Set); err != nil {
-				return nil, opErr(unix.EINVAL, "%v", err)
-			}
-		}
-		s := *op.Set
-		s.Elements = Elements{}
-		rs.Sets[s.Name] = &s
+		return rs, addSet(rs, f, op.Set)
 	case OpDeleteSet:
 		if _, ok := rs.Sets[op.Set.Name]; !ok {
 			return nil, opErr(unix.ENOENT, "set %q", op.Set.Name)
@@ -222,21 +209,46 @@ func applyOp(rs *Ruleset, f Family, op Op) (*Ruleset, error) {
 	case OpAddElements:
 		return rs, addElements(rs, f, op)
 	case OpDeleteElements:
-		s, ok := rs.Sets[op.Set.Name]
-		if !ok {
-			return nil, opErr(unix.ENOENT, "set %q", op.Set.Name)
-		}
-		for e := range op.AllOf() {
-			// An endpoints map's element is found by its whole range.
-			if have, ok := s.Elements.Get(e.Key); !ok || have.End != e.End {
-				return nil, opErr(unix.ENOENT, "element %s in set %q", s.ElementKeyText(e), s.Name)
-			}
-			s.Elements.Delete(e.Key)
-		}
+		return rs, deleteElements(rs, op)
 	default:
 		return nil, opErr(unix.EINVAL, "unknown op %d", int(op.Kind))
 	}
 	return rs, nil
+}
+
+// addSet adds set, or checks that the set of its name has its definition.
+func addSet(rs *Ruleset, f Family, set *Set) error {
+	if have, ok := rs.Sets[set.Name]; ok {
+		if !sameSetDefinition(have, set) {
+			return opErr(unix.EEXIST, "set %q", set.Name)
+		}
+		return nil
+	}
+	if set.Endpoints != 0 {
+		if err := checkEndpointsMap(f, set); err != nil {
+			return opErr(unix.EINVAL, "%v", err)
+		}
+	}
+	s := *set
+	s.Elements = Elements{}
+	rs.Sets[s.Name] = &s
+	return nil
+}
+
+// deleteElements deletes op's elements, each of which must be there.
+func deleteElements(rs *Ruleset, op Op) error {
+	s, ok := rs.Sets[op.Set.Name]
+	if !ok {
+		return opErr(unix.ENOENT, "set %q", op.Set.Name)
+	}
+	for e := range op.AllOf() {
+		// An endpoints map's element is found by its whole range.
+		if have, ok := s.Elements.Get(e.Key); !ok || have.End != e.End {
+			return opErr(unix.ENOENT, "element %s in set %q", s.ElementKeyText(e), s.Name)
+		}
+		s.Elements.Delete(e.Key)
+	}
+	return nil
 }
 
 // maxNameLen is the longest chain or set name the kernel takes: its

@@ -191,20 +191,7 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 				return "", false
 			}
 		case DNATMap:
-			if st.pkt.Proto != p.Proto {
-				return "", false
-			}
-			targets := SlotEndpoints(rs.Sets[p.Map], p.Slot)
-			if len(targets) == 0 {
-				return "", false
-			}
-			// Every endpoint of the Service is a possible outcome, as
-			// in a cascade; the traced packet takes the Pick-th range.
-			to := targets[min(t.Pick, len(targets)-1)]
-			st.res.DNAT = append(st.res.DNAT, targets...)
-			st.pkt.Dst, st.pkt.DPort, st.dnat = to.Addr(), to.Port(), true
-			st.res.Log = append(st.res.Log, fmt.Sprintf("  %s: %v of %v", r.Text(st.f), to, targets))
-			return VerdictAccept, true
+			return t.dnatMap(rs, r, p, st)
 		case DNAT:
 			st.res.DNAT = append(st.res.DNAT, p.To)
 			st.pkt.Dst, st.pkt.DPort, st.dnat = p.To.Addr(), p.To.Port(), true
@@ -236,6 +223,24 @@ func (t *Tracer) runRule(rs *Ruleset, r Rule, st *traceState) (VerdictKind, bool
 		}
 	}
 	return "", false
+}
+
+// dnatMap runs a DNATMap phrase of rule r. Every endpoint of the Service
+// is a possible outcome, as in a cascade; the traced packet takes the
+// Pick-th range.
+func (t *Tracer) dnatMap(rs *Ruleset, r Rule, p DNATMap, st *traceState) (VerdictKind, bool) {
+	if st.pkt.Proto != p.Proto {
+		return "", false
+	}
+	targets := SlotEndpoints(rs.Sets[p.Map], p.Slot)
+	if len(targets) == 0 {
+		return "", false
+	}
+	to := targets[min(t.Pick, len(targets)-1)]
+	st.res.DNAT = append(st.res.DNAT, targets...)
+	st.pkt.Dst, st.pkt.DPort, st.dnat = to.Addr(), to.Port(), true
+	st.res.Log = append(st.res.Log, fmt.Sprintf("  %s: %v of %v", r.Text(st.f), to, targets))
+	return VerdictAccept, true
 }
 
 // dnatTarget is the destination of the rule's DNAT phrase, if it has one.

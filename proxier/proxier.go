@@ -410,27 +410,8 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 		fs.slots.ReleaseUnclaimed()
 	}
 	tx := fs.editor.Transaction()
-	if !tx.Empty() {
-		p.committing(f, ct)
-		resume := p.pauseMonitor(tx)
-		err := backend.Apply(ctx, tx)
-		if err == nil {
-			p.committed()
-		}
-		resume()
-		if err != nil {
-			p.committing(f, nil)
-			p.requeueRepair(f, fs.repairing)
-			fs.repairing = nil
-			// A transaction diffed against what was read back failed:
-			// do not build on a reading again, rewrite.
-			fs.editor, fs.noLoad = nil, fs.loaded
-			metrics.NFTablesSyncFailuresTotal.WithLabelValues(fam).Inc()
-			metrics.SyncsTotal.WithLabelValues(fam, metrics.ResultFailure).Inc()
-			klog.ErrorS(err, "Sync failed; the next sync is full", "ipFamily", fam, "ops", len(tx.Ops),
-				"readsTableBack", !fs.noLoad)
-			return fmt.Errorf("sync %s: %w", fam, err)
-		}
+	if err := p.apply(ctx, f, fs, backend, tx, ct); err != nil {
+		return err
 	}
 	fs.editor.Commit()
 	fs.slots.Commit()
@@ -449,19 +430,56 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	metrics.ServiceRuleChangesTotal.WithLabelValues(fam).Add(float64(changed))
 	p.recordSync(f, fs, full, time.Since(start), tx)
 	if klog.V(2).Enabled() {
-		kv := []any{"ipFamily", fam, "full", full, "fromKernel", fromKernel, "repair", fst != nil && fst.repair, "servicePorts", fs.ports,
-			"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", time.Since(start)}
-		if b, ok := backend.(batchReporter); ok && !tx.Empty() {
-			// Where the time went: the rest of elapsed is building.
-			st := b.LastBatch()
-			kv = append(kv, "bytes", st.Bytes, "encode", st.Encode, "kernel", st.Kernel, "kernelCPU", st.KernelCPU)
-		}
-		klog.V(2).InfoS("Synced", kv...)
+		logSynced(f, fs, backend, tx, time.Since(start), full, fromKernel, fst != nil && fst.repair)
 	}
 	p.firstSync(ctx, f, fs)
 	p.cleanConntrack(f, fs, ct)
 	p.syncHealthChecks(f, fs)
 	return nil
+}
+
+// apply sends tx, unless it is empty. When the kernel refuses it, the
+// family's pending repair is queued again and its next sync rewrites the
+// table: a transaction diffed against what was read back failed, so the
+// next one must not build on a reading.
+func (p *Proxier) apply(ctx context.Context, f nft.Family, fs *familyState, backend nft.Interface,
+	tx *nft.Transaction, ct *cleanup) error {
+	if tx.Empty() {
+		return nil
+	}
+	p.committing(f, ct)
+	resume := p.pauseMonitor(tx)
+	err := backend.Apply(ctx, tx)
+	if err == nil {
+		p.committed()
+	}
+	resume()
+	if err == nil {
+		return nil
+	}
+	fam := f.IPFamily()
+	p.committing(f, nil)
+	p.requeueRepair(f, fs.repairing)
+	fs.repairing = nil
+	fs.editor, fs.noLoad = nil, fs.loaded
+	metrics.NFTablesSyncFailuresTotal.WithLabelValues(fam).Inc()
+	metrics.SyncsTotal.WithLabelValues(fam, metrics.ResultFailure).Inc()
+	klog.ErrorS(err, "Sync failed; the next sync is full", "ipFamily", fam, "ops", len(tx.Ops),
+		"readsTableBack", !fs.noLoad)
+	return fmt.Errorf("sync %s: %w", fam, err)
+}
+
+// logSynced logs a successful sync at -v 2, with where the time went when
+// the backend reports its batches (the rest of elapsed is building).
+func logSynced(f nft.Family, fs *familyState, backend nft.Interface, tx *nft.Transaction, elapsed time.Duration,
+	full, fromKernel, repair bool) {
+	kv := []any{"ipFamily", f.IPFamily(), "full", full, "fromKernel", fromKernel, "repair", repair, "servicePorts", fs.ports,
+		"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", elapsed}
+	if b, ok := backend.(batchReporter); ok && !tx.Empty() {
+		st := b.LastBatch()
+		kv = append(kv, "bytes", st.Bytes, "encode", st.Encode, "kernel", st.Kernel, "kernelCPU", st.KernelCPU)
+	}
+	klog.V(2).InfoS("Synced", kv...)
 }
 
 // firstSync calls Deps.FirstSync after the family's first successful sync.

@@ -282,27 +282,7 @@ func ConvertEndpointSlice(es *discovery.EndpointSlice) (*model.EndpointSlice, []
 		}
 	}
 	var problems []Problem
-	out.Ports = make([]model.EndpointPort, 0, len(es.Ports))
-	for _, p := range es.Ports {
-		proto := v1.ProtocolTCP
-		if p.Protocol != nil {
-			proto = *p.Protocol
-		}
-		pr, ok := protocol(proto)
-		switch {
-		case !ok:
-			problems = append(problems, problem("invalid-protocol", "port %s", describePort(p)))
-			continue
-		case p.Port == nil || *p.Port <= 0 || *p.Port > 65535:
-			problems = append(problems, problem("invalid-port", "port %s", describePort(p)))
-			continue
-		}
-		name := ""
-		if p.Name != nil {
-			name = *p.Name
-		}
-		out.Ports = append(out.Ports, model.EndpointPort{Name: name, Protocol: pr, Port: uint16(*p.Port)})
-	}
+	out.Ports, problems = slicePorts(es.Ports, problem)
 	// Presized: append's doubling left 10 endpoints in room for 16 (a
 	// third of the model's memory at 100,000 Services × 10).
 	out.Endpoints = make([]model.Endpoint, 0, len(es.Endpoints))
@@ -331,6 +311,35 @@ func ConvertEndpointSlice(es *discovery.EndpointSlice) (*model.EndpointSlice, []
 			NodeName:    intern(deref(e.NodeName)),
 			Hints:       hints(e.Hints),
 		})
+	}
+	return out, problems
+}
+
+// slicePorts converts an EndpointSlice's ports, skipping and reporting
+// those of an unknown protocol or out of range.
+func slicePorts(ports []discovery.EndpointPort, problem func(reason, format string, args ...any) Problem) (
+	[]model.EndpointPort, []Problem) {
+	var problems []Problem
+	out := make([]model.EndpointPort, 0, len(ports))
+	for _, p := range ports {
+		proto := v1.ProtocolTCP
+		if p.Protocol != nil {
+			proto = *p.Protocol
+		}
+		pr, ok := protocol(proto)
+		switch {
+		case !ok:
+			problems = append(problems, problem("invalid-protocol", "port %s", describePort(p)))
+			continue
+		case p.Port == nil || *p.Port <= 0 || *p.Port > 65535:
+			problems = append(problems, problem("invalid-port", "port %s", describePort(p)))
+			continue
+		}
+		name := ""
+		if p.Name != nil {
+			name = *p.Name
+		}
+		out = append(out, model.EndpointPort{Name: name, Protocol: pr, Port: uint16(*p.Port)})
 	}
 	return out, problems
 }
