@@ -63,7 +63,7 @@ func TestTamperingRepaired(t *testing.T) {
 	// Ownership would refuse the tampering; the default minimum sync
 	// period (a repair does not wait for it).
 	c.restartProxy(n1, withArgs(c.args[n1.Name], "--own-tables=false", "--iptables-min-sync-period=1s"))
-	mustExec(t, n1.Netns, "nft", firewall)
+	n1.MustExec(t, "nft", firewall)
 	fw := listFirewall(t, n1)
 
 	a := c.backend(0, "tamper-a")
@@ -90,7 +90,7 @@ func TestTamperingRepaired(t *testing.T) {
 			// than the minimum sync period ago.
 			time.Sleep(time.Second)
 			start := time.Now()
-			mustExec(t, n1.Netns, "nft", tc.nft)
+			n1.MustExec(t, "nft", tc.nft)
 			var took time.Duration
 			for got := cc.tables(n1); got != want; got = cc.tables(n1) {
 				if took = time.Since(start); took > 5*time.Second {
@@ -124,7 +124,7 @@ func TestTamperingRepaired(t *testing.T) {
 func TestOwnedTables(t *testing.T) {
 	c := newCluster(t)
 	n1 := c.nodes[0]
-	mustExec(t, n1.Netns, "nft", firewall)
+	n1.MustExec(t, "nft", firewall)
 	a, b := c.backendEcho(0, "own-a"), c.backendEcho(1, "own-b")
 	client := n1.AddPod("own-client")
 	ips := c.service("own", 80, false, v1.ProtocolTCP)
@@ -138,7 +138,7 @@ func TestOwnedTables(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "Operation not permitted") {
 		t.Errorf("another process changed the owned table: %v %s", err, out)
 	}
-	mustExec(t, n1.Netns, "nft", "flush ruleset")
+	n1.MustExec(t, "nft", "flush ruleset")
 	if got := c.tables(n1); got != want {
 		t.Errorf("nft flush ruleset changed the owned table:\n%s", firstDifferences(got, want, 10))
 	}
@@ -171,17 +171,6 @@ func (c *cluster) backendEcho(i int, name string) *testbed.Pod {
 	p := c.nodes[i].AddPod(name)
 	p.Start(c.probe, "serve", "--name", name, "--port", fmt.Sprint(backendPort), "--tcp", "--echo")
 	return p
-}
-
-func mustExec(t *testing.T, n testbed.Netns, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := n.Exec(ctx, args...)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	return out
 }
 
 // syncFailures returns the times of the failed syncs in a proxy's log
@@ -340,7 +329,7 @@ func TestKillNineUnderLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	mustExec(t, n1.Netns, "nft", firewall)
+	n1.MustExec(t, "nft", firewall)
 	fw := listFirewall(t, n1)
 	l := c.startLoad(client, addr, 100, 20)
 	rnd := newRand(t)

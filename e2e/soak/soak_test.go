@@ -66,8 +66,8 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := bed.AddNode("n1")
-	mustExec(t, n.Netns, "nft", firewall)
-	fw := mustExec(t, n.Netns, "nft", "list", "table", "ip", "soak-fw")
+	n.MustExec(t, "nft", firewall)
+	fw := n.MustExec(t, "nft", "list", "table", "ip", "soak-fw")
 	var pods []*testbed.Pod
 	for _, name := range []string{"soak-a", "soak-b"} {
 		p := n.AddPod(name)
@@ -109,7 +109,7 @@ func TestSoak(t *testing.T) {
 		t.Errorf("%v failed syncs", failures)
 	}
 	expectFresh(t, n, proxy, args)
-	if got := mustExec(t, n.Netns, "nft", "list", "table", "ip", "soak-fw"); got != fw {
+	if got := n.MustExec(t, "nft", "list", "table", "ip", "soak-fw"); got != fw {
 		t.Errorf("the firewall table changed:\n%s\nwant\n%s", got, fw)
 	}
 }
@@ -245,17 +245,6 @@ func waitLog(t *testing.T, p *testbed.Process, s string) {
 	}
 }
 
-func mustExec(t *testing.T, n testbed.Netns, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := n.Exec(ctx, args...)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	return out
-}
-
 // expectFresh checks that n's tables equal what a fresh nftproxy writes for
 // the same API state (see testbed.ResolveSlots).
 func expectFresh(t *testing.T, n *testbed.Node, proxy *testbed.Process, args []string) {
@@ -266,7 +255,7 @@ func expectFresh(t *testing.T, n *testbed.Node, proxy *testbed.Process, args []s
 		t.Fatal(err)
 	}
 	proxy.Stop(10 * time.Second)
-	mustExec(t, n.Netns, args[0], "--cleanup")
+	n.MustExec(t, args[0], "--cleanup")
 	fresh := n.Start(args...)
 	waitLog(t, fresh, `"Synced" ipFamily="IPv6"`)
 	waitLog(t, fresh, `"Synced" ipFamily="IPv4"`)

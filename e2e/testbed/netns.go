@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -36,6 +37,19 @@ func (n Netns) Exec(ctx context.Context, args ...string) (string, error) {
 		return stdout.String(), fmt.Errorf("in %s: %s: %w: %s", n.NS, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.String(), nil
+}
+
+// MustExec is Exec with a minute's timeout that fails the test on an
+// error, and otherwise returns standard output.
+func (n Netns) MustExec(t testing.TB, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := n.Exec(ctx, args...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	return out
 }
 
 // Start starts a long-running process in the namespace, logging to a file in the bed's
