@@ -12,7 +12,7 @@ import (
 // Family is an IP family of the conntrack table. Its values are the
 // address families (AF_INET, AF_INET6), which are also the nftables
 // families NFPROTO_IPV4 and NFPROTO_IPV6: conntrack.Family(nft.IPv4) is
-// IPv4 (TestFamilyValues), without this package importing nft.
+// IPv4 (proxier's TestConntrackFamilies), without this package importing nft.
 type Family uint8
 
 const (

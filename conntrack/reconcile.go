@@ -27,9 +27,6 @@ type Frontend struct {
 	Port  uint16
 }
 
-// IsNodePort reports whether f stands for a NodePort on every NodePort
-// address of the node.
-func (f Frontend) IsNodePort() bool { return !f.Addr.IsValid() }
 
 // Frontends maps each frontend of one IP family to its serving endpoints
 // (address and target port), possibly none. The proxier builds it from

@@ -270,8 +270,7 @@ func makeService(f Family, i, nBackends int) testService {
 }
 
 // realisticRuleset has the shape of upstream kube-proxy's nftables table
-// (see /work/shared/reference/upstream-ruleset-features.md) for the given
-// Services.
+// (pkg/proxy/nftables in kubernetes v1.36) for the given Services.
 func realisticRuleset(f Family, svcs []testService) *Ruleset {
 	rs := NewRuleset(f)
 	at := f.AddrType()

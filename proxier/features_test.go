@@ -25,6 +25,20 @@ func udpFlow(client, vip, backend string) conntrack.Flow {
 	return conntrack.Flow{Proto: conntrack.ProtoUDP, Orig: conntrack.Tuple{Src: c, Dst: v}, Reply: conntrack.Tuple{Src: b, Dst: c}}
 }
 
+// TestConntrackFamilies: the cleanup converts a table's family to
+// conntrack's by value (conntrack.Family(f)), which holds only if nft's
+// NFPROTO values are conntrack's AF values.
+func TestConntrackFamilies(t *testing.T) {
+	for _, c := range []struct {
+		f    nft.Family
+		want conntrack.Family
+	}{{nft.IPv4, conntrack.IPv4}, {nft.IPv6, conntrack.IPv6}} {
+		if got := conntrack.Family(c.f); got != c.want {
+			t.Errorf("conntrack.Family(%v) = %v, want %v", c.f, got, c.want)
+		}
+	}
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {

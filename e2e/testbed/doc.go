@@ -7,7 +7,7 @@
 // Calico does it (a /32 and /128 on the pod's eth0, a link-local next hop answered by the
 // node). Every participant lives in its own namespace because traffic between the root
 // namespace and a namespace over a veth does not work on our test machines
-// (see /work/shared/FACTS.md); the test process talks to the API server through
+// (ARP from the root side is never answered); the test process talks to the API server through
 // Bed.Client, whose sockets are created inside the control namespace.
 //
 // Addresses, with i the node index and j the pod index on that node (both from 1):

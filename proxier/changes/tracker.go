@@ -19,7 +19,6 @@ type Tracker[K comparable, V any] struct {
 	current map[K]V        // latest value; absent: deleted
 	applied map[K]V        // value the last successful sync applied
 	dirty   map[K]struct{} // keys whose current differs from applied
-	total   int            // changes recorded since start
 }
 
 // New returns a tracker that uses equal to drop no-op changes.
@@ -36,7 +35,6 @@ func (t *Tracker[K, V]) Set(k K, v V) bool {
 		return false
 	}
 	t.current[k] = v
-	t.total++
 	t.markLocked(k)
 	return true
 }
@@ -50,7 +48,6 @@ func (t *Tracker[K, V]) Delete(k K) bool {
 		return false
 	}
 	delete(t.current, k)
-	t.total++
 	t.markLocked(k)
 	return true
 }
@@ -70,13 +67,6 @@ func (t *Tracker[K, V]) Pending() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.dirty)
-}
-
-// Total is the number of changes recorded since the tracker was made.
-func (t *Tracker[K, V]) Total() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.total
 }
 
 // Change is the latest state of one object: its value, or deleted.

@@ -85,10 +85,6 @@ func ChainName(kind string, n model.ServicePortName) string {
 	return objectName(kind, nameHash(n), n, "")
 }
 
-// ServiceChainName is the chain that DNATs a service port's traffic to any
-// of its endpoints.
-func ServiceChainName(n model.ServicePortName) string { return ChainName(kindService, n) }
-
 // objectName is "<kind>-<hash>-<readable><suffix>" (suffix is safe
 // already), cut to maxNameLen. Any byte of the port's identity that an nft
 // identifier cannot hold is written as '_' (see identByte); the hash, of
