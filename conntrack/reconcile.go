@@ -27,7 +27,6 @@ type Frontend struct {
 	Port  uint16
 }
 
-
 // Frontends maps each frontend of one IP family to its serving endpoints
 // (address and target port), possibly none. The proxier builds it from
 // its model after each sync; the reconciler only reads it.
