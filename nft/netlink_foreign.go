@@ -25,15 +25,12 @@ type ChainRef struct {
 func (n *Netlink) ListTables(ctx context.Context, f Family) ([]string, error) {
 	var names []string
 	err := n.foreignDump(ctx, fmt.Sprintf("list tables of family %s", f), func() error {
+		tables, err := n.tables(f)
 		names = names[:0]
-		return n.dump(unix.NFT_MSG_GETTABLE, f, nil, func(attrs []byte) error {
-			forEachAttr(attrs, func(typ uint16, data []byte) {
-				if typ == unix.NFTA_TABLE_NAME {
-					names = append(names, cstr(data))
-				}
-			})
-			return nil
-		})
+		for _, t := range tables {
+			names = append(names, t.name)
+		}
+		return err
 	})
 	return names, err
 }

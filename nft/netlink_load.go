@@ -137,28 +137,47 @@ func (n *Netlink) loadOnce(ctx context.Context, deadline time.Time, f Family) (*
 	return rs, nil
 }
 
-// tableFlags returns the flags of the table of family f, if it exists.
-func (n *Netlink) tableFlags(f Family) (found bool, flags uint32, err error) {
-	err = n.dump(unix.NFT_MSG_GETTABLE, f, nil, func(attrs []byte) error {
-		var name []byte
-		var fl uint32
+// tableInfo is a table as the kernel's table dump describes it.
+type tableInfo struct {
+	name              string
+	flags, use, owner uint32 // owner: netlink port of the owning socket, 0: none
+}
+
+// tables dumps the tables of family f.
+func (n *Netlink) tables(f Family) ([]tableInfo, error) {
+	var out []tableInfo
+	err := n.dump(unix.NFT_MSG_GETTABLE, f, nil, func(attrs []byte) error {
+		var t tableInfo
 		forEachAttr(attrs, func(typ uint16, data []byte) {
 			switch typ {
 			case unix.NFTA_TABLE_NAME:
-				name = data
+				t.name = cstr(data)
 			case unix.NFTA_TABLE_FLAGS:
-				fl = be32(data)
+				t.flags = be32(data)
+			case unix.NFTA_TABLE_USE:
+				t.use = be32(data)
+			case nftaTableOwner:
+				t.owner = be32(data)
 			}
 		})
-		if cstr(name) == TableName {
-			found, flags = true, fl
-		}
+		out = append(out, t)
 		return nil
 	})
+	return out, err
+}
+
+// tableFlags returns the flags of the table of family f, if it exists.
+func (n *Netlink) tableFlags(f Family) (found bool, flags uint32, err error) {
+	tables, err := n.tables(f)
 	if err != nil {
 		return false, 0, fmt.Errorf("dump tables: %w", err)
 	}
-	return found, flags, nil
+	for _, t := range tables {
+		if t.name == TableName {
+			return true, t.flags, nil
+		}
+	}
+	return false, 0, nil
 }
 
 // claimExisting claims the table for this socket before it is read back,

@@ -100,30 +100,17 @@ func (n *Netlink) listTable(f Family) (*tableListing, error) {
 	}
 	l := &tableListing{gen: gen, chains: map[string]*Chain{}, bindings: map[string]bool{}, sets: map[string]*Set{}}
 	port := n.conn.PID()
-	if err := n.dump(unix.NFT_MSG_GETTABLE, f, nil, func(attrs []byte) error {
-		var name string
-		var flags, use, owner uint32
-		forEachAttr(attrs, func(typ uint16, data []byte) {
-			switch typ {
-			case unix.NFTA_TABLE_NAME:
-				name = cstr(data)
-			case unix.NFTA_TABLE_FLAGS:
-				flags = be32(data)
-			case unix.NFTA_TABLE_USE:
-				use = be32(data)
-			case nftaTableOwner:
-				owner = be32(data)
-			}
-		})
-		switch name {
-		case TableName:
-			l.found, l.flags, l.use, l.owner = true, flags, use, owner
-		case handoverTable:
-			l.handover = owner == port
-		}
-		return nil
-	}); err != nil {
+	tables, err := n.tables(f)
+	if err != nil {
 		return nil, fmt.Errorf("dump tables: %w", err)
+	}
+	for _, t := range tables {
+		switch t.name {
+		case TableName:
+			l.found, l.flags, l.use, l.owner = true, t.flags, t.use, t.owner
+		case handoverTable:
+			l.handover = t.owner == port
+		}
 	}
 	if !l.found {
 		return l, nil
