@@ -3,7 +3,6 @@ package kubenode_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -17,33 +16,10 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/testbed"
 )
 
-// kubeadmConfig is what `kubeadm init` would be given for the bed: the API
-// server's address as control-plane endpoint (the ConfigMap's kubeconfig.conf
-// points there), a pod subnet holding every node's pod CIDR (clusterCIDR) and
-// kube-proxy's mode. conntrack.maxPerCore 0 leaves nf_conntrack_max alone: it
-// is global to the machine, and a privileged container could change it.
-const kubeadmConfig = `apiVersion: kubeadm.k8s.io/v1beta4
-kind: InitConfiguration
-localAPIEndpoint:
-  advertiseAddress: ` + testbed.ControlIPv4 + `
-  bindPort: 6443
-nodeRegistration:
-  name: control-plane
-  criSocket: unix:///run/containerd/containerd.sock
----
-apiVersion: kubeadm.k8s.io/v1beta4
-kind: ClusterConfiguration
-kubernetesVersion: v1.36.3
-controlPlaneEndpoint: ` + testbed.ControlIPv4 + `:6443
-networking:
-  podSubnet: 10.244.0.0/16
----
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: nftables
-conntrack:
-  maxPerCore: 0
-`
+// kubeProxyConfig is added to the bed's kubeadm configuration:
+// conntrack.maxPerCore 0 leaves nf_conntrack_max alone, since it is global
+// to the machine and a privileged container could change it.
+const kubeProxyConfig = "conntrack:\n  maxPerCore: 0\n"
 
 // daemonSetName is deploy/'s DaemonSet, in kube-system.
 const daemonSetName = "nftproxy"
@@ -74,16 +50,10 @@ func (d *dropIn) kubectl(args ...string) string {
 	return d.run(d.bins.Kubectl, args...)
 }
 
-// kubeadmProxyAddon runs kubeadm's kube-proxy addon phase against the bed:
-// ServiceAccount, RBAC, ConfigMap and DaemonSet kube-proxy, as `kubeadm init`
-// creates them.
+// kubeadmProxyAddon runs kubeadm's kube-proxy addon phase against the bed.
 func (d *dropIn) kubeadmProxyAddon() {
 	d.t.Helper()
-	cfg := filepath.Join(d.dir, "kubeadm.yaml")
-	if err := os.WriteFile(cfg, []byte(kubeadmConfig), 0o644); err != nil {
-		d.t.Fatal(err)
-	}
-	d.run(d.bins.Kubeadm, "init", "phase", "addon", "kube-proxy", "--config", cfg)
+	d.bed.KubeadmProxyAddon(d.t, d.bins.Kubeadm, d.dir, kubeProxyConfig)
 }
 
 // waitDaemonPod waits until the DaemonSet's pod on node runs with every

@@ -24,35 +24,6 @@ import (
 // kube-proxy objects, an API server that allows privileged pods), kubectl
 // and kubeadm built from Kubernetes v1.36.3, and the deploy/ kustomizations.
 
-// kubeadmConfig is what `kubeadm init` would be given for the bed: its
-// control-plane endpoint, a pod subnet that holds every node's IPv4 pod CIDR
-// (10.244.N.0/24) and kube-proxy in nftables mode. The Kubernetes version is
-// pinned, or kubeadm would ask dl.k8s.io for the latest; the node name, CRI
-// socket and advertise address are set so that it looks nothing up on this
-// machine (hostname, container runtime, default route). Of those, the addon
-// phase uses the advertise address only: its family picks kube-proxy's
-// bindAddress, and it is the endpoint when controlPlaneEndpoint is unset.
-const kubeadmConfig = `apiVersion: kubeadm.k8s.io/v1beta4
-kind: InitConfiguration
-localAPIEndpoint:
-  advertiseAddress: ` + testbed.ControlIPv4 + `
-  bindPort: 6443
-nodeRegistration:
-  name: control-plane
-  criSocket: unix:///run/containerd/containerd.sock
----
-apiVersion: kubeadm.k8s.io/v1beta4
-kind: ClusterConfiguration
-kubernetesVersion: v1.36.3
-controlPlaneEndpoint: ` + testbed.ControlIPv4 + `:6443
-networking:
-  podSubnet: 10.244.0.0/16
----
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: nftables
-`
-
 // Names of the objects deploy/ and kubeadm create in kube-system.
 const (
 	kubeSystem     = "kube-system"
@@ -140,20 +111,8 @@ func (d *dropIn) mustKubectl(t *testing.T, args ...string) string {
 	return out
 }
 
-// kubeadmProxyAddon runs kubeadm's kube-proxy addon phase against the bed:
-// ServiceAccount, RBAC, ConfigMap and DaemonSet kube-proxy, as `kubeadm
-// init` creates them.
-func (d *dropIn) kubeadmProxyAddon() {
-	cfg := filepath.Join(d.dir, "kubeadm.yaml")
-	if err := os.WriteFile(cfg, []byte(kubeadmConfig), 0o644); err != nil {
-		d.t.Fatal(err)
-	}
-	out, err := d.run(d.kubeadm, "init", "phase", "addon", "kube-proxy", "--config", cfg)
-	if err != nil {
-		d.t.Fatalf("kubeadm: %v\n%s", err, out)
-	}
-	d.t.Logf("kubeadm: %s", strings.TrimSpace(out))
-}
+// kubeadmProxyAddon runs kubeadm's kube-proxy addon phase against the bed.
+func (d *dropIn) kubeadmProxyAddon() { d.bed.KubeadmProxyAddon(d.t, d.kubeadm, d.dir, "") }
 
 // publishRootCA writes ConfigMap kube-root-ca.crt in kube-system, as
 // kube-controller-manager's root-ca-cert-publisher does in every
