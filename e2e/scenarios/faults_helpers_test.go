@@ -117,11 +117,7 @@ func (c *cluster) expectFreshTables(n *testbed.Node) {
 	c.t.Helper()
 	got := c.tables(n)
 	c.proxy[n.Name].Stop(10 * time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if out, err := n.Exec(ctx, c.args[n.Name][0], "--cleanup"); err != nil {
-		c.t.Fatalf("nftproxy --cleanup: %v\n%s", err, out)
-	}
+	n.MustExec(c.t, c.args[n.Name][0], "--cleanup")
 	c.startProxy(n, c.args[n.Name])
 	if want := c.tables(n); got != want {
 		c.t.Errorf("the tables differ from a fresh proxy's:\n%s", firstDifferences(got, want, 10))

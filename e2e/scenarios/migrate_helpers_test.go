@@ -166,7 +166,7 @@ func (m *migrateBed) traffic(t *testing.T, client *testbed.Pod, svc *v1.Service,
 // dial's lines ("NAME PEER", "refused", …).
 func (m *migrateBed) dialN(t *testing.T, client *testbed.Pod, addr netip.AddrPort, count int) []string {
 	t.Helper()
-	out := m.exec(t, client.Netns, m.probe, "dial", "--proto", "tcp", "--addr", addr.String(),
+	out := client.MustExec(t, m.probe, "dial", "--proto", "tcp", "--addr", addr.String(),
 		"--timeout", "1s", "--count", strconv.Itoa(count))
 	return strings.Split(strings.TrimSpace(out), "\n")
 }
@@ -176,7 +176,7 @@ func (m *migrateBed) dialN(t *testing.T, client *testbed.Pod, addr netip.AddrPor
 func (m *migrateBed) waitNoEndpoints(t *testing.T, n *testbed.Node, ip netip.Addr) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		out := m.exec(t, n.Netns, "nft", "list", "map", "ip", "nftproxy", "no-endpoint-services")
+		out := n.MustExec(t, "nft", "list", "map", "ip", "nftproxy", "no-endpoint-services")
 		if strings.Contains(out, ip.String()+" . tcp . 80 ") {
 			return
 		}
@@ -206,22 +206,11 @@ func (m *migrateBed) waitLog(t *testing.T, p *testbed.Process, substr string) {
 	}
 }
 
-func (m *migrateBed) exec(t *testing.T, ns testbed.Netns, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := ns.Exec(ctx, args...)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	return out
-}
-
 // wantTables checks `nft list tables` on n: every table of want is there,
 // no table named in absent is.
 func (m *migrateBed) wantTables(t *testing.T, n *testbed.Node, when string, want, absent []string) {
 	t.Helper()
-	out := m.exec(t, n.Netns, "nft", "list", "tables")
+	out := n.MustExec(t, "nft", "list", "tables")
 	var have []string
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 		have = append(have, strings.TrimPrefix(l, "table "))
@@ -246,7 +235,7 @@ func (m *migrateBed) iptablesSave(t *testing.T, n *testbed.Node) string {
 	t.Helper()
 	var b strings.Builder
 	for _, tool := range []string{"iptables-nft-save", "ip6tables-nft-save"} {
-		for _, l := range strings.Split(m.exec(t, n.Netns, tool), "\n") {
+		for _, l := range strings.Split(n.MustExec(t, tool), "\n") {
 			if !strings.HasPrefix(l, "#") {
 				b.WriteString(l + "\n")
 			}

@@ -77,7 +77,7 @@ func (m *migrateBed) switchFromNFTables(t *testing.T) {
 	time.Sleep(switchDwell)
 
 	tr.Step("nftproxy --cleanup")
-	m.exec(t, n.Netns, m.nftproxy, "--cleanup")
+	n.MustExec(t, m.nftproxy, "--cleanup")
 	m.wantTables(t, n, "after nftproxy --cleanup", []string{"ip kube-proxy", "ip6 kube-proxy"}, []string{"nftproxy"})
 	time.Sleep(switchDwell)
 
@@ -136,7 +136,7 @@ func (m *migrateBed) keepKubeProxyTable(t *testing.T) {
 	time.Sleep(switchDwell)
 
 	tr.Step("nft delete table ip kube-proxy; … ip6 kube-proxy")
-	m.exec(t, n.Netns, "nft", "delete table ip kube-proxy; delete table ip6 kube-proxy")
+	n.MustExec(t, "nft", "delete table ip kube-proxy; delete table ip6 kube-proxy")
 	got = m.dialN(t, client, goneAddr, 5)
 	t.Logf("STALE gone3 without endpoints, kube-proxy's table deleted: %s", summarize(got))
 	if !all("refused")(got) {
@@ -205,7 +205,7 @@ func (m *migrateBed) switchFromIPTables(t *testing.T) {
 	time.Sleep(switchDwell)
 
 	tr.Step("kube-proxy --cleanup")
-	m.exec(t, n.Netns, m.kubeProxy, "--cleanup")
+	n.MustExec(t, m.kubeProxy, "--cleanup")
 	// KUBE-FIREWALL is kubelet's too: kube-proxy leaves it.
 	if after := m.iptablesSave(t, n); regexp.MustCompile(`:KUBE-(?:[^F]|F[^I])`).MatchString(after) {
 		t.Errorf("KUBE-* chains but KUBE-FIREWALL after kube-proxy --cleanup:\n%s", after)
