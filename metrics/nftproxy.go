@@ -50,7 +50,7 @@ var (
 	}, []string{"ip_family"})
 
 	// RepairsTotal counts repairs of nftproxy's tables after another
-	// process changed them (nft.Monitor), by the kind of object changed
+	// process changed them (nftnl.Monitor), by the kind of object changed
 	// (table, chain, rule, set, element, object, flowtable, or unknown
 	// after notifications were lost). A repair that mends several kinds
 	// counts once for each. Labels: ip_family, kind.

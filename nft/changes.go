@@ -68,7 +68,7 @@ func (c *changes) element(s *Set, before, now *Element) {
 		ec = &elementChanges{set: s}
 		c.elements[s.Name] = ec
 	}
-	changed := before != nil && now != nil && !sameElement(s, *before, *now)
+	changed := before != nil && now != nil && !SameElement(s, *before, *now)
 	if before != nil && (now == nil || changed) {
 		ec.del = append(ec.del, *before)
 	}

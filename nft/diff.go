@@ -28,7 +28,7 @@ func Diff(committed, desired *Ruleset) *Transaction { return diff(committed, des
 // two rulesets' elements: committed's adopted sets have none left.
 func diff(committed, desired *Ruleset, adopted map[string]*adoption) *Transaction {
 	if committed == nil || committed.Family != desired.Family || definitionsChanged(committed, desired) {
-		return fullRewrite(desired)
+		return FullRewrite(desired)
 	}
 	c := newChanges(desired.Family)
 	for _, name := range desired.SortedSetNames() {
@@ -104,7 +104,7 @@ func changedKeys(want *Set, have *Elements) []string {
 	return keys
 }
 
-// fullRewrite resets the table and writes the whole ruleset: the
+// FullRewrite resets the table and writes the whole ruleset: the
 // operations Diff makes from an empty table, in the same order, after
 // OpResetTable, but each set's elements added by one op that names them
 // all (Op.AllElements), encoded in the order of the set's map: the kernel
@@ -113,7 +113,7 @@ func changedKeys(want *Set, have *Elements) []string {
 // elements was 12 MB at 10k. Nothing is compared, so it does not go
 // through changes: the operations are written once into a slice of its
 // final size.
-func fullRewrite(desired *Ruleset) *Transaction {
+func FullRewrite(desired *Ruleset) *Transaction {
 	setNames := desired.SortedSetNames()
 	chainNames := sortedKeys(desired.Chains)
 	n, digests := 1+len(setNames)+len(chainNames), 0
@@ -175,7 +175,7 @@ func sortedKeys[V any](m map[string]V) []string {
 // rulesets has a different definition.
 func definitionsChanged(committed, desired *Ruleset) bool {
 	for name, want := range desired.Sets {
-		if have, ok := committed.Sets[name]; ok && !sameSetDefinition(have, want) {
+		if have, ok := committed.Sets[name]; ok && !SameSetDefinition(have, want) {
 			return true
 		}
 	}
@@ -188,7 +188,7 @@ func definitionsChanged(committed, desired *Ruleset) bool {
 	return false
 }
 
-func sameSetDefinition(a, b *Set) bool {
+func SameSetDefinition(a, b *Set) bool {
 	return a.Name == b.Name && reflect.DeepEqual(a.Key, b.Key) && reflect.DeepEqual(a.Data, b.Data) &&
 		a.Timeout == b.Timeout && a.Dynamic == b.Dynamic && a.Size == b.Size && a.Comment == b.Comment &&
 		a.Endpoints == b.Endpoints
@@ -206,9 +206,9 @@ func rulesEqual(f Family, a, b []Rule) bool {
 	return true
 }
 
-// sameElement reports whether two elements with the same key are the same:
+// SameElement reports whether two elements with the same key are the same:
 // value, comment, and in an endpoints map the end of the range.
-func sameElement(s *Set, a, b Element) bool {
+func SameElement(s *Set, a, b Element) bool {
 	if a.Comment != b.Comment || a.End != b.End {
 		return false
 	}
@@ -221,8 +221,8 @@ func sameElement(s *Set, a, b Element) bool {
 	return s.ValueString(a) == s.ValueString(b)
 }
 
-// samePacked is sameElement for two packed values of the element with
+// samePacked is SameElement for two packed values of the element with
 // packed key k: equal values are compared without unpacking them.
 func samePacked(s *Set, k, a, b string) bool {
-	return a == b || sameElement(s, unpackElement(k, a), unpackElement(k, b))
+	return a == b || SameElement(s, unpackElement(k, a), unpackElement(k, b))
 }

@@ -185,8 +185,8 @@ type EndpointsSlot struct {
 	Slot uint16
 }
 
-// dnatMapSlots returns the slots of the DNATMap phrases of rules.
-func dnatMapSlots(rules []Rule) []EndpointsSlot {
+// DNATMapSlots returns the slots of the DNATMap phrases of rules.
+func DNATMapSlots(rules []Rule) []EndpointsSlot {
 	var out []EndpointsSlot
 	for _, r := range rules {
 		for _, p := range r.Phrases {

@@ -1,38 +1,41 @@
-package nft
+package nft_test
 
 import (
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+
 	"context"
 	"fmt"
 	"net/netip"
 	"reflect"
-	"slices"
-	"strings"
 	"testing"
+
+	"github.com/nftproxy/nftproxy/nft/nfttest"
 )
 
 // phraseSamples has one phrase of every kind, every field set.
-func phraseSamples() []Phrase {
-	return []Phrase{
-		MatchPrefix{Field: FieldSrcAddr, Prefix: netip.MustParsePrefix("10.244.0.0/16"), Negate: true},
-		MatchSet{Fields: []Field{FieldDstAddr, FieldL4Proto}, Set: "s", Negate: true},
-		MatchL4Proto{Proto: ProtoTCP},
-		MatchCtStateNew{},
-		MatchCtStatusDNAT{},
-		MatchMarkBits{Mask: 0x4000},
-		SetMarkBits{Bits: 0x4000},
-		ToggleMarkBits{Bits: 0x4000},
-		Masquerade{},
-		Reject{},
-		RejectTCPReset{},
-		VerdictPhrase{Verdict{Kind: VerdictGoto, Chain: "c"}},
-		VmapLookup{Fields: []Field{FieldDstAddr}, Map: "m"},
-		MatchRandom{Mod: 3},
-		DNAT{To: netip.MustParseAddrPort("10.244.1.1:8080")},
-		MatchFibLocal{Field: FieldSrcAddr},
-		MatchIifname{Name: "veth", Prefix: true, Negate: true},
-		UpdateSet{Field: FieldSrcAddr, Set: "a"},
-		DNATMap{Proto: ProtoUDP, Map: "m"},
-		DNATMap{Proto: ProtoUDP, Map: "m", Slot: 1},
+func phraseSamples() []nft.Phrase {
+	return []nft.Phrase{
+		nft.MatchPrefix{Field: nft.FieldSrcAddr, Prefix: netip.MustParsePrefix("10.244.0.0/16"), Negate: true},
+		nft.MatchSet{Fields: []nft.Field{nft.FieldDstAddr, nft.FieldL4Proto}, Set: "s", Negate: true},
+		nft.MatchL4Proto{Proto: nft.ProtoTCP},
+		nft.MatchCtStateNew{},
+		nft.MatchCtStatusDNAT{},
+		nft.MatchMarkBits{Mask: 0x4000},
+		nft.SetMarkBits{Bits: 0x4000},
+		nft.ToggleMarkBits{Bits: 0x4000},
+		nft.Masquerade{},
+		nft.Reject{},
+		nft.RejectTCPReset{},
+		nft.VerdictPhrase{nft.Verdict{Kind: nft.VerdictGoto, Chain: "c"}},
+		nft.VmapLookup{Fields: []nft.Field{nft.FieldDstAddr}, Map: "m"},
+		nft.MatchRandom{Mod: 3},
+		nft.DNAT{To: netip.MustParseAddrPort("10.244.1.1:8080")},
+		nft.MatchFibLocal{Field: nft.FieldSrcAddr},
+		nft.MatchIifname{Name: "veth", Prefix: true, Negate: true},
+		nft.UpdateSet{Field: nft.FieldSrcAddr, Set: "a"},
+		nft.DNATMap{Proto: nft.ProtoUDP, Map: "m"},
+		nft.DNATMap{Proto: nft.ProtoUDP, Map: "m", Slot: 1},
 	}
 }
 
@@ -92,18 +95,18 @@ func TestDigestSeesEveryField(t *testing.T) {
 	kinds := map[string]bool{}
 	for _, p := range phraseSamples() {
 		kinds[fmt.Sprintf("%T", p)] = true
-		for _, f := range []Family{IPv4, IPv6} {
-			base := DigestRules(f, []Rule{{Phrases: []Phrase{p}}})
+		for _, f := range []nft.Family{nft.IPv4, nft.IPv6} {
+			base := nft.DigestRules(f, []nft.Rule{{Phrases: []nft.Phrase{p}}})
 			for _, m := range mutations(reflect.ValueOf(p)) {
-				q := m.Interface().(Phrase)
-				if DigestRules(f, []Rule{{Phrases: []Phrase{q}}}) == base {
+				q := m.Interface().(nft.Phrase)
+				if nft.DigestRules(f, []nft.Rule{{Phrases: []nft.Phrase{q}}}) == base {
 					t.Errorf("%s: %#v and %#v have the same digest", f, p, q)
 				}
 			}
 		}
 	}
 	// Every phrase of rule.go is sampled (checkEveryPhraseKind names them).
-	for _, c := range everyPhraseRuleset(IPv4).Chains {
+	for _, c := range nfttest.EveryPhraseRuleset(nft.IPv4).Chains {
 		for _, r := range c.Rules {
 			for _, p := range r.Phrases {
 				if !kinds[fmt.Sprintf("%T", p)] {
@@ -112,20 +115,20 @@ func TestDigestSeesEveryField(t *testing.T) {
 			}
 		}
 	}
-	r := Rule{Phrases: []Phrase{Drop()}}
-	if DigestRules(IPv4, []Rule{r}) == DigestRules(IPv4, []Rule{{Phrases: r.Phrases, Comment: "c"}}) {
+	r := nft.Rule{Phrases: []nft.Phrase{nft.Drop()}}
+	if nft.DigestRules(nft.IPv4, []nft.Rule{r}) == nft.DigestRules(nft.IPv4, []nft.Rule{{Phrases: r.Phrases, Comment: "c"}}) {
 		t.Error("a comment does not change the digest")
 	}
-	if DigestRules(IPv4, []Rule{r}) == DigestRules(IPv6, []Rule{r}) {
+	if nft.DigestRules(nft.IPv4, []nft.Rule{r}) == nft.DigestRules(nft.IPv6, []nft.Rule{r}) {
 		t.Error("the family does not change the digest")
 	}
-	if DigestRules(IPv4, []Rule{r, r}) == DigestRules(IPv4, []Rule{r}) {
+	if nft.DigestRules(nft.IPv4, []nft.Rule{r, r}) == nft.DigestRules(nft.IPv4, []nft.Rule{r}) {
 		t.Error("the number of rules does not change the digest")
 	}
 	// Phrases split differently across rules.
-	a := []Rule{{Phrases: []Phrase{MatchCtStateNew{}}}, {Phrases: []Phrase{Drop()}}}
-	b := []Rule{{Phrases: []Phrase{MatchCtStateNew{}, Drop()}}, {}}
-	if DigestRules(IPv4, a) == DigestRules(IPv4, b) {
+	a := []nft.Rule{{Phrases: []nft.Phrase{nft.MatchCtStateNew{}}}, {Phrases: []nft.Phrase{nft.Drop()}}}
+	b := []nft.Rule{{Phrases: []nft.Phrase{nft.MatchCtStateNew{}, nft.Drop()}}, {}}
+	if nft.DigestRules(nft.IPv4, a) == nft.DigestRules(nft.IPv4, b) {
 		t.Error("rule boundaries do not change the digest")
 	}
 }
@@ -133,21 +136,21 @@ func TestDigestSeesEveryField(t *testing.T) {
 // TestDigestAgreesWithText: two rules have the same digest exactly when
 // they have the same text (Rule.Equal).
 func TestDigestAgreesWithText(t *testing.T) {
-	for _, f := range []Family{IPv4, IPv6} {
-		var rules []Rule
-		for _, rs := range []*Ruleset{everyPhraseRuleset(f), realisticRuleset(f, makeServices(f, 20, 3))} {
+	for _, f := range []nft.Family{nft.IPv4, nft.IPv6} {
+		var rules []nft.Rule
+		for _, rs := range []*nft.Ruleset{nfttest.EveryPhraseRuleset(f), nfttest.RealisticRuleset(f, nfttest.MakeServices(f, 20, 3))} {
 			for _, c := range rs.Chains {
 				rules = append(rules, c.Rules...)
 			}
 		}
 		// Same text, different value: an unmasked prefix lists masked.
 		rules = append(rules,
-			Rule{Phrases: []Phrase{MatchPrefix{Field: FieldDstAddr, Prefix: prefix(f, "10.96.0.1/12", "fd00:96::1/108")}, Drop()}},
-			Rule{Phrases: []Phrase{MatchPrefix{Field: FieldDstAddr, Prefix: prefix(f, "10.96.0.0/12", "fd00:96::/108")}, Drop()}})
+			nft.Rule{Phrases: []nft.Phrase{nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: nfttest.Prefix(f, "10.96.0.1/12", "fd00:96::1/108")}, nft.Drop()}},
+			nft.Rule{Phrases: []nft.Phrase{nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: nfttest.Prefix(f, "10.96.0.0/12", "fd00:96::/108")}, nft.Drop()}})
 		for i, a := range rules {
 			for _, b := range rules[i+1:] {
 				sameText := a.Text(f) == b.Text(f)
-				sameDigest := DigestRules(f, []Rule{a}) == DigestRules(f, []Rule{b})
+				sameDigest := nft.DigestRules(f, []nft.Rule{a}) == nft.DigestRules(f, []nft.Rule{b})
 				if sameText != sameDigest {
 					t.Errorf("%s: same text %v, same digest %v:\n%s\n%s", f, sameText, sameDigest, a.Text(f), b.Text(f))
 				}
@@ -156,138 +159,14 @@ func TestDigestAgreesWithText(t *testing.T) {
 	}
 }
 
-// TestRuleUserdata: the comment and the digest share the userdata; a digest
-// that would not fit the kernel's 256 bytes next to a long comment is left
-// out, the comment never.
-func TestRuleUserdata(t *testing.T) {
-	d := RulesDigest{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
-	for _, tc := range []struct {
-		comment string
-		digest  *RulesDigest
-	}{
-		{"masquerade", nil},
-		{"", &d},
-		{"masquerade", &d},
-		{strings.Repeat("c", 235), &d}, // 2+236 + 2+16 = 256: fits
-		{strings.Repeat("c", 236), &d}, // 257: the digest is left out
-		{strings.Repeat("c", 253), &d},
-	} {
-		var e encoder
-		if err := e.ruleUserdata(tc.comment, tc.digest); err != nil {
-			t.Fatal(err)
-		}
-		attrs := parseNLAs(e.b)
-		if len(attrs) != 1 || len(attrs[0].data) > 256 {
-			t.Fatalf("comment of %d bytes: %v", len(tc.comment), attrs)
-		}
-		want := tc.digest != nil && (tc.comment == "" || 2+len(tc.comment)+1+2+16 <= 256)
-		if got, ok := ruleDigest(attrs[0].data); ok != want || ok && got != d {
-			t.Errorf("comment of %d bytes: digest %x %v, want %v", len(tc.comment), got, ok, want)
-		}
-		if tc.comment != "" && !strings.HasPrefix(string(attrs[0].data[2:]), tc.comment+"\x00") {
-			t.Errorf("comment of %d bytes lost", len(tc.comment))
-		}
-	}
-	var e encoder
-	if e.ruleUserdata("", nil); len(e.b) != 0 {
-		t.Errorf("no comment, no digest: wrote %x", e.b)
-	}
-	if err := e.ruleUserdata(strings.Repeat("c", 254), nil); err == nil {
-		t.Error("a 254-byte comment was accepted: with its type, length and NUL it exceeds 256 bytes")
-	}
-}
-
-// TestDecodeInvertsEncode: the set types and element values Load decodes
-// are the ones newSet and setElements encode, for every set shape.
-func TestDecodeInvertsEncode(t *testing.T) {
-	for _, f := range []Family{IPv4, IPv6} {
-		for _, rs := range []*Ruleset{everyPhraseRuleset(f), realisticRuleset(f, makeServices(f, 60, 2))} {
-			for _, s := range rs.Sets {
-				key, ok := decodeTypes(typeMagic(s.Key), uint32(tupleLen(s.Key)))
-				if !ok || !reflect.DeepEqual(key, s.Key) {
-					t.Errorf("%s: key types %v decoded as %v", s.Name, s.Key, key)
-				}
-				for e := range s.Elements.All() {
-					b, err := encodeKey(f, s, e.Key)
-					if err != nil {
-						t.Fatal(err)
-					}
-					got, err := decodeTupleOrder(nil, f, s.Key, b, s.Endpoints != 0)
-					if err != nil || s.KeyString(got) != s.KeyString(e.Key) {
-						t.Errorf("%s: key %s decoded as %v (%v)", s.Name, s.KeyString(e.Key), got, err)
-					}
-				}
-			}
-		}
-	}
-	if _, ok := decodeTypes(typeMagic([]DataType{TypeIPv4Addr}), 16); ok {
-		t.Error("a length that does not fit the type was accepted")
-	}
-	if _, ok := decodeTypes(50, 4); ok {
-		t.Error("an unknown type was accepted")
-	}
-	mark := []DataType{TypeMark}
-	b, _ := encodeTuple(IPv4, mark, []Datum{Int(0x4000)})
-	if got, _ := decodeTupleOrder(nil, IPv4, mark, b, false); got[0].Int != 0x4000 {
-		t.Errorf("mark decoded as %v", got)
-	}
-	for _, k := range []VerdictKind{VerdictAccept, VerdictDrop, VerdictReturn, VerdictJump, VerdictGoto} {
-		var e encoder
-		e.verdict(Verdict{Kind: k, Chain: "c"})
-		var got Verdict
-		forEachAttr(e.b, func(t uint16, d []byte) { got = decodeVerdict(d) })
-		if got.Kind != k {
-			t.Errorf("verdict %s decoded as %s", k, got.Kind)
-		}
-	}
-}
-
-// opCounts summarises a transaction: operations by kind, and elements.
-func opCounts(tx *Transaction) string {
-	kinds := map[OpKind]int{}
-	for _, op := range tx.Ops {
-		if op.Kind == OpAddElements || op.Kind == OpDeleteElements {
-			kinds[op.Kind] += len(op.Elements)
-		} else {
-			kinds[op.Kind]++
-		}
-	}
-	var parts []string
-	for k := OpResetTable; k <= OpDeleteElements; k++ {
-		if kinds[k] > 0 {
-			parts = append(parts, fmt.Sprintf("%s:%d", k, kinds[k]))
-		}
-	}
-	return strings.Join(parts, " ")
-}
-
-// rewrittenChains names the chains a transaction flushes or adds rules to.
-func rewrittenChains(tx *Transaction) []string {
-	seen := map[string]bool{}
-	for _, op := range tx.Ops {
-		switch op.Kind {
-		case OpFlushChain:
-			seen[op.Chain.Name] = true
-		case OpAddRule:
-			seen[op.ChainName] = true
-		}
-	}
-	var out []string
-	for n := range seen {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // loadedForm returns rs as a Loader returns it: chains with a digest
 // instead of rules.
-func loadedForm(rs *Ruleset) *Ruleset {
+func loadedForm(rs *nft.Ruleset) *nft.Ruleset {
 	out := rs.Clone()
 	for _, c := range out.Chains {
-		c.Loaded = &LoadedRules{Count: len(c.Rules)}
+		c.Loaded = &nft.LoadedRules{Count: len(c.Rules)}
 		if len(c.Rules) > 0 {
-			c.Loaded.Digest, c.Loaded.HasDigest = DigestRules(rs.Family, c.Rules), true
+			c.Loaded.Digest, c.Loaded.HasDigest = nft.DigestRules(rs.Family, c.Rules), true
 		}
 		c.Rules = nil
 	}
@@ -298,71 +177,71 @@ func loadedForm(rs *Ruleset) *Ruleset {
 // digest match, rewritten (flush and rules) otherwise; a foreign chain
 // definition or a changed set definition rewrites the table.
 func TestDiffLoaded(t *testing.T) {
-	f := IPv4
-	svcs := makeServices(f, 30, 2)
-	desired := realisticRuleset(f, svcs)
-	if tx := Diff(loadedForm(desired), desired); !tx.Empty() {
-		t.Fatalf("unchanged: %s", opCounts(tx))
+	f := nft.IPv4
+	svcs := nfttest.MakeServices(f, 30, 2)
+	desired := nfttest.RealisticRuleset(f, svcs)
+	if tx := nft.Diff(loadedForm(desired), desired); !tx.Empty() {
+		t.Fatalf("unchanged: %s", nfttest.OpCounts(tx))
 	}
-	victim := svcs[3].chain()
-	for name, spoil := range map[string]func(*LoadedRules){
-		"no digest":       func(l *LoadedRules) { l.HasDigest = false },
-		"other digest":    func(l *LoadedRules) { l.Digest[0]++ },
-		"one rule more":   func(l *LoadedRules) { l.Count++ },
-		"one rule less":   func(l *LoadedRules) { l.Count-- },
-		"no rules at all": func(l *LoadedRules) { *l = LoadedRules{} },
+	victim := svcs[3].Chain()
+	for name, spoil := range map[string]func(*nft.LoadedRules){
+		"no digest":       func(l *nft.LoadedRules) { l.HasDigest = false },
+		"other digest":    func(l *nft.LoadedRules) { l.Digest[0]++ },
+		"one rule more":   func(l *nft.LoadedRules) { l.Count++ },
+		"one rule less":   func(l *nft.LoadedRules) { l.Count-- },
+		"no rules at all": func(l *nft.LoadedRules) { *l = nft.LoadedRules{} },
 	} {
 		loaded := loadedForm(desired)
 		spoil(loaded.Chains[victim].Loaded)
-		tx := Diff(loaded, desired)
+		tx := nft.Diff(loaded, desired)
 		flush := loaded.Chains[victim].Loaded.Count > 0
 		want := len(desired.Chains[victim].Rules)
 		if flush {
 			want++
 		}
-		if got := rewrittenChains(tx); len(got) != 1 || got[0] != victim || len(tx.Ops) != want {
-			t.Errorf("%s: %s on %v, want %d ops on %s", name, opCounts(tx), got, want, victim)
+		if got := nfttest.RewrittenChains(tx); len(got) != 1 || got[0] != victim || len(tx.Ops) != want {
+			t.Errorf("%s: %s on %v, want %d ops on %s", name, nfttest.OpCounts(tx), got, want, victim)
 		}
-		if tx.Ops[0].Kind == OpAddRule && tx.Ops[0].Digest == nil || flush && tx.Ops[1].Digest == nil {
+		if tx.Ops[0].Kind == nft.OpAddRule && tx.Ops[0].Digest == nil || flush && tx.Ops[1].Digest == nil {
 			t.Errorf("%s: the first rule carries no digest", name)
 		}
 	}
 	// A chain nftproxy no longer wants, loaded: flushed and deleted.
-	loaded := loadedForm(realisticRuleset(f, append(svcs, makeService(f, 98, 2))))
-	if tx := Diff(loaded, desired); opCounts(tx) != "flush-chain:1 delete-chain:1 delete-elements:2" {
-		t.Errorf("gone Service: %s", opCounts(tx))
+	loaded := loadedForm(nfttest.RealisticRuleset(f, append(svcs, nfttest.MakeService(f, 98, 2))))
+	if tx := nft.Diff(loaded, desired); nfttest.OpCounts(tx) != "flush-chain:1 delete-chain:1 delete-elements:2" {
+		t.Errorf("gone Service: %s", nfttest.OpCounts(tx))
 	}
 	// Definitions that differ: a full rewrite.
 	loaded = loadedForm(desired)
 	loaded.Chains["nat-output"].Loaded.Foreign = true
-	if tx := Diff(loaded, desired); tx.Ops[0].Kind != OpResetTable {
-		t.Errorf("foreign base chain: %s", opCounts(tx))
+	if tx := nft.Diff(loaded, desired); tx.Ops[0].Kind != nft.OpResetTable {
+		t.Errorf("foreign base chain: %s", nfttest.OpCounts(tx))
 	}
 	loaded = loadedForm(desired)
 	loaded.Sets["cluster-ips"].Key = nil
-	if tx := Diff(loaded, desired); tx.Ops[0].Kind != OpResetTable {
-		t.Errorf("set of another type: %s", opCounts(tx))
+	if tx := nft.Diff(loaded, desired); tx.Ops[0].Kind != nft.OpResetTable {
+		t.Errorf("set of another type: %s", nfttest.OpCounts(tx))
 	}
 }
 
-// TestFakeRestart: the Fake keeps digests like the kernel; an editor
+// TestFakeRestart: the nftfake.Fake keeps digests like the kernel; an editor
 // started from its Load sends nothing for an unchanged ruleset, only the
 // change for a changed one, and rewrites a chain rewritten in place since
 // it was created when its first rules are wanted again.
 func TestFakeRestart(t *testing.T) {
 	ctx := context.Background()
-	f := IPv4
-	fk := NewFake()
+	f := nft.IPv4
+	fk := nftfake.New()
 	if rs, err := fk.Load(ctx, f); rs != nil || err != nil {
-		t.Fatalf("empty Fake: loaded %v, %v", rs, err)
+		t.Fatalf("empty nftfake.Fake: loaded %v, %v", rs, err)
 	}
-	editor := func(frags map[int]*Fragment) *Editor {
+	editor := func(frags map[int]*nft.Fragment) *nft.Editor {
 		loaded, err := fk.Load(ctx, f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ed := NewEditorFrom(f, loaded)
-		for _, s := range editorSets() {
+		ed := nft.NewEditorFrom(f, loaded)
+		for _, s := range nft.EditorSets() {
 			ed.AddSet(s)
 		}
 		for i := range len(frags) {
@@ -370,7 +249,7 @@ func TestFakeRestart(t *testing.T) {
 		}
 		return ed
 	}
-	run := func(ed *Editor) *Transaction {
+	run := func(ed *nft.Editor) *nft.Transaction {
 		tx := ed.Transaction()
 		if err := fk.Apply(ctx, tx); err != nil {
 			t.Fatal(err)
@@ -378,38 +257,38 @@ func TestFakeRestart(t *testing.T) {
 		ed.Commit()
 		return tx
 	}
-	frags := map[int]*Fragment{}
+	frags := map[int]*nft.Fragment{}
 	for i := range 20 {
-		frags[i] = svcFragment(i, []int{i, i + 1})
+		frags[i] = nft.SvcFragment(i, []int{i, i + 1})
 	}
 	first := run(editor(frags))
-	if first.Ops[0].Kind != OpResetTable {
-		t.Errorf("first start: %s", opCounts(first))
+	if first.Ops[0].Kind != nft.OpResetTable {
+		t.Errorf("first start: %s", nfttest.OpCounts(first))
 	}
 	if tx := run(editor(frags)); !tx.Empty() {
-		t.Errorf("restart, unchanged: %s", opCounts(tx))
+		t.Errorf("restart, unchanged: %s", nfttest.OpCounts(tx))
 	}
 	// B by an incremental change, then a restart wanting A again.
 	ed := editor(frags)
 	run(ed)
-	ed.Replace(frags[5], svcFragment(5, []int{7}))
-	if tx := run(ed); len(rewrittenChains(tx)) != 1 {
-		t.Fatalf("incremental change: %s", opCounts(tx))
+	ed.Replace(frags[5], nft.SvcFragment(5, []int{7}))
+	if tx := run(ed); len(nfttest.RewrittenChains(tx)) != 1 {
+		t.Fatalf("incremental change: %s", nfttest.OpCounts(tx))
 	}
 	tx := run(editor(frags))
-	if got := rewrittenChains(tx); len(got) != 1 || got[0] != "svc-5" {
-		t.Errorf("restart wanting the first rules again: %s on %v", opCounts(tx), got)
+	if got := nfttest.RewrittenChains(tx); len(got) != 1 || got[0] != "svc-5" {
+		t.Errorf("restart wanting the first rules again: %s on %v", nfttest.OpCounts(tx), got)
 	}
 	if got, want := fk.Dump(f), editor(frags).Ruleset().Dump(); got != want {
-		t.Errorf("after the restarts the Fake differs:\n%s\nwant:\n%s", got, want)
+		t.Errorf("after the restarts the nftfake.Fake differs:\n%s\nwant:\n%s", got, want)
 	}
 	// A rule added without a digest (by hand): the chain is rewritten.
-	if err := fk.Apply(ctx, &Transaction{Family: f, Ops: []Op{{Kind: OpFlushChain, Chain: &Chain{Name: "svc-3"}},
-		{Kind: OpAddRule, ChainName: "svc-3", Rule: frags[3].Chains[0].Rules[0]},
-		{Kind: OpAddRule, ChainName: "svc-3", Rule: frags[3].Chains[0].Rules[1]}}}); err != nil {
+	if err := fk.Apply(ctx, &nft.Transaction{Family: f, Ops: []nft.Op{{Kind: nft.OpFlushChain, Chain: &nft.Chain{Name: "svc-3"}},
+		{Kind: nft.OpAddRule, ChainName: "svc-3", Rule: frags[3].Chains[0].Rules[0]},
+		{Kind: nft.OpAddRule, ChainName: "svc-3", Rule: frags[3].Chains[0].Rules[1]}}}); err != nil {
 		t.Fatal(err)
 	}
-	if got := rewrittenChains(run(editor(frags))); len(got) != 1 || got[0] != "svc-3" {
+	if got := nfttest.RewrittenChains(run(editor(frags))); len(got) != 1 || got[0] != "svc-3" {
 		t.Errorf("chain without digest: rewrote %v", got)
 	}
 	fk.FailNextLoad = fmt.Errorf("injected")

@@ -1,21 +1,25 @@
-package nft
+package nft_test
 
 import (
+	"github.com/nftproxy/nftproxy/nft"
+
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/nftproxy/nftproxy/nft/nfttest"
 )
 
 // TestCanonical: a listing in nft's layout (blocks in its order, elements
 // wrapped several to a line) becomes what Dump prints.
 func TestCanonical(t *testing.T) {
-	rs := NewRuleset(IPv4)
-	rs.AddSet(&Set{Name: "a", Key: []DataType{TypeIPv4Addr}})
-	rs.AddChain(&Chain{Name: "b", Rules: []Rule{{Phrases: []Phrase{Drop()}}}})
+	rs := nft.NewRuleset(nft.IPv4)
+	rs.AddSet(&nft.Set{Name: "a", Key: []nft.DataType{nft.TypeIPv4Addr}})
+	rs.AddChain(&nft.Chain{Name: "b", Rules: []nft.Rule{{Phrases: []nft.Phrase{nft.Drop()}}}})
 	var elems []string
 	for i := range 20000 {
 		a := netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})
-		rs.AddElement("a", Element{Key: []Datum{Addr(a)}})
+		rs.AddElement("a", nft.Element{Key: []nft.Datum{nft.Addr(a)}})
 		elems = append(elems, a.String())
 	}
 	var wrapped []string
@@ -24,21 +28,21 @@ func TestCanonical(t *testing.T) {
 	}
 	listing := "table ip nftproxy {\n\tchain b {\n\t\tdrop\n\t}\n\n\tset a {\n\t\ttype ipv4_addr\n" +
 		"\t\telements = { " + strings.Join(wrapped, ",\n\t\t\t     ") + " }\n\t}\n}\n"
-	if got, want := Canonical(listing), rs.Dump(); got != want {
+	if got, want := nft.Canonical(listing), rs.Dump(); got != want {
 		t.Errorf("Canonical:\n%.500s\nwant:\n%.500s", got, want)
 	}
-	for _, f := range []Family{IPv4, IPv6} {
-		rs := realisticRuleset(f, makeServices(f, 100, 3))
-		if d := rs.Dump(); Canonical(d) != d {
+	for _, f := range []nft.Family{nft.IPv4, nft.IPv6} {
+		rs := nfttest.RealisticRuleset(f, nfttest.MakeServices(f, 100, 3))
+		if d := rs.Dump(); nft.Canonical(d) != d {
 			t.Errorf("%s: Canonical(Dump()) != Dump()", f)
 		}
 	}
 }
 
 func BenchmarkCanonical10k(b *testing.B) {
-	d := realisticRuleset(IPv4, makeServices(IPv4, 10000, 5)).Dump()
+	d := nfttest.RealisticRuleset(nft.IPv4, nfttest.MakeServices(nft.IPv4, 10000, 5)).Dump()
 	b.SetBytes(int64(len(d)))
 	for b.Loop() {
-		Canonical(d)
+		nft.Canonical(d)
 	}
 }

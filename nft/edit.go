@@ -134,7 +134,7 @@ func (e *Editor) putSet(s *Set) {
 	ns := &Set{Name: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Dynamic: s.Dynamic,
 		Size: s.Size, Comment: s.Comment, Endpoints: s.Endpoints}
 	if ls := e.loadedSet(s.Name); ls != nil {
-		if sameSetDefinition(ls, ns) {
+		if SameSetDefinition(ls, ns) {
 			ns.Elements, ls.Elements = ls.Elements, Elements{}
 			ns.Elements.startMarking()
 			e.adopted[s.Name] = &adoption{before: map[string]adoptedValue{}}
@@ -439,7 +439,7 @@ func (e *Editor) Transaction() *Transaction {
 			c.newSets = append(c.newSets, now)
 		case before != nil && now == nil:
 			c.goneSets = append(c.goneSets, before)
-		case before != nil && now != nil && !sameSetDefinition(before, now):
+		case before != nil && now != nil && !SameSetDefinition(before, now):
 			// Owned sets are named after their definition (see
 			// ruleset.affinitySetName), so this is a programming error.
 			panic("nft: Editor set " + n + " redefined in place")

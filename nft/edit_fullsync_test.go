@@ -43,14 +43,14 @@ func fullSyncRuleset(t testing.TB) *Ruleset {
 	return ed.Ruleset()
 }
 
-// TestFullRewriteIsDiffFromEmpty: fullRewrite, built without changes, is
+// TestFullRewriteIsDiffFromEmpty: FullRewrite, built without changes, is
 // exactly OpResetTable followed by what Diff makes from an empty table,
 // but that its element ops add every element of their set
 // (Op.AllElements), in the order of the set's map, where Diff lists them
 // sorted by key.
 func TestFullRewriteIsDiffFromEmpty(t *testing.T) {
 	desired := fullSyncRuleset(t)
-	got := fullRewrite(desired)
+	got := FullRewrite(desired)
 	want := Diff(NewRuleset(IPv4), desired)
 	want.Ops = append([]Op{{Kind: OpResetTable}}, want.Ops...)
 	for i, op := range got.Ops {
@@ -62,7 +62,7 @@ func TestFullRewriteIsDiffFromEmpty(t *testing.T) {
 		})
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("fullRewrite differs from a diff from an empty table:\n got %d ops %+v\nwant %d ops %+v",
+		t.Fatalf("FullRewrite differs from a diff from an empty table:\n got %d ops %+v\nwant %d ops %+v",
 			len(got.Ops), got.Ops, len(want.Ops), want.Ops)
 	}
 	if len(got.Ops) != cap(got.Ops) {
@@ -177,7 +177,7 @@ func BenchmarkFullRewrite(b *testing.B) {
 	rs := fullSyncBenchRuleset()
 	b.ReportAllocs()
 	for b.Loop() {
-		fullRewrite(rs)
+		FullRewrite(rs)
 	}
 }
 
@@ -280,8 +280,8 @@ func TestSameElementIsSameText(t *testing.T) {
 		for _, a := range values {
 			for _, b := range values {
 				want := a.Comment == b.Comment && a.End == b.End && s.ValueString(a) == s.ValueString(b)
-				if got := sameElement(s, a, b); got != want {
-					t.Errorf("sameElement(%+v, %+v) = %v, the text says %v", a, b, got, want)
+				if got := SameElement(s, a, b); got != want {
+					t.Errorf("SameElement(%+v, %+v) = %v, the text says %v", a, b, got, want)
 				}
 			}
 		}

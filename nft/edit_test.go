@@ -1,6 +1,10 @@
-package nft
+package nft_test
 
 import (
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+	"github.com/nftproxy/nftproxy/nft/nfttest"
+
 	"context"
 	"fmt"
 	"math/rand"
@@ -8,54 +12,21 @@ import (
 	"testing"
 )
 
-// editorSets are the shared sets the fragments of editorTest use.
-func editorSets() []*Set {
-	return []*Set{
-		{Name: "ips", Key: []DataType{TypeIPv4Addr}},
-		{Name: "dispatch", Key: []DataType{TypeIPv4Addr, TypeInetProto, TypeInetService}, Data: []DataType{TypeVerdict}},
-	}
-}
-
-// svcFragment is a Service-like fragment: a chain DNATing to its backends,
-// a dispatch element, and one shared element per backend in "ips".
-func svcFragment(i int, backends []int) *Fragment {
-	chain := fmt.Sprintf("svc-%d", i)
-	vip := netip.AddrFrom4([4]byte{10, 96, 0, byte(i)})
-	fr := &Fragment{Chains: []*Chain{{Name: chain}}}
-	for j, b := range backends {
-		to := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, byte(b)}), 8080)
-		ph := []Phrase{MatchL4Proto{ProtoTCP}}
-		if left := len(backends) - j; left > 1 {
-			ph = append(ph, MatchRandom{Mod: uint32(left)})
-		}
-		fr.Chains[0].Rules = append(fr.Chains[0].Rules, Rule{Phrases: append(ph, DNAT{To: to})})
-		fr.Elements = append(fr.Elements, SetElement{"ips", Element{Key: []Datum{Addr(to.Addr())}}})
-	}
-	if len(backends) > 0 {
-		fr.Elements = append(fr.Elements, SetElement{"dispatch", Element{
-			Key:     []Datum{Addr(vip), Int(uint32(ProtoTCP)), Int(80)},
-			Verdict: &Verdict{Kind: VerdictGoto, Chain: chain}, Comment: chain}})
-	} else {
-		fr.Chains = nil
-	}
-	return fr
-}
-
-// TestEditorMatchesFullRebuild: after every random change, the Fake that
+// TestEditorMatchesFullRebuild: after every random change, the nftfake.Fake that
 // received only the Editor's transactions equals a ruleset built from
 // scratch, and the change cost a handful of operations.
 func TestEditorMatchesFullRebuild(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
-	fk := NewFake()
-	ed := NewEditor(IPv4)
-	for _, s := range editorSets() {
+	fk := nftfake.New()
+	ed := nft.NewEditor(nft.IPv4)
+	for _, s := range nft.EditorSets() {
 		ed.AddSet(s)
 	}
-	frags := map[int]*Fragment{}
+	frags := map[int]*nft.Fragment{}
 	backends := map[int][]int{}
 	for i := 0; i < 50; i++ {
 		backends[i] = []int{rng.Intn(20), 20 + rng.Intn(20)}
-		frags[i] = svcFragment(i, backends[i])
+		frags[i] = nft.SvcFragment(i, backends[i])
 		ed.Replace(nil, frags[i])
 	}
 	commit := func(maxChanges int) {
@@ -68,8 +39,8 @@ func TestEditorMatchesFullRebuild(t *testing.T) {
 		if maxChanges >= 0 && tx.Changes() > maxChanges {
 			t.Fatalf("%d changes, want at most %d: %+v", tx.Changes(), maxChanges, tx.Ops)
 		}
-		want := NewRuleset(IPv4)
-		for _, s := range editorSets() {
+		want := nft.NewRuleset(nft.IPv4)
+		for _, s := range nft.EditorSets() {
 			want.AddSet(s)
 		}
 		for _, fr := range frags {
@@ -80,7 +51,7 @@ func TestEditorMatchesFullRebuild(t *testing.T) {
 				want.AddElement(se.Set, se.Element)
 			}
 		}
-		if got := fk.Dump(IPv4); got != want.Dump() {
+		if got := fk.Dump(nft.IPv4); got != want.Dump() {
 			t.Fatalf("kernel differs from full rebuild:\n%s\nwant:\n%s", got, want.Dump())
 		}
 	}
@@ -104,7 +75,7 @@ func TestEditorMatchesFullRebuild(t *testing.T) {
 				uniq = append(uniq, b)
 			}
 		}
-		fr := svcFragment(i, uniq)
+		fr := nft.SvcFragment(i, uniq)
 		ed.Replace(frags[i], fr)
 		if len(uniq) == 0 {
 			delete(frags, i)
@@ -121,12 +92,12 @@ func TestEditorMatchesFullRebuild(t *testing.T) {
 }
 
 func TestEditorSharedElementSurvivesOneOwner(t *testing.T) {
-	fk := NewFake()
-	ed := NewEditor(IPv4)
-	for _, s := range editorSets() {
+	fk := nftfake.New()
+	ed := nft.NewEditor(nft.IPv4)
+	for _, s := range nft.EditorSets() {
 		ed.AddSet(s)
 	}
-	a, b := svcFragment(1, []int{7}), svcFragment(2, []int{7})
+	a, b := nft.SvcFragment(1, []int{7}), nft.SvcFragment(2, []int{7})
 	ed.Replace(nil, a)
 	ed.Replace(nil, b)
 	if err := fk.Apply(context.Background(), ed.Transaction()); err != nil {
@@ -138,7 +109,7 @@ func TestEditorSharedElementSurvivesOneOwner(t *testing.T) {
 	if err := fk.Apply(context.Background(), tx); err != nil {
 		t.Fatal(err)
 	}
-	if !fk.Ruleset(IPv4).Sets["ips"].Elements.Has([]Datum{Addr(netip.MustParseAddr("10.244.0.7"))}) {
+	if !fk.Ruleset(nft.IPv4).Sets["ips"].Elements.Has([]nft.Datum{nft.Addr(netip.MustParseAddr("10.244.0.7"))}) {
 		t.Fatalf("shared element deleted while still needed; ops %+v", tx.Ops)
 	}
 }
@@ -147,9 +118,9 @@ func TestEditorSharedElementSurvivesOneOwner(t *testing.T) {
 // only in an empty set or chain table; what an editor holds stays, and a
 // table built after reserving is the one built without.
 func TestEditorReserveKeepsWhatIsThere(t *testing.T) {
-	build := func(reserve bool) *Ruleset {
-		ed := NewEditor(IPv4)
-		for _, s := range editorSets() {
+	build := func(reserve bool) *nft.Ruleset {
+		ed := nft.NewEditor(nft.IPv4)
+		for _, s := range nft.EditorSets() {
 			ed.AddSet(s)
 		}
 		if reserve {
@@ -157,17 +128,17 @@ func TestEditorReserveKeepsWhatIsThere(t *testing.T) {
 			ed.Reserve("ips", 100)
 			ed.Reserve("no-such-set", 100)
 		}
-		ed.Replace(nil, svcFragment(1, []int{7, 8}))
+		ed.Replace(nil, nft.SvcFragment(1, []int{7, 8}))
 		if reserve {
 			ed.ReserveChains(10)
 			ed.Reserve("ips", 100)
 			ed.Reserve("dispatch", 100)
 		}
-		ed.Replace(nil, svcFragment(2, []int{9}))
+		ed.Replace(nil, nft.SvcFragment(2, []int{9}))
 		return ed.Ruleset()
 	}
 	got, want := build(true), build(false)
-	if Diff(want, got).Changes() != 0 || got.Dump() != want.Dump() {
+	if nft.Diff(want, got).Changes() != 0 || got.Dump() != want.Dump() {
 		t.Errorf("reserving changed the table:\n%s\nwant\n%s", got.Dump(), want.Dump())
 	}
 	if n := got.Sets["ips"].Elements.Len(); n != 3 {
@@ -181,32 +152,32 @@ func TestEditorReserveKeepsWhatIsThere(t *testing.T) {
 // apart in memory of their own: the Editor keeps nothing of a fragment's
 // elements, and Datums hands out space no other element uses.
 func TestFragmentReuse(t *testing.T) {
-	build := func(reuse bool) *Ruleset {
-		ed := NewEditor(IPv4)
-		for _, s := range editorSets() {
+	build := func(reuse bool) *nft.Ruleset {
+		ed := nft.NewEditor(nft.IPv4)
+		for _, s := range nft.EditorSets() {
 			ed.AddSet(s)
 		}
-		ed.AddSet(NewEndpointsMap(IPv4, "endpoints-tcp", ProtoTCP))
-		var scratch Fragment
+		ed.AddSet(nft.NewEndpointsMap(nft.IPv4, "endpoints-tcp", nft.ProtoTCP))
+		var scratch nft.Fragment
 		for i := range 40 {
-			fr := &Fragment{}
-			datums := func(n int) []Datum { return make([]Datum, n) }
+			fr := &nft.Fragment{}
+			datums := func(n int) []nft.Datum { return make([]nft.Datum, n) }
 			if reuse {
 				fr = &scratch
 				fr.Reset()
 				datums = fr.Datums
 				// The same space each time: written, then zero again.
 				z := fr.Datums(4)
-				if z[0] != (Datum{}) || z[3] != (Datum{}) {
+				if z[0] != (nft.Datum{}) || z[3] != (nft.Datum{}) {
 					t.Fatalf("Datums handed out %v, not zeros", z)
 				}
-				z[0], z[3] = Int(1), Int(2)
+				z[0], z[3] = nft.Int(1), nft.Int(2)
 			}
 			vip := datums(3)
-			vip[0], vip[1], vip[2] = Addr(netip.AddrFrom4([4]byte{10, 96, 0, byte(i)})), Int(uint32(ProtoTCP)), Int(80)
+			vip[0], vip[1], vip[2] = nft.Addr(netip.AddrFrom4([4]byte{10, 96, 0, byte(i)})), nft.Int(uint32(nft.ProtoTCP)), nft.Int(80)
 			chain := fmt.Sprintf("svc-%d", i)
-			fr.Chains = append(fr.Chains, &Chain{Name: chain, Rules: []Rule{{Phrases: []Phrase{DNATMap{Proto: ProtoTCP, Map: "endpoints-tcp", Slot: uint16(i)}}}}})
-			fr.Elements = append(fr.Elements, SetElement{"dispatch", Element{Key: vip, Verdict: &Verdict{Kind: VerdictGoto, Chain: chain}}})
+			fr.Chains = append(fr.Chains, &nft.Chain{Name: chain, Rules: []nft.Rule{{Phrases: []nft.Phrase{nft.DNATMap{Proto: nft.ProtoTCP, Map: "endpoints-tcp", Slot: uint16(i)}}}}})
+			fr.Elements = append(fr.Elements, nft.SetElement{"dispatch", nft.Element{Key: vip, Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: chain}}})
 			var eps []netip.AddrPort
 			for j := range 1 + i%7 { // fragments of different sizes: the space grows
 				eps = append(eps, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), byte(j)}), 8080))
@@ -214,18 +185,18 @@ func TestFragmentReuse(t *testing.T) {
 			if reuse {
 				fr.AddEndpointsElements("endpoints-tcp", uint16(i), eps)
 			} else {
-				for _, e := range EndpointsElements(uint16(i), eps) {
-					fr.Elements = append(fr.Elements, SetElement{"endpoints-tcp", e})
+				for _, e := range nft.EndpointsElements(uint16(i), eps) {
+					fr.Elements = append(fr.Elements, nft.SetElement{"endpoints-tcp", e})
 				}
 			}
 			for j, ep := range eps {
 				ip := datums(1)
-				ip[0] = Addr(ep.Addr())
-				fr.Elements = append(fr.Elements, SetElement{"ips", Element{Key: ip, Comment: fmt.Sprint(j)}})
+				ip[0] = nft.Addr(ep.Addr())
+				fr.Elements = append(fr.Elements, nft.SetElement{"ips", nft.Element{Key: ip, Comment: fmt.Sprint(j)}})
 			}
 			ed.Replace(nil, fr)
 		}
-		return ed.rs
+		return ed.Ruleset()
 	}
 	if got, want := build(true).Dump(), build(false).Dump(); got != want {
 		t.Errorf("fragments built in one's memory:\n%s\nwant:\n%s", got, want)
@@ -254,33 +225,33 @@ func TestEditorAdoptionMatchesDiff(t *testing.T) {
 			}
 			return out
 		}
-		fk := NewFake()
-		ed := NewEditor(IPv4)
-		for _, s := range editorSets() {
+		fk := nftfake.New()
+		ed := nft.NewEditor(nft.IPv4)
+		for _, s := range nft.EditorSets() {
 			ed.AddSet(s)
 		}
 		for i := range 40 {
-			ed.Replace(nil, svcFragment(i, randomBackends()))
+			ed.Replace(nil, nft.SvcFragment(i, randomBackends()))
 		}
 		if err := fk.Apply(ctx, ed.Transaction()); err != nil {
 			t.Fatal(err)
 		}
 		// Behind our back: a stray shared element, a dispatch element
 		// whose comment differs.
-		sets := map[string]*Set{}
-		for _, s := range editorSets() {
+		sets := map[string]*nft.Set{}
+		for _, s := range nft.EditorSets() {
 			sets[s.Name] = s
 		}
-		drift := &Transaction{Family: IPv4, Ops: []Op{
-			{Kind: OpAddElements, Set: sets["ips"], Elements: []Element{{Key: []Datum{Addr(netip.MustParseAddr("10.244.9.9"))}}}},
+		drift := &nft.Transaction{Family: nft.IPv4, Ops: []nft.Op{
+			{Kind: nft.OpAddElements, Set: sets["ips"], Elements: []nft.Element{{Key: []nft.Datum{nft.Addr(netip.MustParseAddr("10.244.9.9"))}}}},
 		}}
-		if rs := fk.Ruleset(IPv4); rs != nil {
+		if rs := fk.Ruleset(nft.IPv4); rs != nil {
 			for e := range rs.Sets["dispatch"].Elements.All() {
 				changed := e
 				changed.Comment = "drifted"
 				drift.Ops = append(drift.Ops,
-					Op{Kind: OpDeleteElements, Set: sets["dispatch"], Elements: []Element{e}},
-					Op{Kind: OpAddElements, Set: sets["dispatch"], Elements: []Element{changed}})
+					nft.Op{Kind: nft.OpDeleteElements, Set: sets["dispatch"], Elements: []nft.Element{e}},
+					nft.Op{Kind: nft.OpAddElements, Set: sets["dispatch"], Elements: []nft.Element{changed}})
 				break
 			}
 		}
@@ -290,11 +261,11 @@ func TestEditorAdoptionMatchesDiff(t *testing.T) {
 
 		// The desired state: some Services changed, gone or new; a few
 		// replaced once more before the first transaction.
-		final := map[int]*Fragment{}
-		adopting := NewEditorFrom(IPv4, mustLoad(t, fk, IPv4))
-		beside := NewEditor(IPv4)
-		for _, e := range []*Editor{adopting, beside} {
-			for _, s := range editorSets() {
+		final := map[int]*nft.Fragment{}
+		adopting := nft.NewEditorFrom(nft.IPv4, nfttest.MustLoad(t, fk, nft.IPv4))
+		beside := nft.NewEditor(nft.IPv4)
+		for _, e := range []*nft.Editor{adopting, beside} {
+			for _, s := range nft.EditorSets() {
 				e.AddSet(s)
 			}
 		}
@@ -302,37 +273,37 @@ func TestEditorAdoptionMatchesDiff(t *testing.T) {
 			if rng.Intn(5) == 0 {
 				continue // gone (or never there)
 			}
-			fr := svcFragment(i, randomBackends())
+			fr := nft.SvcFragment(i, randomBackends())
 			adopting.Replace(nil, fr)
 			if rng.Intn(6) == 0 {
-				next := svcFragment(i, randomBackends())
+				next := nft.SvcFragment(i, randomBackends())
 				adopting.Replace(fr, next)
 				fr = next
 			}
 			final[i] = fr
 			beside.Replace(nil, fr)
 		}
-		want := Diff(mustLoad(t, fk, IPv4), beside.Ruleset())
+		want := nft.Diff(nfttest.MustLoad(t, fk, nft.IPv4), beside.Ruleset())
 		got := adopting.Transaction()
-		if opCounts(got) != opCounts(want) || got.Changes() != want.Changes() {
+		if nfttest.OpCounts(got) != nfttest.OpCounts(want) || got.Changes() != want.Changes() {
 			t.Fatalf("seed %d: adopting editor sends %s (%d changes), Diff %s (%d)",
-				seed, opCounts(got), got.Changes(), opCounts(want), want.Changes())
+				seed, nfttest.OpCounts(got), got.Changes(), nfttest.OpCounts(want), want.Changes())
 		}
 		if err := fk.Apply(ctx, got); err != nil {
 			t.Fatal(err)
 		}
 		adopting.Commit()
-		if g, w := fk.Dump(IPv4), beside.Ruleset().Dump(); g != w {
+		if g, w := fk.Dump(nft.IPv4), beside.Ruleset().Dump(); g != w {
 			t.Fatalf("seed %d: kernel after the adopting editor's transaction:\n%s\nwant:\n%s", seed, g, w)
 		}
 		// The editor goes on incrementally from there.
-		adopting.Replace(final[1], svcFragment(1, []int{31, 32}))
+		adopting.Replace(final[1], nft.SvcFragment(1, []int{31, 32}))
 		if err := fk.Apply(ctx, adopting.Transaction()); err != nil {
 			t.Fatal(err)
 		}
 		adopting.Commit()
 		if tx := adopting.Transaction(); !tx.Empty() {
-			t.Fatalf("seed %d: no change, but %s", seed, opCounts(tx))
+			t.Fatalf("seed %d: no change, but %s", seed, nfttest.OpCounts(tx))
 		}
 	}
 }
@@ -344,17 +315,17 @@ func TestEditorAdoptionMatchesDiff(t *testing.T) {
 // kernel refuses to delete a chain an element uses). Also when the editor
 // started from the table read back.
 func TestEditorSharedElementOfTwoValues(t *testing.T) {
-	key := []Datum{Addr(netip.MustParseAddr("192.0.2.1")), Int(uint32(ProtoTCP)), Int(80)}
-	frag := func(chain string) *Fragment {
-		return &Fragment{Chains: []*Chain{{Name: chain}}, Elements: []SetElement{{"dispatch",
-			Element{Key: key, Verdict: &Verdict{Kind: VerdictGoto, Chain: chain}, Comment: chain}}}}
+	key := []nft.Datum{nft.Addr(netip.MustParseAddr("192.0.2.1")), nft.Int(uint32(nft.ProtoTCP)), nft.Int(80)}
+	frag := func(chain string) *nft.Fragment {
+		return &nft.Fragment{Chains: []*nft.Chain{{Name: chain}}, Elements: []nft.SetElement{{"dispatch",
+			nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: chain}, Comment: chain}}}}
 	}
 	for _, adopt := range []bool{false, true} {
 		for _, release := range [][]string{{"c", "b", "a"}, {"a", "b", "c"}, {"b", "a", "c"}} {
-			fk := NewFake()
-			ed := NewEditor(IPv4)
+			fk := nftfake.New()
+			ed := nft.NewEditor(nft.IPv4)
 			if adopt { // the table has a, b and c already: a restart
-				for _, s := range editorSets() {
+				for _, s := range nft.EditorSets() {
 					ed.AddSet(s)
 				}
 				for _, c := range []string{"a", "b", "c"} {
@@ -363,13 +334,13 @@ func TestEditorSharedElementOfTwoValues(t *testing.T) {
 				if err := fk.Apply(context.Background(), ed.Transaction()); err != nil {
 					t.Fatal(err)
 				}
-				loaded, err := fk.Load(context.Background(), IPv4)
+				loaded, err := fk.Load(context.Background(), nft.IPv4)
 				if err != nil {
 					t.Fatal(err)
 				}
-				ed = NewEditorFrom(IPv4, loaded)
+				ed = nft.NewEditorFrom(nft.IPv4, loaded)
 			}
-			for _, s := range editorSets() {
+			for _, s := range nft.EditorSets() {
 				ed.AddSet(s)
 			}
 			held := map[string]bool{"a": true, "b": true, "c": true}
@@ -389,7 +360,7 @@ func TestEditorSharedElementOfTwoValues(t *testing.T) {
 					t.Fatalf("adopted %v, released %v: %v", adopt, release[:i], err)
 				}
 				ed.Commit()
-				e, ok := fk.Ruleset(IPv4).Sets["dispatch"].Elements.Get(key)
+				e, ok := fk.Ruleset(nft.IPv4).Sets["dispatch"].Elements.Get(key)
 				switch want := latest(); {
 				case want == "" && ok:
 					t.Fatalf("adopted %v: element kept after every holder released it", adopt)
@@ -402,8 +373,8 @@ func TestEditorSharedElementOfTwoValues(t *testing.T) {
 				ed.Replace(frag(release[i]), nil)
 				held[release[i]] = false
 			}
-			if len(ed.shared) != 0 {
-				t.Errorf("holders left: %v", ed.shared)
+			if nft.SharedCount(ed) != 0 {
+				t.Errorf("holders left: %v", nft.SharedCount(ed))
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package nft
 
 import (
 	"encoding/binary"
+	"fmt"
 	"hash/maphash"
 	"iter"
 	"net/netip"
@@ -212,6 +213,52 @@ func (es *Elements) upsert(k, v string) (i int, existed bool, old string) {
 	}
 	es.store(i, k, v)
 	return i, existed, old
+}
+
+// Scan yields every element, unpacked into one element it reuses: each is
+// valid until the next, and must not be kept. It allocates nothing, for
+// encoders that copy each element out at once.
+func (es *Elements) Scan() iter.Seq[*Element] {
+	return func(yield func(*Element) bool) {
+		var u unpacked
+		for k, v := range es.each() {
+			u.unpack(k, v)
+			if !yield(&u.Element) {
+				return
+			}
+		}
+	}
+}
+
+// ValueBytes is the size of the elements' packed values (comments, data,
+// verdicts): what an encoder of all of them must make room for beside
+// the keys.
+func (es *Elements) ValueBytes() int {
+	n := 0
+	for _, v := range es.each() {
+		n += len(v)
+	}
+	return n
+}
+
+// SetEnds gives every element the range end end returns for it, writing it
+// in place: every element must have been put with an End (a placeholder),
+// so that its packed value has room for one. Reading a large endpoints map
+// back learns the ends last, and a packed copy of every element would be
+// garbage in the slab and in the heap.
+func (es *Elements) SetEnds(end func(e *Element) (uint32, error)) error {
+	var u unpacked
+	for k, v := range es.each() {
+		u.unpack(k, v)
+		e, err := end(&u.Element)
+		if err != nil {
+			return err
+		}
+		if !es.setEnd(k, e) {
+			return fmt.Errorf("element %v: no room for its range end", u.Key)
+		}
+	}
+	return nil
 }
 
 // setEnd sets, in place, the range end of the element of packed key k,

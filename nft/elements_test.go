@@ -137,7 +137,7 @@ func TestElementsSetEnd(t *testing.T) {
 	var es Elements
 	ep := []Datum{Addr(netip.MustParseAddr("10.244.0.1")), Int(8080)}
 	for i := range uint32(100) {
-		es.Put(Element{Key: []Datum{Int(10 * i)}, End: openRange, Data: ep, Comment: "c"})
+		es.Put(Element{Key: []Datum{Int(10 * i)}, End: ^uint32(0), Data: ep, Comment: "c"})
 	}
 	es.Put(Element{Key: []Datum{Int(5)}, Data: ep})
 	slab := len(es.slab)

@@ -118,7 +118,7 @@ func SlotEndpoints(s *Set, slot uint16) []netip.AddrPort {
 	}
 	var found []Element
 	for e := range s.Elements.All() {
-		if rangeSlot(e) == uint32(slot) {
+		if ElementSlot(e) == uint32(slot) {
 			found = append(found, e)
 		}
 	}
@@ -130,24 +130,24 @@ func SlotEndpoints(s *Set, slot uint16) []netip.AddrPort {
 	return out
 }
 
-// rangeSlot is the slot an endpoints map element belongs to.
-func rangeSlot(e Element) uint32 { return e.Key[0].Int / EndpointBuckets }
+// ElementSlot is the slot an endpoints map element belongs to.
+func ElementSlot(e Element) uint32 { return e.Key[0].Int / EndpointBuckets }
 
 // bucketRange is the range of buckets of endpoint j of n.
 func bucketRange(j, n int) (lo, hi uint32) {
 	return uint32(j * EndpointBuckets / n), uint32((j+1)*EndpointBuckets/n - 1)
 }
 
-// endpointsProtoOK reports whether proto can have an endpoints map: a
+// EndpointsProtoOK reports whether proto can have an endpoints map: a
 // transport protocol with a destination port at offset 2 that nft names.
-func endpointsProtoOK(proto uint8) bool {
+func EndpointsProtoOK(proto uint8) bool {
 	return proto == ProtoTCP || proto == ProtoUDP || proto == ProtoSCTP
 }
 
-// checkEndpointsMap checks the definition of an endpoints map in a table of
+// CheckEndpointsMap checks the definition of an endpoints map in a table of
 // family f.
-func checkEndpointsMap(f Family, s *Set) error {
-	if !endpointsProtoOK(s.Endpoints) {
+func CheckEndpointsMap(f Family, s *Set) error {
+	if !EndpointsProtoOK(s.Endpoints) {
 		return fmt.Errorf("endpoints map %q: protocol %s has no endpoints map", s.Name, ProtoName(s.Endpoints))
 	}
 	want := NewEndpointsMap(f, s.Name, s.Endpoints)
@@ -160,16 +160,16 @@ func checkEndpointsMap(f Family, s *Set) error {
 	return nil
 }
 
-// checkRange checks an element's range of buckets: in an endpoints map,
+// CheckRange checks an element's range of buckets: in an endpoints map,
 // within one slot.
-func checkRange(s *Set, e Element) error {
+func CheckRange(s *Set, e Element) error {
 	if s.Endpoints == 0 {
 		if e.End != 0 {
 			return fmt.Errorf("element %s of set %q has a range end", s.KeyString(e.Key), s.Name)
 		}
 		return nil
 	}
-	lo, slot := e.Key[0].Int, rangeSlot(e)
+	lo, slot := e.Key[0].Int, ElementSlot(e)
 	if lo > e.End || slot != e.End/EndpointBuckets || slot >= EndpointsSlots {
 		return fmt.Errorf("element %s of endpoints map %q: keys %d-%d, want lo ≤ hi in one slot below %d",
 			s.KeyString(e.Key), s.Name, lo, e.End, EndpointsSlots)
@@ -181,71 +181,4 @@ func checkRange(s *Set, e Element) error {
 // it: "numgen random mod 65536 : ip daddr . tcp dport".
 func endpointsTypeofText(f Family, proto uint8) string {
 	return fmt.Sprintf("numgen random mod %d : %s daddr . %s dport", EndpointBuckets, f, ProtoName(proto))
-}
-
-// Typeof userdata (nftables src/expression.c, payload.c, numgen.c:
-// *_build_udata): each expression of a concatenation is a TLV numbered by
-// its position, holding the expression type and its own TLVs.
-const (
-	exprPayload = 7  // EXPR_PAYLOAD
-	exprNumgen  = 23 // EXPR_NUMGEN
-
-	// nft's enum proto_desc_id (include/proto.h) and header field
-	// numbers, as nft 1.0.6 writes them for ip daddr, ip6 daddr and
-	// tcp/udp/sctp dport (captured with `nft --debug=mnl`).
-	protoDescIP   = 12
-	protoDescIP6  = 13
-	protoDescTCP  = 8
-	protoDescUDP  = 6
-	protoDescSCTP = 10
-	ipHdrDaddr    = 12 // IPHDR_DADDR
-	ip6HdrDaddr   = 9  // IP6HDR_DADDR
-	portHdrDport  = 2  // TCPHDR_DPORT, UDPHDR_DPORT, SCTPHDR_DPORT
-)
-
-// payloadUdata is a payload expression's typeof TLVs: PAYLOAD_DESC, PAYLOAD_TYPE.
-func payloadUdata(desc, field uint32) []byte {
-	b := udataU32(nil, udataTypeofExpr, exprPayload)
-	return udataTLV(b, udataTypeofData, udataU32(udataU32(nil, 0, desc), 1, field))
-}
-
-func daddrUdata(f Family) []byte {
-	if f == IPv6 {
-		return payloadUdata(protoDescIP6, ip6HdrDaddr)
-	}
-	return payloadUdata(protoDescIP, ipHdrDaddr)
-}
-
-func dportUdata(proto uint8) []byte {
-	desc := map[uint8]uint32{ProtoTCP: protoDescTCP, ProtoUDP: protoDescUDP, ProtoSCTP: protoDescSCTP}[proto]
-	return payloadUdata(desc, portHdrDport)
-}
-
-// numgenUdata: numgen random mod EndpointBuckets offset 0 (NUMGEN_TYPE,
-// NUMGEN_MODULUS, NUMGEN_OFFSET).
-func numgenUdata() []byte {
-	b := udataU32(nil, udataTypeofExpr, exprNumgen)
-	d := udataU32(udataU32(udataU32(nil, 0, 1), 1, EndpointBuckets), 2, 0)
-	return udataTLV(b, udataTypeofData, d)
-}
-
-// concatUdata is the typeof TLVs of a concatenation of expressions.
-func concatUdata(exprs ...[]byte) []byte {
-	var list []byte
-	for i, e := range exprs {
-		list = udataTLV(list, byte(i), e)
-	}
-	return udataTLV(udataU32(nil, udataTypeofExpr, exprConcat), udataTypeofData, list)
-}
-
-// endpointsUserdata is the NEWSET userdata nft 1.0.6 writes for an
-// endpoints map, without the comment: key byte order host (numgen's), data
-// byte order none (a concatenation), the key's and the data's typeof,
-// data interval 0.
-func endpointsUserdata(f Family, proto uint8) []byte {
-	ud := udataU32(nil, udataSetKeyByteorder, byteorderHost)
-	ud = udataU32(ud, udataSetDataByteorder, byteorderInvalid)
-	ud = udataTLV(ud, udataSetKeyTypeof, numgenUdata())
-	ud = udataTLV(ud, udataSetDataTypeof, concatUdata(daddrUdata(f), dportUdata(proto)))
-	return udataU32(ud, udataSetDataInterval, 0)
 }

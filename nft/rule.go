@@ -60,7 +60,8 @@ func (fd Field) Type(f Family) DataType {
 	return TypeInteger
 }
 
-func fieldsText(f Family, fields []Field) string {
+// FieldsText is a concatenation of fields as nft writes it: "ip daddr . tcp dport".
+func FieldsText(f Family, fields []Field) string {
 	parts := make([]string, len(fields))
 	for i, fd := range fields {
 		parts[i] = fd.Text(f)
@@ -108,7 +109,7 @@ func (m MatchSet) Text(f Family) string {
 	if m.Negate {
 		op = "!= "
 	}
-	return fieldsText(f, m.Fields) + " " + op + "@" + m.Set
+	return FieldsText(f, m.Fields) + " " + op + "@" + m.Set
 }
 
 // MatchL4Proto matches the transport protocol:
@@ -209,7 +210,7 @@ type VmapLookup struct {
 }
 
 func (v VmapLookup) Text(f Family) string {
-	return fieldsText(f, v.Fields) + " vmap @" + v.Map
+	return FieldsText(f, v.Fields) + " vmap @" + v.Map
 }
 
 // MatchRandom matches with probability 1/Mod: it draws a fresh random

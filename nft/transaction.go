@@ -119,3 +119,16 @@ type Interface interface {
 type Loader interface {
 	Load(ctx context.Context, f Family) (*Ruleset, error)
 }
+
+// Target names the object an op works on, for error messages.
+func (op Op) Target() string {
+	switch {
+	case op.Kind == OpResetTable || op.Kind == OpDeleteTable:
+		return TableName
+	case op.Chain != nil:
+		return op.Chain.Name
+	case op.Set != nil:
+		return op.Set.Name
+	}
+	return op.ChainName
+}

@@ -341,3 +341,25 @@ func (s *Set) TypeString() string {
 	}
 	return names(s.Key)
 }
+
+// Clone returns a deep copy of the ruleset (rules are immutable values and
+// are shared).
+func (r *Ruleset) Clone() *Ruleset {
+	out := NewRuleset(r.Family)
+	for n, c := range r.Chains {
+		cc := *c
+		cc.Rules = append([]Rule(nil), c.Rules...)
+		out.Chains[n] = &cc
+	}
+	for n, s := range r.Sets {
+		sc := *s
+		sc.Elements = s.Elements.Clone()
+		out.Sets[n] = &sc
+	}
+	return out
+}
+
+// MaxComment is the longest comment: its TLV (type, length, the string
+// and a NUL) must fit the kernel's NFT_USERDATA_MAXLEN (256) bytes of
+// userdata, which a 254-byte comment the one-byte length allows would not.
+const MaxComment = unix.NFT_USERDATA_MAXLEN - 3

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/trace"
+
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -50,12 +52,12 @@ func countedSince(before map[problemKey]float64) map[problemKey]float64 {
 
 // traceTo traces pkt through the harness's rulesets until it is DNATed to
 // exactly the endpoints want (in any order), or fails.
-func (h *harness) traceTo(pkt nft.Packet, want ...netip.AddrPort) {
+func (h *harness) traceTo(pkt trace.Packet, want ...netip.AddrPort) {
 	h.t.Helper()
 	slices.SortFunc(want, netip.AddrPort.Compare)
-	var res nft.TraceResult
+	var res trace.Result
 	for i := 0; i < 300; i++ {
-		res = nft.NewTracer(h.fk, h.local...).Trace(pkt)
+		res = trace.New(h.fk.Rulesets(), h.local...).Trace(pkt)
 		got := slices.Clone(res.DNAT)
 		slices.SortFunc(got, netip.AddrPort.Compare)
 		if res.Verdict == nft.VerdictAccept && slices.Equal(got, want) {
@@ -225,7 +227,7 @@ func badInputCases() []badInputCase {
 				service("default", "lonely", "10.96.0.90", 80, v1.ProtocolTCP),
 			},
 			absent: []string{"orphan", "10.244.1.91"},
-			check:  func(h *harness) { h.eventually(tcp("10.96.0.90", 80), nft.VerdictReject) }},
+			check:  func(h *harness) { h.eventually(tcp("10.96.0.90", 80), trace.VerdictReject) }},
 	}
 }
 
@@ -326,7 +328,7 @@ func TestSharedFrontend(t *testing.T) {
 	outside.Src = netip.MustParseAddr("203.0.113.7")
 	owner := map[netip.AddrPort]string{endpoints(8080, "10.244.1.11")[0]: "a", endpoints(8080, "10.244.1.12")[0]: "b"}
 	other := map[string]string{"a": "10.244.1.12", "b": "10.244.1.11"}
-	res := nft.NewTracer(h.fk).Trace(outside)
+	res := trace.New(h.fk.Rulesets()).Trace(outside)
 	if res.Verdict != nft.VerdictAccept || len(res.DNAT) != 1 || owner[res.DNAT[0]] == "" {
 		t.Fatalf("the external IP: %s %v, want one of the Services' endpoints", res.Verdict, res.DNAT)
 	}

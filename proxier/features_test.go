@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+	"github.com/nftproxy/nftproxy/nft/trace"
+
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -53,7 +56,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // Service kube-system/dns (10.96.0.53:53, one endpoint 10.244.1.20:5353)
 // and a TCP Service default/web without endpoints, and waits until dns is
 // programmed. It returns the packet a client sends to dns.
-func startDNSAndWeb(t *testing.T, ct conntrack.Interface) (*harness, nft.Packet) {
+func startDNSAndWeb(t *testing.T, ct conntrack.Interface) (*harness, trace.Packet) {
 	t.Helper()
 	h := startWith(t, func(d *Deps) { d.Conntrack = ct },
 		service("kube-system", "dns", "10.96.0.53", 53, v1.ProtocolUDP),
@@ -306,8 +309,8 @@ func TestNodePortFollowsNodeObject(t *testing.T) {
 	svc.Spec.Type, svc.Spec.Ports[0].NodePort = v1.ServiceTypeNodePort, 30080
 	h := start(t, node, svc, slice("default", "np", "np-1", 8080, v1.ProtocolTCP, "10.244.1.11"))
 	h.local = []netip.Addr{netip.MustParseAddr("10.10.0.11"), netip.MustParseAddr("10.10.0.12")}
-	outside := func(dst string) nft.Packet {
-		return nft.Packet{Src: netip.MustParseAddr("10.10.0.99"), Dst: netip.MustParseAddr(dst), Proto: nft.ProtoTCP, DPort: 30080}
+	outside := func(dst string) trace.Packet {
+		return trace.Packet{Src: netip.MustParseAddr("10.10.0.99"), Dst: netip.MustParseAddr(dst), Proto: nft.ProtoTCP, DPort: 30080}
 	}
 	h.eventually(outside("10.10.0.11"), nft.VerdictAccept, "10.244.1.11:8080")
 	h.eventually(outside("10.10.0.12"), nft.VerdictAccept)
@@ -392,7 +395,7 @@ func TestEventsWithoutRuleChangesDoNoKernelWork(t *testing.T) {
 	if _, err := h.client.CoreV1().Services("default").Create(ctx, other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	h.eventually(tcp("10.96.0.20", 80), nft.VerdictReject)
+	h.eventually(tcp("10.96.0.20", 80), trace.VerdictReject)
 	if n := h.fk.Transactions - txs; n != 1 {
 		t.Errorf("%d transactions after three events, want 1 (the new Service)", n)
 	}
@@ -435,14 +438,14 @@ func (m *meetingBackend) Apply(ctx context.Context, tx *nft.Transaction) error {
 // begun: synced one after the other, the first would wait in vain.
 func TestFamiliesSyncConcurrently(t *testing.T) {
 	v4, v6 := make(chan struct{}), make(chan struct{})
-	fk6 := nft.NewFake()
+	fk6 := nftfake.New()
 	var b4, b6 *meetingBackend
 	h := startWith(t, func(d *Deps) {
 		b4 = &meetingBackend{Interface: d.NFT[nft.IPv4], begun: v4, other: v6}
 		b6 = &meetingBackend{Interface: fk6, begun: v6, other: v4}
 		d.NFT = map[nft.Family]nft.Interface{nft.IPv4: b4, nft.IPv6: b6}
 	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
-	h.eventually(tcp("10.96.0.10", 80), nft.VerdictReject)
+	h.eventually(tcp("10.96.0.10", 80), trace.VerdictReject)
 	waitFor(t, "the IPv6 table", func() bool { return b6.applied.Load() > 0 })
 	if b4.missed.Load() || b6.missed.Load() {
 		t.Fatal("a family's first transaction was applied while the other family's was not under way")
@@ -452,7 +455,7 @@ func TestFamiliesSyncConcurrently(t *testing.T) {
 // orderedBackend logs, in a log shared by the families, when its table is
 // read back and when a transaction is applied; reading takes readDelay.
 type orderedBackend struct {
-	*nft.Fake
+	*nftfake.Fake
 	readDelay time.Duration
 	mu        *sync.Mutex
 	log       *[]string
@@ -490,8 +493,8 @@ func TestFamiliesReadBeforeEitherCommits(t *testing.T) {
 	}
 	startWith(t, func(d *Deps) {
 		d.NFT = map[nft.Family]nft.Interface{
-			nft.IPv4: &orderedBackend{Fake: d.NFT[nft.IPv4].(*nft.Fake), readDelay: 300 * time.Millisecond, mu: &mu, log: &log},
-			nft.IPv6: &orderedBackend{Fake: nft.NewFake(), mu: &mu, log: &log},
+			nft.IPv4: &orderedBackend{Fake: d.NFT[nft.IPv4].(*nftfake.Fake), readDelay: 300 * time.Millisecond, mu: &mu, log: &log},
+			nft.IPv6: &orderedBackend{Fake: nftfake.New(), mu: &mu, log: &log},
 		}
 	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
 	waitFor(t, "both families' first sync", func() bool { return len(events()) >= 4 })

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -48,7 +50,7 @@ func TestFailureSeriesFromStart(t *testing.T) {
 	metrics.NFTablesSyncFailuresTotal.Reset()
 	metrics.SyncsTotal.Reset()
 	if _, err := New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute},
-		Deps{NFT: map[nft.Family]nft.Interface{nft.IPv6: nft.NewFake()}}); err != nil {
+		Deps{NFT: map[nft.Family]nft.Interface{nft.IPv6: nftfake.New()}}); err != nil {
 		t.Fatal(err)
 	}
 	// Counted before anything below could create a series.

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -551,8 +553,8 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 }
 
 // batchReporter is a backend that reports on the batch it sent last
-// (nft.Netlink).
-type batchReporter interface{ LastBatch() nft.BatchStats }
+// (nftnl.Netlink).
+type batchReporter interface{ LastBatch() nftnl.BatchStats }
 
 // counts returns how many Services of family f there are, with how many
 // ports, and how many endpoint ports their EndpointSlices hold, in all and

@@ -15,6 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,7 +40,7 @@ var benchConfig = Config{NodeName: "node-0", MasqueradeBit: 14, SyncPeriod: time
 	ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 	ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
 
-// discardBackend keeps nothing, like nft.Netlink once a batch is sent: it
+// discardBackend keeps nothing, like nftnl.Netlink once a batch is sent: it
 // isolates the proxier's own cost from the Fake's (see
 // nft.BenchmarkFakeApplyFullSync) and from the kernel's.
 type discardBackend struct {
@@ -111,7 +115,7 @@ func benchProxierWith(b *testing.B, cfg Config, backends map[nft.Family]nft.Inte
 // BenchmarkProxierFullSync times the first sync of a proxier whose
 // trackers hold every object: checkout, record, the model and fragment of
 // every Service, the Editor, the full-rewrite transaction and its Apply to
-// a backend that discards it (the proxier's own cost) or to nft.Fake.
+// a backend that discards it (the proxier's own cost) or to nftfake.Fake.
 func BenchmarkProxierFullSync(b *testing.B) {
 	for _, sz := range benchstate.Sizes {
 		svcs, slices := benchstate.Cluster(sz)
@@ -122,7 +126,7 @@ func BenchmarkProxierFullSync(b *testing.B) {
 					b.StopTimer()
 					var be nft.Interface = &discardBackend{}
 					if backend == "fake" {
-						be = nft.NewFake()
+						be = nftfake.New()
 					}
 					p := benchProxier(b, be, svcs, slices)
 					runtime.GC()
@@ -321,7 +325,7 @@ func BenchmarkProxierStartup(b *testing.B) {
 }
 
 // BenchmarkProxierKernelFullSync is the first sync of a proxier into a real
-// kernel table (a fresh network namespace, nft.Netlink): it reports the
+// kernel table (a fresh network namespace, nftnl.Netlink): it reports the
 // batch's encode and kernel time, and the process's peak RSS (VmHWM) in MB
 // until then. The model objects the process holds stand for the informer
 // caches of the real proxy, without client-go's own memory: the RSS is a
@@ -413,10 +417,10 @@ func BenchmarkProxierKernelDualStack(b *testing.B) {
 	}
 }
 
-// countingNetlink is nft.Netlink (Apply, Load, LastBatch) counting the
+// countingNetlink is nftnl.Netlink (Apply, Load, LastBatch) counting the
 // operations it applies.
 type countingNetlink struct {
-	*nft.Netlink
+	*nftnl.Netlink
 	ops int
 }
 
@@ -426,7 +430,7 @@ func (c *countingNetlink) Apply(ctx context.Context, tx *nft.Transaction) error 
 }
 
 func benchNetlink(b *testing.B, netns int) *countingNetlink {
-	n, err := nft.NewNetlink(nft.NetlinkOptions{NetNSFd: netns})
+	n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: netns})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+	"github.com/nftproxy/nftproxy/nft/trace"
+
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,7 +58,7 @@ type harness struct {
 	local  []netip.Addr // the node's addresses, for the tracer
 	t      *testing.T
 	client *fake.Clientset
-	fk     *nft.Fake
+	fk     *nftfake.Fake
 	p      *Proxier
 }
 
@@ -66,7 +69,7 @@ func start(t *testing.T, objs ...runtime.Object) *harness {
 // startWith starts a proxier whose Deps the caller may add to.
 func startWith(t *testing.T, deps func(*Deps), objs ...runtime.Object) *harness {
 	t.Helper()
-	h := &harness{t: t, client: fake.NewClientset(objs...), fk: nft.NewFake()}
+	h := &harness{t: t, client: fake.NewClientset(objs...), fk: nftfake.New()}
 	d := Deps{Client: h.client, NFT: map[nft.Family]nft.Interface{nft.IPv4: h.fk}}
 	deps(&d)
 	var err error
@@ -84,15 +87,15 @@ func startWith(t *testing.T, deps func(*Deps), objs ...runtime.Object) *harness 
 }
 
 // eventually waits for the packet to get the wanted DNAT targets.
-func (h *harness) eventually(pkt nft.Packet, want nft.VerdictKind, dnat ...string) {
+func (h *harness) eventually(pkt trace.Packet, want nft.VerdictKind, dnat ...string) {
 	h.t.Helper()
 	var wantAP []netip.AddrPort
 	for _, d := range dnat {
 		wantAP = append(wantAP, netip.MustParseAddrPort(d))
 	}
-	var res nft.TraceResult
+	var res trace.Result
 	for i := 0; i < 200; i++ {
-		res = nft.NewTracer(h.fk, h.local...).Trace(pkt)
+		res = trace.New(h.fk.Rulesets(), h.local...).Trace(pkt)
 		if res.Verdict == want && slices.Equal(res.DNAT, wantAP) {
 			return
 		}
@@ -101,14 +104,14 @@ func (h *harness) eventually(pkt nft.Packet, want nft.VerdictKind, dnat ...strin
 	h.t.Fatalf("packet %+v: got %s %v, want %s %v\n%s", pkt, res.Verdict, res.DNAT, want, wantAP, h.fk.Dump(nft.IPv4))
 }
 
-func tcp(dst string, port uint16) nft.Packet {
-	return nft.Packet{Src: netip.MustParseAddr("10.244.1.5"), Dst: netip.MustParseAddr(dst), Proto: nft.ProtoTCP, DPort: port}
+func tcp(dst string, port uint16) trace.Packet {
+	return trace.Packet{Src: netip.MustParseAddr("10.244.1.5"), Dst: netip.MustParseAddr(dst), Proto: nft.ProtoTCP, DPort: port}
 }
 
 func TestServiceLifecycle(t *testing.T) {
 	h := start(t, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
 	ctx := context.Background()
-	h.eventually(tcp("10.96.0.10", 80), nft.VerdictReject) // no endpoints yet
+	h.eventually(tcp("10.96.0.10", 80), trace.VerdictReject) // no endpoints yet
 
 	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")
 	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
@@ -162,7 +165,7 @@ func TestBadInputIsSkipped(t *testing.T) {
 // change is not lost, and the retry rewrites the table whole.
 func TestFailedSyncIsRetried(t *testing.T) {
 	h := start(t, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
-	h.eventually(tcp("10.96.0.10", 80), nft.VerdictReject)
+	h.eventually(tcp("10.96.0.10", 80), trace.VerdictReject)
 	h.fk.FailNext = errors.New("injected ENOBUFS")
 	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")
 	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(context.Background(), es, metav1.CreateOptions{}); err != nil {
@@ -247,8 +250,8 @@ func TestIncrementalSyncsMatchFullBuild(t *testing.T) {
 	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour,
 		LocalDetect:  LocalDetect{Mode: DetectNodeCIDR},
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
-	newProxier := func() (*Proxier, *nft.Fake) {
-		fk := nft.NewFake()
+	newProxier := func() (*Proxier, *nftfake.Fake) {
+		fk := nftfake.New()
 		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: fk}})
 		if err != nil {
 			t.Fatal(err)
@@ -335,17 +338,17 @@ func TestFirstSyncHook(t *testing.T) {
 		verdict nft.VerdictKind // of a packet to the Service when called
 	}
 	calls := make(chan call, 10)
-	var fk *nft.Fake
+	var fk *nftfake.Fake
 	h := startWith(t, func(d *Deps) {
-		fk = d.NFT[nft.IPv4].(*nft.Fake)
+		fk = d.NFT[nft.IPv4].(*nftfake.Fake)
 		fk.FailNext = errors.New("injected: the first transaction fails")
 		d.FirstSync = func(_ context.Context, f nft.Family) {
-			calls <- call{f, nft.NewTracer(fk).Trace(tcp("10.96.0.10", 80)).Verdict}
+			calls <- call{f, trace.New(fk.Rulesets()).Trace(tcp("10.96.0.10", 80)).Verdict}
 		}
 	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
 	select {
 	case c := <-calls:
-		if c.f != nft.IPv4 || c.verdict != nft.VerdictReject {
+		if c.f != nft.IPv4 || c.verdict != trace.VerdictReject {
 			t.Errorf("FirstSync(%s) with the Service's packet getting %s, want IPv4 with reject (rules in)", c.f, c.verdict)
 		}
 		if fk.FailNext != nil {

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+
 	"k8s.io/klog/v2"
 
 	"github.com/nftproxy/nftproxy/metrics"
@@ -20,10 +22,10 @@ import (
 // (Runner.TriggerNow), so a tampered table is repaired before the next
 // minimum sync interval is over.
 
-// Monitor reports commits other processes make to the tables (nft.Monitor).
+// Monitor reports commits other processes make to the tables (nftnl.Monitor).
 type Monitor interface {
-	Run(ctx context.Context, report func(nft.Commit)) error
-	// Pause and Committed: see nft.Monitor.
+	Run(ctx context.Context, report func(nftnl.Commit)) error
+	// Pause and Committed: see nftnl.Monitor.
 	Pause() (resume func())
 	Committed()
 }
@@ -43,7 +45,7 @@ type repair struct {
 }
 
 // foreignCommit handles a report of the Monitor.
-func (p *Proxier) foreignCommit(c nft.Commit) {
+func (p *Proxier) foreignCommit(c nftnl.Commit) {
 	families := c.Families()
 	if c.Lost {
 		families = slices.Collect(maps.Keys(p.deps.NFT))
@@ -77,7 +79,7 @@ func (p *Proxier) foreignCommit(c nft.Commit) {
 }
 
 // describeChanges lists at most a few changes, for a log line.
-func describeChanges(changes []nft.Change) []string {
+func describeChanges(changes []nftnl.Change) []string {
 	const most = 8
 	var out []string
 	for i, ch := range changes {
@@ -139,7 +141,7 @@ func (p *Proxier) committed() {
 	}
 }
 
-// ownershipReporter is a backend that can own its table (nft.Netlink).
+// ownershipReporter is a backend that can own its table (nftnl.Netlink).
 type ownershipReporter interface{ Owning() (bool, error) }
 
 // logOwnership says once whether family f's table is owned, and if not

@@ -8,6 +8,11 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+	"github.com/nftproxy/nftproxy/nft/trace"
+
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -20,7 +25,7 @@ import (
 
 // tamper deletes every element of set from the fake's table, as another
 // process would, and returns the change the monitor would report.
-func tamper(t *testing.T, fk *nft.Fake, set string) nft.Change {
+func tamper(t *testing.T, fk *nftfake.Fake, set string) nftnl.Change {
 	t.Helper()
 	s := fk.Ruleset(nft.IPv4).Sets[set]
 	var elems []nft.Element
@@ -34,7 +39,7 @@ func tamper(t *testing.T, fk *nft.Fake, set string) nft.Change {
 	if err := fk.Apply(context.Background(), tx); err != nil {
 		t.Fatal(err)
 	}
-	return nft.Change{Family: nft.IPv4, Kind: nft.KindElement, Deleted: true, Name: set, Count: len(elems)}
+	return nftnl.Change{Family: nft.IPv4, Kind: nftnl.KindElement, Deleted: true, Name: set, Count: len(elems)}
 }
 
 // TestForeignChangeIsRepaired: a change another process made to the table
@@ -49,7 +54,7 @@ func TestForeignChangeIsRepaired(t *testing.T) {
 	before := testutil.ToFloat64(metrics.RepairsTotal.WithLabelValues("IPv4", "element"))
 
 	change := tamper(t, h.fk, "service-ips")
-	h.eventually(web, nft.VerdictReject) // to a ClusterIP, not DNATed
+	h.eventually(web, trace.VerdictReject) // to a ClusterIP, not DNATed
 
 	// A sync for another change leaves the tampered element alone.
 	ctx := context.Background()
@@ -57,10 +62,10 @@ func TestForeignChangeIsRepaired(t *testing.T) {
 		service("default", "db", "10.96.0.20", 5432, v1.ProtocolTCP), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	h.eventually(tcp("10.96.0.20", 5432), nft.VerdictReject)
-	h.eventually(web, nft.VerdictReject)
+	h.eventually(tcp("10.96.0.20", 5432), trace.VerdictReject)
+	h.eventually(web, trace.VerdictReject)
 
-	h.p.foreignCommit(nft.Commit{Process: "nft", PID: 4242, Changes: []nft.Change{change}})
+	h.p.foreignCommit(nftnl.Commit{Process: "nft", PID: 4242, Changes: []nftnl.Change{change}})
 	h.eventually(web, nft.VerdictAccept, "10.244.1.11:8080")
 	waitFor(t, "the repair to be counted", func() bool {
 		return testutil.ToFloat64(metrics.RepairsTotal.WithLabelValues("IPv4", "element")) == before+1
@@ -77,7 +82,7 @@ func TestLostNotificationsCheckTheTable(t *testing.T) {
 	h.eventually(web, nft.VerdictAccept, "10.244.1.11:8080")
 	before := testutil.ToFloat64(metrics.RepairsTotal.WithLabelValues("IPv4", lostKind))
 	tamper(t, h.fk, "service-ips")
-	h.p.foreignCommit(nft.Commit{Lost: true})
+	h.p.foreignCommit(nftnl.Commit{Lost: true})
 	h.eventually(web, nft.VerdictAccept, "10.244.1.11:8080")
 	waitFor(t, "the check to be counted", func() bool {
 		return testutil.ToFloat64(metrics.RepairsTotal.WithLabelValues("IPv4", lostKind)) == before+1
@@ -96,9 +101,12 @@ func (r *pauseRecorder) add(e string) {
 	r.events = append(r.events, e)
 }
 
-func (r *pauseRecorder) Run(ctx context.Context, _ func(nft.Commit)) error { <-ctx.Done(); return nil }
-func (r *pauseRecorder) Pause() func()                                     { r.add("pause"); return func() { r.add("resume") } }
-func (r *pauseRecorder) Committed()                                        { r.add("commit") }
+func (r *pauseRecorder) Run(ctx context.Context, _ func(nftnl.Commit)) error {
+	<-ctx.Done()
+	return nil
+}
+func (r *pauseRecorder) Pause() func() { r.add("pause"); return func() { r.add("resume") } }
+func (r *pauseRecorder) Committed()    { r.add("commit") }
 
 func (r *pauseRecorder) get() []string {
 	r.mu.Lock()
@@ -137,7 +145,7 @@ func TestMonitorPausedForLargeCommits(t *testing.T) {
 // refusingBackend refuses every transaction while refuse is set, as a
 // kernel does when another process owns the table.
 type refusingBackend struct {
-	*nft.Fake
+	*nftfake.Fake
 	refuse  atomic.Bool
 	refused atomic.Int32
 }
@@ -156,7 +164,7 @@ func (b *refusingBackend) Apply(ctx context.Context, tx *nft.Transaction) error 
 func TestRefusedWhileChangesArrive(t *testing.T) {
 	var rb *refusingBackend
 	h := startWith(t, func(d *Deps) {
-		rb = &refusingBackend{Fake: d.NFT[nft.IPv4].(*nft.Fake)}
+		rb = &refusingBackend{Fake: d.NFT[nft.IPv4].(*nftfake.Fake)}
 		d.NFT[nft.IPv4] = rb
 	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP),
 		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.1"))

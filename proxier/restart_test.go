@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -24,7 +26,7 @@ import (
 // which outlives the proxiers using it as the kernel's table outlives a
 // restart.
 type recorder struct {
-	*nft.Fake
+	*nftfake.Fake
 	mu  sync.Mutex
 	txs []*nft.Transaction
 }
@@ -113,7 +115,7 @@ func opKinds(txs []*nft.Transaction) map[nft.OpKind]int {
 // with the same API state, reads the table back and writes nothing; later
 // changes are incremental as usual.
 func TestRestartUnchanged(t *testing.T) {
-	rec := &recorder{Fake: nft.NewFake()}
+	rec := &recorder{Fake: nftfake.New()}
 	objs := apiState(200)
 	first := run(t, rec, objs...)
 	first.stop()
@@ -149,7 +151,7 @@ func TestRestartUnchanged(t *testing.T) {
 // that changed meanwhile, writes only the change, and the table ends as a
 // proxier starting on an empty one would write it.
 func TestRestartChanged(t *testing.T) {
-	rec := &recorder{Fake: nft.NewFake()}
+	rec := &recorder{Fake: nftfake.New()}
 	run(t, rec, apiState(200)...).stop()
 	written := rec.count()
 
@@ -167,7 +169,7 @@ func TestRestartChanged(t *testing.T) {
 	if got := txs[0].Ops; len(got) > 9 || kinds[nft.OpAddRule] != 0 || kinds[nft.OpDeleteChain] != 1 {
 		t.Errorf("restart wrote %d ops %v", len(got), kinds)
 	}
-	fresh := nft.NewFake()
+	fresh := nftfake.New()
 	run(t, fresh, changed...)
 	canon := func(rs *nft.Ruleset) string { return ruleset.CanonicalSlots(rs).Dump() }
 	if got, want := canon(rec.Ruleset(nft.IPv4)), canon(fresh.Ruleset(nft.IPv4)); got != want {
@@ -178,7 +180,7 @@ func TestRestartChanged(t *testing.T) {
 // TestRestartFallsBackToRewrite: if the table cannot be read back, or the
 // transaction diffed against it fails, the table is rewritten whole.
 func TestRestartFallsBackToRewrite(t *testing.T) {
-	rec := &recorder{Fake: nft.NewFake()}
+	rec := &recorder{Fake: nftfake.New()}
 	objs := apiState(20)
 	run(t, rec, objs...).stop()
 
@@ -224,7 +226,7 @@ func (c *countingLoader) Load(ctx context.Context, f nft.Family) (*nft.Ruleset, 
 // instead of rewriting it: unchanged, it writes nothing; after someone else
 // deleted one of our elements, it puts back just that element.
 func TestPeriodicFullSyncVerifies(t *testing.T) {
-	backend := &countingLoader{recorder: &recorder{Fake: nft.NewFake()}}
+	backend := &countingLoader{recorder: &recorder{Fake: nftfake.New()}}
 	p, err := New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: 30 * time.Millisecond, FullSyncPeriod: time.Millisecond,
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}},
 		Deps{Client: fake.NewClientset(apiState(3)...), NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}})

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
+
 	// The JSON log format (--logging-format=json, logging.format: json),
 	// registered as upstream kube-proxy registers it.
 	_ "k8s.io/component-base/logs/json/register"

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -125,7 +127,7 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 // tables after each family's first sync (with --remove-kube-proxy-tables;
 // a no-op without), on a socket of its own.
 func checkLeftovers(ctx context.Context, o *options) (*leftovers.Checker, func(), error) {
-	n, err := nft.NewNetlink(nft.NetlinkOptions{})
+	n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("nftables socket for kube-proxy's leftovers: %w", err)
 	}
@@ -229,14 +231,14 @@ func selectFamilies(o *options) error {
 // openMonitor opens the listener for changes other processes make to the
 // tables; without it (an error is logged) drift is found by the periodic
 // full sync only.
-func openMonitor(backends map[nft.Family]nft.Interface) *nft.Monitor {
+func openMonitor(backends map[nft.Family]nft.Interface) *nftnl.Monitor {
 	var ours []uint32
 	for _, b := range backends {
-		if n, ok := b.(*nft.Netlink); ok {
+		if n, ok := b.(*nftnl.Netlink); ok {
 			ours = append(ours, n.PortID())
 		}
 	}
-	mon, err := nft.NewMonitor(nft.NetlinkOptions{}, ours...)
+	mon, err := nftnl.NewMonitor(nftnl.NetlinkOptions{}, ours...)
 	if err != nil {
 		klog.ErrorS(err, "Cannot listen for nftables changes by other processes; only the periodic full sync finds them")
 		return nil
@@ -248,14 +250,14 @@ func openMonitor(backends map[nft.Family]nft.Interface) *nft.Monitor {
 // families' syncs never wait on each other's batches.
 func openBackends(cfg proxier.Config, own bool) (map[nft.Family]nft.Interface, func(), error) {
 	backends := map[nft.Family]nft.Interface{}
-	var opened []*nft.Netlink
+	var opened []*nftnl.Netlink
 	closeAll := func() {
 		for _, n := range opened {
 			_ = n.Close()
 		}
 	}
 	for _, f := range enabledFamilies(cfg) {
-		n, err := nft.NewNetlink(nft.NetlinkOptions{OwnTable: own})
+		n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{OwnTable: own})
 		if err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("nftables backend for %s: %w", f, err)

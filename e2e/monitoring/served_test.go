@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -91,7 +93,7 @@ func runAndScrape(t *testing.T) Served {
 func runProxier(t *testing.T, netns int, client kubernetes.Interface, health *healthz.ProxyHealth) {
 	backends := map[nft.Family]nft.Interface{}
 	for _, f := range []nft.Family{nft.IPv4, nft.IPv6} {
-		n, err := nft.NewNetlink(nft.NetlinkOptions{NetNSFd: netns})
+		n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: netns})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,9 +106,9 @@ func runProxier(t *testing.T, netns int, client kubernetes.Interface, health *he
 	}
 	var ours []uint32
 	for _, b := range backends {
-		ours = append(ours, b.(*nft.Netlink).PortID())
+		ours = append(ours, b.(*nftnl.Netlink).PortID())
 	}
-	mon, err := nft.NewMonitor(nft.NetlinkOptions{NetNSFd: netns}, ours...)
+	mon, err := nftnl.NewMonitor(nftnl.NetlinkOptions{NetNSFd: netns}, ours...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+
 	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
@@ -45,7 +47,7 @@ func kernelChecker(t *testing.T, remove bool) (*netnstest.NS, *Checker) {
 	if _, err := ns.Run(kubeProxyLeftovers, "nft", "-f", "-"); err != nil {
 		t.Fatal(err)
 	}
-	n, err := nft.NewNetlink(nft.NetlinkOptions{NetNSFd: ns.Fd})
+	n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: ns.Fd})
 	if err != nil {
 		t.Fatal(err)
 	}

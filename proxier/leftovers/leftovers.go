@@ -19,6 +19,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+
 	"k8s.io/klog/v2"
 
 	"github.com/nftproxy/nftproxy/metrics"
@@ -45,10 +47,10 @@ var kubeletChains = map[string]bool{
 // shownChains is how many chain names a log line lists.
 const shownChains = 5
 
-// Kernel lists and deletes nftables tables of any name (nft.Netlink).
+// Kernel lists and deletes nftables tables of any name (nftnl.Netlink).
 type Kernel interface {
 	ListTables(ctx context.Context, f nft.Family) ([]string, error)
-	ListChains(ctx context.Context, f nft.Family) ([]nft.ChainRef, error)
+	ListChains(ctx context.Context, f nft.Family) ([]nftnl.ChainRef, error)
 	DeleteTables(ctx context.Context, f nft.Family, names []string) error
 }
 
@@ -61,7 +63,7 @@ type Findings struct {
 	TableChains int
 	// Chains are the KUBE-* chains of other tables (iptables-nft's), but
 	// kubelet's, sorted by table and name.
-	Chains []nft.ChainRef
+	Chains []nftnl.ChainRef
 }
 
 // Detect reads the tables and chains of family f and picks out
@@ -79,7 +81,7 @@ func Detect(ctx context.Context, k Kernel, f nft.Family) (Findings, error) {
 }
 
 // classify picks kube-proxy's objects out of a family's tables and chains.
-func classify(f nft.Family, tables []string, chains []nft.ChainRef) Findings {
+func classify(f nft.Family, tables []string, chains []nftnl.ChainRef) Findings {
 	fd := Findings{Family: f}
 	if slices.Contains(tables, KubeProxyTable) {
 		fd.Tables = []string{KubeProxyTable}
@@ -93,7 +95,7 @@ func classify(f nft.Family, tables []string, chains []nft.ChainRef) Findings {
 			fd.Chains = append(fd.Chains, c)
 		}
 	}
-	slices.SortFunc(fd.Chains, func(a, b nft.ChainRef) int {
+	slices.SortFunc(fd.Chains, func(a, b nftnl.ChainRef) int {
 		if c := strings.Compare(a.Table, b.Table); c != 0 {
 			return c
 		}
@@ -110,8 +112,8 @@ func (fd Findings) setGauges() {
 }
 
 // chainsByTable groups fd.Chains by table, in table order.
-func (fd Findings) chainsByTable() [][]nft.ChainRef {
-	var groups [][]nft.ChainRef
+func (fd Findings) chainsByTable() [][]nftnl.ChainRef {
+	var groups [][]nftnl.ChainRef
 	for i, c := range fd.Chains {
 		if i == 0 || c.Table != fd.Chains[i-1].Table {
 			groups = append(groups, nil)

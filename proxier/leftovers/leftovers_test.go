@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/klog/v2"
@@ -19,8 +21,8 @@ import (
 
 // fakeKernel holds tables and chains per family in memory.
 type fakeKernel struct {
-	chains  map[nft.Family][]nft.ChainRef // a table with no chain is listed as {Table: name}
-	deleted [][]string                    // every DeleteTables call's names
+	chains  map[nft.Family][]nftnl.ChainRef // a table with no chain is listed as {Table: name}
+	deleted [][]string                      // every DeleteTables call's names
 	failDel error
 	failing error // every call fails with it
 }
@@ -38,11 +40,11 @@ func (k *fakeKernel) ListTables(_ context.Context, f nft.Family) ([]string, erro
 	return tables, nil
 }
 
-func (k *fakeKernel) ListChains(_ context.Context, f nft.Family) ([]nft.ChainRef, error) {
+func (k *fakeKernel) ListChains(_ context.Context, f nft.Family) ([]nftnl.ChainRef, error) {
 	if k.failing != nil {
 		return nil, k.failing
 	}
-	var chains []nft.ChainRef
+	var chains []nftnl.ChainRef
 	for _, c := range k.chains[f] {
 		if c.Chain != "" {
 			chains = append(chains, c)
@@ -56,17 +58,17 @@ func (k *fakeKernel) DeleteTables(_ context.Context, f nft.Family, names []strin
 	if k.failDel != nil {
 		return k.failDel
 	}
-	k.chains[f] = slices.DeleteFunc(k.chains[f], func(c nft.ChainRef) bool { return slices.Contains(names, c.Table) })
+	k.chains[f] = slices.DeleteFunc(k.chains[f], func(c nftnl.ChainRef) bool { return slices.Contains(names, c.Table) })
 	return nil
 }
 
 // node is what a node migrated from kube-proxy can hold: kube-proxy's
 // nftables tables, iptables-nft tables with kube-proxy's chains and
 // kubelet's, nftproxy's table and an unrelated one.
-func ref(table, chain string) nft.ChainRef { return nft.ChainRef{Table: table, Chain: chain} }
+func ref(table, chain string) nftnl.ChainRef { return nftnl.ChainRef{Table: table, Chain: chain} }
 
 func node() *fakeKernel {
-	return &fakeKernel{chains: map[nft.Family][]nft.ChainRef{
+	return &fakeKernel{chains: map[nft.Family][]nftnl.ChainRef{
 		nft.IPv4: {
 			ref("kube-proxy", "services"), ref("kube-proxy", "nat-prerouting"), ref("kube-proxy", "service-ABC-default/web/tcp/"),
 			ref("nat", "PREROUTING"), ref("nat", "KUBE-SERVICES"), ref("nat", "KUBE-SVC-X"), ref("nat", "KUBE-SEP-Y"),
@@ -85,7 +87,7 @@ func TestDetect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Findings{Family: nft.IPv4, Tables: []string{"kube-proxy"}, TableChains: 3, Chains: []nft.ChainRef{
+	want := Findings{Family: nft.IPv4, Tables: []string{"kube-proxy"}, TableChains: 3, Chains: []nftnl.ChainRef{
 		ref("filter", "KUBE-FORWARD"), ref("nat", "KUBE-SEP-Y"), ref("nat", "KUBE-SERVICES"), ref("nat", "KUBE-SVC-X")}}
 	if !equal(v4, want) {
 		t.Errorf("IPv4: %+v, want %+v", v4, want)

@@ -7,6 +7,9 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+	"github.com/nftproxy/nftproxy/nft/trace"
+
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
 )
@@ -37,7 +40,7 @@ func testState() []model.ServicePortState {
 	}
 }
 
-func apply(t *testing.T, fk *nft.Fake, committed, desired *nft.Ruleset) *nft.Transaction {
+func apply(t *testing.T, fk *nftfake.Fake, committed, desired *nft.Ruleset) *nft.Transaction {
 	t.Helper()
 	tx := nft.Diff(committed, desired)
 	if err := fk.Apply(context.Background(), tx); err != nil {
@@ -47,43 +50,43 @@ func apply(t *testing.T, fk *nft.Fake, committed, desired *nft.Ruleset) *nft.Tra
 }
 
 func TestFlows(t *testing.T) {
-	fk := nft.NewFake()
+	fk := nftfake.New()
 	apply(t, fk, nil, Build(testConfig, nft.IPv4, testState()))
-	tr := nft.NewTracer(fk, ip("10.10.0.11"))
+	tr := trace.New(fk.Rulesets(), ip("10.10.0.11"))
 
 	pod, outside := ip("10.244.1.5"), ip("10.10.0.99")
 	tests := []struct {
 		name       string
-		pkt        nft.Packet
+		pkt        trace.Packet
 		verdict    nft.VerdictKind
 		dnat       []netip.AddrPort
 		masquerade bool
 	}{
-		{"pod to ClusterIP", nft.Packet{Src: pod, Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
+		{"pod to ClusterIP", trace.Packet{Src: pod, Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
 			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}, false},
-		{"outside to ClusterIP is masqueraded", nft.Packet{Src: outside, Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
+		{"outside to ClusterIP is masqueraded", trace.Packet{Src: outside, Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
 			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}, true},
-		{"node to ClusterIP is masqueraded", nft.Packet{Src: ip("10.10.0.11"), Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80, FromNode: true},
+		{"node to ClusterIP is masqueraded", trace.Packet{Src: ip("10.10.0.11"), Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80, FromNode: true},
 			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}, true},
-		{"udp port remap", nft.Packet{Src: pod, Dst: ip("10.96.0.53"), Proto: nft.ProtoUDP, DPort: 53},
+		{"udp port remap", trace.Packet{Src: pod, Dst: ip("10.96.0.53"), Proto: nft.ProtoUDP, DPort: 53},
 			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.20:5353")}, false},
-		{"tcp to a udp port is rejected", nft.Packet{Src: pod, Dst: ip("10.96.0.53"), Proto: nft.ProtoTCP, DPort: 53},
-			nft.VerdictReject, nil, false},
-		{"wrong port is rejected", nft.Packet{Src: pod, Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 81},
-			nft.VerdictReject, nil, false},
-		{"no endpoints is rejected", nft.Packet{Src: pod, Dst: ip("10.96.0.20"), Proto: nft.ProtoTCP, DPort: 80},
-			nft.VerdictReject, nil, false},
-		{"no endpoints from the node is rejected", nft.Packet{Src: ip("10.10.0.11"), Dst: ip("10.96.0.20"), Proto: nft.ProtoTCP, DPort: 80, FromNode: true},
-			nft.VerdictReject, nil, false},
-		{"unallocated ClusterIP is dropped", nft.Packet{Src: pod, Dst: ip("10.96.5.5"), Proto: nft.ProtoTCP, DPort: 80},
+		{"tcp to a udp port is rejected", trace.Packet{Src: pod, Dst: ip("10.96.0.53"), Proto: nft.ProtoTCP, DPort: 53},
+			trace.VerdictReject, nil, false},
+		{"wrong port is rejected", trace.Packet{Src: pod, Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 81},
+			trace.VerdictReject, nil, false},
+		{"no endpoints is rejected", trace.Packet{Src: pod, Dst: ip("10.96.0.20"), Proto: nft.ProtoTCP, DPort: 80},
+			trace.VerdictReject, nil, false},
+		{"no endpoints from the node is rejected", trace.Packet{Src: ip("10.10.0.11"), Dst: ip("10.96.0.20"), Proto: nft.ProtoTCP, DPort: 80, FromNode: true},
+			trace.VerdictReject, nil, false},
+		{"unallocated ClusterIP is dropped", trace.Packet{Src: pod, Dst: ip("10.96.5.5"), Proto: nft.ProtoTCP, DPort: 80},
 			nft.VerdictDrop, nil, false},
-		{"other traffic is untouched", nft.Packet{Src: pod, Dst: ip("10.244.2.12"), Proto: nft.ProtoTCP, DPort: 8080},
+		{"other traffic is untouched", trace.Packet{Src: pod, Dst: ip("10.244.2.12"), Proto: nft.ProtoTCP, DPort: 8080},
 			nft.VerdictAccept, nil, false},
-		{"hairpin is masqueraded", nft.Packet{Src: ip("10.244.1.11"), Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
+		{"hairpin is masqueraded", trace.Packet{Src: ip("10.244.1.11"), Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
 			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}, true},
 		// Another node's endpoint is DNATed on its own node: this node
 		// keeps no hairpin element for it.
-		{"another node's endpoint is not hairpin-masqueraded here", nft.Packet{Src: ip("10.244.2.12"), Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
+		{"another node's endpoint is not hairpin-masqueraded here", trace.Packet{Src: ip("10.244.2.12"), Dst: ip("10.96.0.10"), Proto: nft.ProtoTCP, DPort: 80},
 			nft.VerdictAccept, []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.2.12:8080")}, false},
 	}
 	for _, tc := range tests {
@@ -98,7 +101,7 @@ func TestFlows(t *testing.T) {
 }
 
 func TestResyncIsEmpty(t *testing.T) {
-	fk := nft.NewFake()
+	fk := nftfake.New()
 	first := Build(testConfig, nft.IPv4, testState())
 	apply(t, fk, nil, first)
 	if tx := nft.Diff(first, Build(testConfig, nft.IPv4, testState())); !tx.Empty() {
@@ -112,7 +115,7 @@ func TestResyncIsEmpty(t *testing.T) {
 func TestChangesCostTheirSize(t *testing.T) {
 	for _, n := range []int{10, 1000} {
 		st := bigState(n)
-		fk := nft.NewFake()
+		fk := nftfake.New()
 		slots := NewSlots()
 		committed := BuildSlots(testConfig, nft.IPv4, st, slots)
 		apply(t, fk, nil, committed)
@@ -171,7 +174,7 @@ func TestPrefixesOfEverything(t *testing.T) {
 		SourceRanges:    []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("0.0.0.0/0")},
 		Endpoints:       []netip.AddrPort{ap("10.244.2.30:8080")}}
 	rs := Build(cfg, nft.IPv4, append(testState(), lb))
-	fk := nft.NewFake()
+	fk := nftfake.New()
 	apply(t, fk, nil, rs)
 	for _, c := range rs.Chains {
 		for _, r := range c.Rules {
@@ -182,12 +185,12 @@ func TestPrefixesOfEverything(t *testing.T) {
 			}
 		}
 	}
-	tr := nft.NewTracer(fk, ip("10.10.0.11"))
-	if res := tr.Trace(nft.Packet{Src: ip("203.0.113.7"), Dst: ip("192.0.2.30"), Proto: nft.ProtoTCP, DPort: 80}); res.Verdict != nft.VerdictAccept ||
+	tr := trace.New(fk.Rulesets(), ip("10.10.0.11"))
+	if res := tr.Trace(trace.Packet{Src: ip("203.0.113.7"), Dst: ip("192.0.2.30"), Proto: nft.ProtoTCP, DPort: 80}); res.Verdict != nft.VerdictAccept ||
 		!slices.Equal(res.DNAT, lb.Endpoints) {
 		t.Errorf("load balancer IP from anywhere: %s %v", res.Verdict, res.DNAT)
 	}
-	if res := tr.Trace(nft.Packet{Src: ip("10.244.1.5"), Dst: ip("10.96.5.5"), Proto: nft.ProtoTCP, DPort: 80}); res.Verdict != nft.VerdictAccept {
+	if res := tr.Trace(trace.Packet{Src: ip("10.244.1.5"), Dst: ip("10.96.5.5"), Proto: nft.ProtoTCP, DPort: 80}); res.Verdict != nft.VerdictAccept {
 		t.Errorf("an address no Service has: %s, want it untouched", res.Verdict)
 	}
 }

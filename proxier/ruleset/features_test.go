@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+	"github.com/nftproxy/nftproxy/nft/trace"
+
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
 )
@@ -52,14 +55,14 @@ func featureState() []model.ServicePortState {
 }
 
 func TestFeatureFlows(t *testing.T) {
-	fk := nft.NewFake()
+	fk := nftfake.New()
 	apply(t, fk, nil, Build(featureConfig(), nft.IPv4, featureState()))
-	tr := nft.NewTracer(fk, nodeIP)
+	tr := trace.New(fk.Rulesets(), nodeIP)
 	pod, outside, allowed := ip("10.244.1.5"), ip("10.10.0.99"), ip("192.0.2.5")
-	pkt := func(src netip.Addr, dst string, port uint16) nft.Packet {
-		return nft.Packet{Src: src, Dst: ip(dst), Proto: nft.ProtoTCP, DPort: port}
+	pkt := func(src netip.Addr, dst string, port uint16) trace.Packet {
+		return trace.Packet{Src: src, Dst: ip(dst), Proto: nft.ProtoTCP, DPort: port}
 	}
-	fromNode := func(dst string, port uint16) nft.Packet {
+	fromNode := func(dst string, port uint16) trace.Packet {
 		p := pkt(nodeIP, dst, port)
 		p.FromNode = true
 		return p
@@ -68,7 +71,7 @@ func TestFeatureFlows(t *testing.T) {
 	remote := []netip.AddrPort{remoteEP}
 	tests := []struct {
 		name       string
-		pkt        nft.Packet
+		pkt        trace.Packet
 		verdict    nft.VerdictKind
 		dnat       []netip.AddrPort
 		masquerade bool
@@ -77,10 +80,10 @@ func TestFeatureFlows(t *testing.T) {
 		{"NodePort from the node itself", fromNode("10.10.0.11", 30080), nft.VerdictAccept, both, true},
 		{"NodePort from a pod", pkt(pod, "10.10.0.11", 30080), nft.VerdictAccept, both, true},
 		{"NodePort on a non-NodePort address is not served", pkt(outside, "10.10.0.12", 30080), nft.VerdictAccept, nil, false},
-		{"NodePort on loopback is not served", nft.Packet{Src: ip("127.0.0.1"), Dst: ip("127.0.0.1"), Proto: nft.ProtoTCP, DPort: 30080, FromNode: true},
+		{"NodePort on loopback is not served", trace.Packet{Src: ip("127.0.0.1"), Dst: ip("127.0.0.1"), Proto: nft.ProtoTCP, DPort: 30080, FromNode: true},
 			nft.VerdictAccept, nil, false},
-		{"NodePort without endpoints is rejected", pkt(outside, "10.10.0.11", 30083), nft.VerdictReject, nil, false},
-		{"external IP without endpoints is rejected", pkt(outside, "10.10.0.204", 80), nft.VerdictReject, nil, false},
+		{"NodePort without endpoints is rejected", pkt(outside, "10.10.0.11", 30083), trace.VerdictReject, nil, false},
+		{"external IP without endpoints is rejected", pkt(outside, "10.10.0.204", 80), trace.VerdictReject, nil, false},
 		{"external IP, masqueraded", pkt(outside, "10.10.0.201", 80), nft.VerdictAccept, both, true},
 		{"external IP, wrong port untouched", pkt(outside, "10.10.0.201", 81), nft.VerdictAccept, nil, false},
 		{"LB IP from an allowed source: local endpoint, source kept", pkt(allowed, "10.10.0.202", 80), nft.VerdictAccept, local, false},
@@ -131,14 +134,14 @@ func TestNodePortAddresses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := featureConfig()
 			cfg.NodePorts = tc.np
-			fk := nft.NewFake()
+			fk := nftfake.New()
 			apply(t, fk, nil, Build(cfg, nft.IPv4, st))
-			tr := nft.NewTracer(fk, tc.local...)
+			tr := trace.New(fk.Rulesets(), tc.local...)
 			src := ip("10.10.0.99")
 			if tc.fromNode {
 				src = ip("127.0.0.1")
 			}
-			res := tr.Trace(nft.Packet{Src: src, Dst: ip(tc.dst), Proto: nft.ProtoTCP, DPort: 30080, FromNode: tc.fromNode})
+			res := tr.Trace(trace.Packet{Src: src, Dst: ip(tc.dst), Proto: nft.ProtoTCP, DPort: 30080, FromNode: tc.fromNode})
 			if got := len(res.DNAT) > 0; got != tc.served {
 				t.Errorf("served %v, want %v\n%v", got, tc.served, res.Log)
 			}
@@ -153,25 +156,25 @@ func TestLocalDetectors(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		det  LocalDetector
-		pkt  nft.Packet
+		pkt  trace.Packet
 		masq bool
 	}{
-		{"CIDR: pod", LocalDetector{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}, nft.Packet{Src: ip("10.244.1.5"), Iif: "eth0"}, false},
-		{"CIDR: other", LocalDetector{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}, nft.Packet{Src: ip("10.244.2.5"), Iif: "eth0"}, true},
-		{"bridge: pod", LocalDetector{Interface: "cbr0"}, nft.Packet{Src: ip("10.99.0.5"), Iif: "cbr0"}, false},
-		{"bridge: other", LocalDetector{Interface: "cbr0"}, nft.Packet{Src: ip("10.244.1.5"), Iif: "eth0"}, true},
-		{"prefix: pod", LocalDetector{Interface: "veth", InterfacePrefix: true}, nft.Packet{Src: ip("10.99.0.5"), Iif: "veth1234"}, false},
-		{"prefix: other", LocalDetector{Interface: "veth", InterfacePrefix: true}, nft.Packet{Src: ip("10.244.1.5"), Iif: "eth0"}, true},
-		{"none: nothing masqueraded", LocalDetector{}, nft.Packet{Src: ip("10.10.0.99"), Iif: "eth0"}, false},
+		{"CIDR: pod", LocalDetector{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}, trace.Packet{Src: ip("10.244.1.5"), Iif: "eth0"}, false},
+		{"CIDR: other", LocalDetector{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}, trace.Packet{Src: ip("10.244.2.5"), Iif: "eth0"}, true},
+		{"bridge: pod", LocalDetector{Interface: "cbr0"}, trace.Packet{Src: ip("10.99.0.5"), Iif: "cbr0"}, false},
+		{"bridge: other", LocalDetector{Interface: "cbr0"}, trace.Packet{Src: ip("10.244.1.5"), Iif: "eth0"}, true},
+		{"prefix: pod", LocalDetector{Interface: "veth", InterfacePrefix: true}, trace.Packet{Src: ip("10.99.0.5"), Iif: "veth1234"}, false},
+		{"prefix: other", LocalDetector{Interface: "veth", InterfacePrefix: true}, trace.Packet{Src: ip("10.244.1.5"), Iif: "eth0"}, true},
+		{"none: nothing masqueraded", LocalDetector{}, trace.Packet{Src: ip("10.10.0.99"), Iif: "eth0"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := featureConfig()
 			cfg.LocalTraffic = tc.det
-			fk := nft.NewFake()
+			fk := nftfake.New()
 			apply(t, fk, nil, Build(cfg, nft.IPv4, st))
 			p := tc.pkt
 			p.Dst, p.Proto, p.DPort = ip("10.96.1.1"), nft.ProtoTCP, 80
-			res := nft.NewTracer(fk, nodeIP).Trace(p)
+			res := trace.New(fk.Rulesets(), nodeIP).Trace(p)
 			if len(res.DNAT) == 0 || res.Masquerade != tc.masq {
 				t.Errorf("dnat %v masquerade %v, want masquerade %v\n%v", res.DNAT, res.Masquerade, tc.masq, res.Log)
 			}

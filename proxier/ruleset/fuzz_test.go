@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+	"github.com/nftproxy/nftproxy/nft/trace"
+
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/model/fuzzstate"
@@ -59,7 +62,7 @@ func FuzzBuild(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		st := fuzzstate.Decode(data)
-		fk := nft.NewFake()
+		fk := nftfake.New()
 		for _, fam := range families {
 			ports := fuzzPorts(st, fam)
 			rs := Build(fuzzConfig(fam), fam, ports)
@@ -83,7 +86,7 @@ func FuzzBuild(f *testing.F) {
 func checkIncremental(t *testing.T, st fuzzstate.State, f nft.Family) {
 	t.Helper()
 	cfg := fuzzConfig(f)
-	fk, ed, slots := nft.NewFake(), nft.NewEditor(f), NewSlots()
+	fk, ed, slots := nftfake.New(), nft.NewEditor(f), NewSlots()
 	for _, s := range Sets(f) {
 		ed.AddSet(s)
 	}
@@ -172,7 +175,7 @@ func frontends(sp *model.ServicePortState, node netip.Addr) []frontend {
 
 // traceFrontends traces a packet to every frontend of every port that no
 // other port shares.
-func traceFrontends(t *testing.T, fk *nft.Fake, f nft.Family, ports []model.ServicePortState) {
+func traceFrontends(t *testing.T, fk *nftfake.Fake, f nft.Family, ports []model.ServicePortState) {
 	t.Helper()
 	node := fuzzConfig(f).NodePorts.Addresses[0]
 	type key struct {
@@ -186,7 +189,7 @@ func traceFrontends(t *testing.T, fk *nft.Fake, f nft.Family, ports []model.Serv
 			owners[key{ports[i].Name.Protocol, fe.dst, fe.port}]++
 		}
 	}
-	tr := nft.NewTracer(fk, fuzzstate.NodeAddrs...)
+	tr := trace.New(fk.Rulesets(), fuzzstate.NodeAddrs...)
 	for i := range ports {
 		sp := &ports[i]
 		for _, fe := range frontends(sp, node) {
@@ -206,16 +209,16 @@ func traceFrontends(t *testing.T, fk *nft.Fake, f nft.Family, ports []model.Serv
 
 // traceFrontend traces a packet from src to fe, every way through a
 // random cascade, and checks where it goes.
-func traceFrontend(t *testing.T, tr *nft.Tracer, sp *model.ServicePortState, fe frontend, src netip.Addr) {
+func traceFrontend(t *testing.T, tr *trace.Tracer, sp *model.ServicePortState, fe frontend, src netip.Addr) {
 	t.Helper()
 	verdict, want := expect(sp, fe, src)
-	pkt := nft.Packet{Src: src, Dst: fe.dst, Proto: sp.Name.Protocol, DPort: fe.port, Iif: "eth0"}
+	pkt := trace.Packet{Src: src, Dst: fe.dst, Proto: sp.Name.Protocol, DPort: fe.port, Iif: "eth0"}
 	picks := 1 // a DNAT through an endpoints map lists every endpoint
 	if sp.AffinityTimeout > 0 {
 		picks = len(sp.Endpoints) + len(sp.LocalEndpoints) // at least as many as a cascade has
 	}
 	var got []netip.AddrPort
-	var res nft.TraceResult
+	var res trace.Result
 	for tr.Pick = 0; tr.Pick < max(1, picks); tr.Pick++ {
 		res = tr.Trace(pkt)
 		if res.Verdict != verdict {
@@ -238,7 +241,7 @@ func expect(sp *model.ServicePortState, fe frontend, src netip.Addr) (nft.Verdic
 		return nft.VerdictDrop, nil
 	}
 	if len(sp.Endpoints) == 0 {
-		return nft.VerdictReject, nil
+		return trace.VerdictReject, nil
 	}
 	local := fe.external && sp.ExternalLocal || !fe.external && sp.InternalLocal
 	if !local {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+
 	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -28,7 +30,7 @@ func TestKernelListsGoldens(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			ns := netnstest.New(t, "nftproxy-rs", "nft")
-			nl, err := nft.NewNetlink(nft.NetlinkOptions{NetNSFd: ns.Fd})
+			nl, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: ns.Fd})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -63,7 +65,7 @@ func TestKernelListsHostileNames(t *testing.T) {
 		states[fmt.Sprintf("FuzzBuild input %d", i)] = func(f nft.Family) []model.ServicePortState { return fuzzPorts(st, f) }
 	}
 	ns := netnstest.New(t, "nftproxy-rs", "nft")
-	nl, err := nft.NewNetlink(nft.NetlinkOptions{NetNSFd: ns.Fd})
+	nl, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: ns.Fd})
 	if err != nil {
 		t.Fatal(err)
 	}

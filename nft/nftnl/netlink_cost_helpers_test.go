@@ -1,0 +1,403 @@
+package nftnl
+
+import (
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nfttest"
+
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Helpers for netlink_cost_test.go: hand-written batches for shapes the
+// Transaction model cannot express yet (interval maps, data lookups, the
+// byteorder expression), and timing.
+
+// Attributes and flags missing from x/sys/unix
+// (include/uapi/linux/netfilter/nf_tables.h).
+const (
+	costSetConcat     = 0x80 // NFT_SET_CONCAT
+	costSetDescConcat = 2    // NFTA_SET_DESC_CONCAT
+	costSetFieldLen   = 1    // NFTA_SET_FIELD_LEN
+	costSetElemKeyEnd = 10   // NFTA_SET_ELEM_KEY_END
+	costBuckets       = 1 << 16
+)
+
+// costGuard skips unless NFTPROXY_COST=1: these tests build tables of tens
+// of thousands of Services and take minutes.
+func costGuard(t *testing.T) {
+	t.Helper()
+	if os.Getenv("NFTPROXY_COST") != "1" {
+		t.Skip("commit cost measurements: set NFTPROXY_COST=1")
+	}
+}
+
+// costSizes reads a comma-separated list of sizes from env, or def.
+func costSizes(t *testing.T, env, def string) []int {
+	t.Helper()
+	s := os.Getenv(env)
+	if s == "" {
+		s = def
+	}
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			t.Fatalf("%s=%q: %v", env, s, err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// costReps is the number of timed repetitions per case (NFTPROXY_COST_REPS, default 7).
+func costReps() int {
+	if v, err := strconv.Atoi(os.Getenv("NFTPROXY_COST_REPS")); err == nil && v > 0 {
+		return v
+	}
+	return 7
+}
+
+// costRaw sends one batch whose messages fill writes, exactly as Apply sends
+// a transaction (one sendmsg, BATCH_END ACKed, GETGEN sentinel), and returns
+// the kernel time: from sendmsg to the sentinel's reply.
+func costRaw(n *Netlink, f nft.Family, fill func(b *batch) error) (time.Duration, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	first := n.nextSeqs(0)
+	b := newBatch(&nft.Transaction{Family: f}, batchOptions{firstSeq: first})
+	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0, 0)
+	b.op = 0
+	if err := fill(b); err != nil {
+		return 0, err
+	}
+	if b.enc.err != nil {
+		return 0, b.enc.err
+	}
+	b.op = -1
+	b.control(unix.NFNL_MSG_BATCH_END, flagAck, 0)
+	n.seq = first + uint32(len(b.owners))
+	if err := n.conn.SetDeadline(time.Now().Add(30 * time.Minute)); err != nil {
+		return 0, err
+	}
+	sent := time.Now()
+	if _, err := n.send(b.enc.b); err != nil {
+		return 0, fmt.Errorf("send %d bytes: %w", len(b.enc.b), err)
+	}
+	res, err := n.readReplies(b)
+	took := time.Since(sent)
+	if err != nil {
+		return took, err
+	}
+	if len(res.errs) > 0 {
+		e := res.errs[0]
+		return took, fmt.Errorf("message %d of %d: %w (kernel: %q; %d errors)", e.index, len(b.owners), e.errno, e.msg, len(res.errs))
+	}
+	if !res.confirmed {
+		return took, errors.New("BATCH_END was not ACKed")
+	}
+	return took, nil
+}
+
+// costTx applies a transaction and returns its kernel time.
+func costTx(n *Netlink, tx *nft.Transaction) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	err := n.Apply(ctx, tx)
+	return n.LastBatch().Kernel, err
+}
+
+// costMedian returns the median of ds.
+func costMedian(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func costMs(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d.Microseconds())/1000) }
+
+// costResult is one line of the results table.
+type costResult struct {
+	shape, name string
+	size        int
+	fwd, back   time.Duration // medians; back 0: none
+}
+
+// costReport logs results and appends them to $NFTPROXY_COST_OUT, if set.
+func costReport(t *testing.T, rs ...costResult) {
+	t.Helper()
+	var sb strings.Builder
+	for _, r := range rs {
+		back := "-"
+		if r.back > 0 {
+			back = costMs(r.back)
+		}
+		fmt.Fprintf(&sb, "%s\t%d\t%s\t%s\t%s\n", r.shape, r.size, r.name, costMs(r.fwd), back)
+	}
+	t.Logf("shape\tsize\tcase\tms\tundo ms\n%s", sb.String())
+	if p := os.Getenv("NFTPROXY_COST_OUT"); p != "" {
+		f, err := os.OpenFile(p, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		f.WriteString(sb.String())
+	}
+}
+
+// costPair times reps rounds of do then undo (each one batch) and returns
+// the medians.
+func costPair(t *testing.T, reps int, do, undo func() (time.Duration, error)) (time.Duration, time.Duration) {
+	t.Helper()
+	var fwd, back []time.Duration
+	for range reps {
+		d, err := do()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fwd = append(fwd, d)
+		if undo == nil {
+			continue
+		}
+		u, err := undo()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back = append(back, u)
+	}
+	var b time.Duration
+	if len(back) > 0 {
+		b = costMedian(back)
+	}
+	return costMedian(fwd), b
+}
+
+// --- raw messages ---
+
+// costIntervalMap writes NEWSET for an interval map. With fieldLens (a
+// concatenation) it asks for NFT_SET_CONCAT and NFTA_SET_DESC_CONCAT, which
+// selects the pipapo backend; without, the kernel picks rbtree, whatever
+// the key length. No userdata: nft lists these sets with raw types.
+func (b *batch) costIntervalMap(name string, keyMagic, keyLen, dataMagic, dataLen uint32, fieldLens []uint32) {
+	b.lastSetID++
+	id := b.lastSetID
+	flags := uint32(unix.NFT_SET_INTERVAL | unix.NFT_SET_MAP)
+	if len(fieldLens) > 0 {
+		flags |= costSetConcat
+	}
+	m := b.begin(unix.NFT_MSG_NEWSET, flagCreate)
+	b.enc.str(unix.NFTA_SET_TABLE, nft.TableName)
+	b.enc.str(unix.NFTA_SET_NAME, name)
+	b.enc.u32(unix.NFTA_SET_FLAGS, flags)
+	b.enc.u32(unix.NFTA_SET_KEY_TYPE, keyMagic)
+	b.enc.u32(unix.NFTA_SET_KEY_LEN, keyLen)
+	b.enc.u32(unix.NFTA_SET_DATA_TYPE, dataMagic)
+	b.enc.u32(unix.NFTA_SET_DATA_LEN, dataLen)
+	b.enc.u32(unix.NFTA_SET_ID, id)
+	if len(fieldLens) > 0 {
+		d := b.enc.nest(unix.NFTA_SET_DESC)
+		c := b.enc.nest(costSetDescConcat)
+		for _, l := range fieldLens {
+			el := b.enc.nest(unix.NFTA_LIST_ELEM)
+			b.enc.u32(costSetFieldLen, l)
+			b.enc.endNest(el)
+		}
+		b.enc.endNest(c)
+		b.enc.endNest(d)
+	}
+	b.end(m)
+	b.setIDs[name] = id
+}
+
+// costRange is one interval of a map: keys [lo, hi) for rbtree (hi is the
+// key of the end element), [lo, hi] for pipapo (hi is KEY_END); data is
+// the mapped value (nil when deleting).
+type costRange struct {
+	lo, hi, data []byte
+}
+
+// costIntervalElems writes NEWSETELEM or DELSETELEM for ranges: for rbtree
+// a start element (with data) and an end element (NFT_SET_ELEM_INTERVAL_END)
+// per range, as nft writes them; for pipapo one element with KEY and KEY_END.
+func (b *batch) costIntervalElems(msgType uint16, set string, ranges []costRange, pipapo bool) {
+	type elem struct {
+		key, keyEnd, data []byte
+		end               bool
+	}
+	var elems []elem
+	for _, r := range ranges {
+		if pipapo {
+			elems = append(elems, elem{key: r.lo, keyEnd: r.hi, data: r.data})
+		} else {
+			elems = append(elems, elem{key: r.lo, data: r.data}, elem{key: r.hi, end: true})
+		}
+	}
+	flags := uint16(0)
+	if msgType == unix.NFT_MSG_NEWSETELEM {
+		flags = flagCreate
+	}
+	setID := b.setIDs[set]
+	for len(elems) > 0 {
+		m := b.begin(msgType, flags)
+		b.enc.str(unix.NFTA_SET_ELEM_LIST_TABLE, nft.TableName)
+		b.enc.str(unix.NFTA_SET_ELEM_LIST_SET, set)
+		if setID != 0 {
+			b.enc.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, setID)
+		}
+		list := b.enc.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+		i := 0
+		for ; i < len(elems) && len(b.enc.b)-list < maxElemListLen; i++ {
+			e := elems[i]
+			el := b.enc.nest(uint16(i + 1))
+			if e.end {
+				b.enc.u32(unix.NFTA_SET_ELEM_FLAGS, unix.NFT_SET_ELEM_INTERVAL_END)
+			}
+			k := b.enc.nest(unix.NFTA_SET_ELEM_KEY)
+			b.enc.attr(unix.NFTA_DATA_VALUE, e.key)
+			b.enc.endNest(k)
+			if e.keyEnd != nil {
+				k := b.enc.nest(costSetElemKeyEnd)
+				b.enc.attr(unix.NFTA_DATA_VALUE, e.keyEnd)
+				b.enc.endNest(k)
+			}
+			if e.data != nil && msgType == unix.NFT_MSG_NEWSETELEM {
+				d := b.enc.nest(unix.NFTA_SET_ELEM_DATA)
+				b.enc.attr(unix.NFTA_DATA_VALUE, e.data)
+				b.enc.endNest(d)
+			}
+			b.enc.endNest(el)
+		}
+		b.enc.endNest(list)
+		b.end(m)
+		b.elements += i
+		elems = elems[i:]
+	}
+}
+
+// costRule writes NEWRULE (append) with the expressions exprs writes.
+func (b *batch) costRule(chain string, exprs func(e *encoder)) {
+	m := b.begin(unix.NFT_MSG_NEWRULE, flagCreate|flagAppend)
+	b.enc.str(unix.NFTA_RULE_TABLE, nft.TableName)
+	b.enc.str(unix.NFTA_RULE_CHAIN, chain)
+	list := b.enc.nest(unix.NFTA_RULE_EXPRESSIONS)
+	exprs(&b.enc)
+	b.enc.endNest(list)
+	b.end(m)
+}
+
+// costPerServiceRule is the fixed rule of design g, which nft writes for
+//
+//	meta l4proto tcp dnat ip to numgen random mod 65536 map @<set>
+//
+// as [ meta load l4proto => reg 1 ] [ cmp eq reg 1 6 ]
+// [ numgen reg 1 = random mod 65536 ] [ byteorder reg 1 = hton(reg 1, 4, 4) ]
+// [ lookup reg 1 set <set> dreg 1 ] [ nat dnat ip addr_min reg 1 proto_min reg 9 ].
+func costPerServiceRule(set string, setID uint32) func(e *encoder) {
+	return func(e *encoder) {
+		e.metaLoad(unix.NFT_META_L4PROTO, reg1)
+		e.cmp(unix.NFT_CMP_EQ, reg1, []byte{nft.ProtoTCP})
+		e.numgenRandom(reg1, costBuckets)
+		e.byteorderHton(reg1, reg1, 4, 4)
+		e.lookupData(reg1, reg1, set, setID)
+		e.dnat(uint32(nft.IPv4), reg1, slotReg(1), unix.NF_NAT_RANGE_PROTO_SPECIFIED)
+	}
+}
+
+// costGlobalRule is the one rule of design h: the Service's address,
+// protocol and port and a random bucket, looked up in one interval map
+// whose value is the endpoint:
+//
+//	dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 65536 map @<set>
+//
+// [ payload load 4b @ network header + 16 => reg 1 ] [ meta load l4proto => reg 9 ]
+// [ payload load 2b @ transport header + 2 => reg 10 ] [ numgen reg 11 = random mod 65536 ]
+// [ byteorder reg 11 = hton(reg 11, 4, 4) ] [ lookup reg 1 set <set> dreg 1 ]
+// [ nat dnat ip addr_min reg 1 proto_min reg 9 flags 0x2 ]
+func costGlobalRule(set string, setID uint32) func(e *encoder) {
+	return func(e *encoder) {
+		e.payloadLoad(unix.NFT_PAYLOAD_NETWORK_HEADER, 16, 4, slotReg(0))
+		e.metaLoad(unix.NFT_META_L4PROTO, slotReg(1))
+		e.payloadLoad(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, slotReg(2))
+		e.numgenRandom(slotReg(3), costBuckets)
+		e.byteorderHton(slotReg(3), slotReg(3), 4, 4)
+		e.lookupData(reg1, reg1, set, setID)
+		e.dnat(uint32(nft.IPv4), reg1, slotReg(1), unix.NF_NAT_RANGE_PROTO_SPECIFIED)
+	}
+}
+
+// costBucketRanges splits the buckets [0, 65536) into len(eps) ranges,
+// one per endpoint, with key prefix (nil for design g) before the bucket
+// and data addr . port. pipapo ranges end inclusive, rbtree ones exclusive.
+func costBucketRanges(prefix []byte, eps []netip.AddrPort, pipapo bool) []costRange {
+	out := make([]costRange, len(eps))
+	for j, ep := range eps {
+		lo := uint32(j * costBuckets / len(eps))
+		hi := uint32((j + 1) * costBuckets / len(eps))
+		if pipapo {
+			hi--
+		}
+		out[j] = costRange{
+			lo:   binary.BigEndian.AppendUint32(slices.Clone(prefix), lo),
+			hi:   binary.BigEndian.AppendUint32(slices.Clone(prefix), hi),
+			data: costAddrPort(ep),
+		}
+	}
+	return out
+}
+
+// costAddrPort is the data ipv4_addr . inet_service: 4 + (2 + 2 padding) bytes.
+func costAddrPort(ep netip.AddrPort) []byte {
+	a := ep.Addr().As4()
+	b := make([]byte, 8)
+	copy(b, a[:])
+	binary.BigEndian.PutUint16(b[4:], ep.Port())
+	return b
+}
+
+// costVIPKey is the key prefix ip daddr . meta l4proto . th dport, each
+// field padded to 4 bytes, as the registers hold it.
+func costVIPKey(ip netip.Addr, proto uint8, port uint16) []byte {
+	a := ip.As4()
+	k := append(a[:], proto, 0, 0, 0)
+	k = binary.BigEndian.AppendUint16(k, port)
+	return append(k, 0, 0)
+}
+
+// costDeleteRanges strips the data of ranges, for DELSETELEM.
+func costDeleteRanges(rs []costRange) []costRange {
+	out := make([]costRange, len(rs))
+	for i, r := range rs {
+		out[i] = costRange{lo: r.lo, hi: r.hi}
+	}
+	return out
+}
+
+// costHairpin returns the hairpin-connections elements of endpoints.
+func costHairpin(eps []netip.AddrPort) []nft.Element {
+	var out []nft.Element
+	for _, ep := range eps {
+		out = append(out, nft.Element{Key: []nft.Datum{nft.Addr(ep.Addr()), nft.Addr(ep.Addr()), nfttest.TCP, nft.Int(uint32(ep.Port()))}})
+	}
+	return out
+}
+
+// costAltBackends is a second, disjoint set of n endpoints for Service i
+// (10.64.0.0/10), to move a Service back and forth between two sets.
+func costAltBackends(i, n int) []netip.AddrPort {
+	out := make([]netip.AddrPort, n)
+	for j := range n {
+		k := i*16 + j
+		out[j] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(64 + k>>16), byte(k >> 8), byte(k)}), 8080)
+	}
+	return out
+}

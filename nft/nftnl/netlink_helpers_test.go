@@ -1,0 +1,61 @@
+package nftnl
+
+import (
+	"github.com/nftproxy/nftproxy/nft"
+
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+)
+
+// testNS is a fresh network namespace for one kernel test (netnstest.New,
+// nftproxy-t-<random>, needing root, `ip` and `nft`). The root namespace
+// is never touched: every Netlink of a test is opened on ns.Fd.
+type testNS struct{ *netnstest.NS }
+
+func newTestNS(t testing.TB) *testNS {
+	t.Helper()
+	return &testNS{netnstest.New(t, "nftproxy-t", "nft")}
+}
+
+// nft runs nft in the namespace with optional stdin.
+func (ns *testNS) nft(stdin string, args ...string) (string, error) {
+	return ns.Run(stdin, append([]string{"nft"}, args...)...)
+}
+
+func (ns *testNS) mustNft(t testing.TB, stdin string, args ...string) string {
+	t.Helper()
+	out, err := ns.nft(stdin, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// list returns `nft list table <family> nftproxy`.
+func (ns *testNS) list(t testing.TB, f nft.Family) string {
+	t.Helper()
+	return ns.mustNft(t, "", "list", "table", f.String(), nft.TableName)
+}
+
+// netlink opens a Netlink on the namespace, closed when the test ends.
+func (ns *testNS) netlink(t testing.TB) *Netlink {
+	t.Helper()
+	n, err := NewNetlink(NetlinkOptions{NetNSFd: ns.Fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+func apply(t testing.TB, n *Netlink, tx *nft.Transaction) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := n.Apply(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+}

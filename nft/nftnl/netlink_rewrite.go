@@ -1,0 +1,338 @@
+package nftnl
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/nftproxy/nftproxy/nft"
+
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// This file applies a transaction that starts with OpResetTable, a rewrite
+// of the whole table, without refusing a connection.
+//
+// The obvious batch, "add table; delete table; add table" and then every
+// set, chain, rule and element, is atomic for the rules, not for the sets
+// with intervals (our endpoints maps). The kernel commits a batch in one
+// step for the rules: it flips the ruleset generation, and every hooked
+// chain runs its new rules from then on. Then it walks the whole batch
+// (notifications, unhooking the deleted base chains, freeing), and only
+// at the end calls each changed set's commit function
+// (nft_set_commit_update in nf_tables_commit). An interval set's packet
+// path reads a structure that function publishes: pipapo's match, and
+// since "netfilter: nft_set_rbtree: translate rbtree to array for binary
+// search" (Linux 6.19, in 6.18 stable) the rbtree's array. Until then a
+// set created in the batch matches nothing. So for the length of that
+// walk (milliseconds at a thousand Services), the new table's DNAT
+// lookups in its endpoints maps miss; the old table's base chains are
+// still hooked, but DELTABLE deactivated its maps' elements for the new
+// generation: neither DNATs, the NAT core binds the connection to no
+// translation, and filter-forward's cluster-ips-check refuses it. Hash
+// sets (every other set) have no commit function: their elements change
+// with the generation, and a rewrite of a table without interval sets
+// loses nothing. See docs/rewrite.md for the reproduction and measurements.
+//
+// So a rewrite keeps the table and its interval sets' objects: it clears
+// the table in place (clearInPlace) and refills it. A set that is kept
+// keeps its published structure until the commit's end, and the packet
+// path goes on finding the elements the batch deletes there; then it
+// finds the new ones. Base chains are never unhooked and hooked again.
+// What to keep or delete comes from a listing of the table's chains and
+// sets (no rules, no elements), read just before, and the batch carries
+// the generation it was read at: if anyone committed in between, the
+// kernel refuses the batch whole and the rewrite lists again.
+//
+// A table whose persistence must change (--own-tables switched) cannot be
+// kept: the kernel refuses to add or drop NFT_TABLE_F_PERSIST on a table
+// that exists. Then the rewrite hands the traffic over through a second
+// table (handover).
+
+// handoverTable is the table that carries the traffic while table
+// nftproxy is deleted and created again (handover). It is owned by the
+// socket that writes it, so the kernel deletes it if nftproxy dies
+// before it does.
+const handoverTable = "nftproxy-handover"
+
+// rewriteAttempts bounds the listings of a rewrite that raced with
+// another commit.
+const rewriteAttempts = 3
+
+// errGenerationMoved: the kernel refused a batch because the ruleset's
+// generation is no longer the one the batch was computed against.
+var errGenerationMoved = errors.New("the ruleset changed since it was listed")
+
+// Attributes and flags golang.org/x/sys/unix does not name.
+const (
+	nftaTableOwner  = 7   // NFTA_TABLE_OWNER
+	nftChainBinding = 0x4 // NFT_CHAIN_BINDING: an anonymous chain of a rule
+)
+
+// tableListing is what clearInPlace needs to know of table nftproxy in
+// the kernel: its flags, and its chains and sets, without rules or
+// elements.
+type tableListing struct {
+	gen   uint32 // the generation it was read at
+	found bool
+	flags uint32
+	owner uint32 // netlink port of the owning socket, 0: none
+	use   uint32 // objects in the table (NFTA_TABLE_USE)
+	// chains holds every chain, as decodeChain reads it; bindings are the
+	// anonymous chains of rules, which go with their rule.
+	chains   map[string]*nft.Chain
+	bindings map[string]bool
+	// sets holds the named sets (decodeSet: a nil Key for one nftproxy
+	// could not have written); anonymous counts the anonymous ones.
+	sets      map[string]*nft.Set
+	anonymous int
+	// handover: a handover table this socket owns is left over (its
+	// deletion failed).
+	handover bool
+}
+
+// listTable reads the listing of table nftproxy of family f: one table
+// dump, then, if the table exists, one dump of chains and one of sets.
+func (n *Netlink) listTable(f nft.Family) (*tableListing, error) {
+	gen, err := n.generation()
+	if err != nil {
+		return nil, err
+	}
+	l := &tableListing{gen: gen, chains: map[string]*nft.Chain{}, bindings: map[string]bool{}, sets: map[string]*nft.Set{}}
+	port := n.conn.PID()
+	tables, err := n.tables(f)
+	if err != nil {
+		return nil, fmt.Errorf("dump tables: %w", err)
+	}
+	for _, t := range tables {
+		switch t.name {
+		case nft.TableName:
+			l.found, l.flags, l.use, l.owner = true, t.flags, t.use, t.owner
+		case handoverTable:
+			l.handover = t.owner == port
+		}
+	}
+	if !l.found {
+		return l, nil
+	}
+	if err := n.dump(unix.NFT_MSG_GETCHAIN, f, nil, l.addChain); err != nil {
+		return nil, fmt.Errorf("dump chains: %w", err)
+	}
+	table := func(e *encoder) { e.str(unix.NFTA_SET_TABLE, nft.TableName) }
+	if err := n.dump(unix.NFT_MSG_GETSET, f, table, func(attrs []byte) error { return l.addSet(f, attrs) }); err != nil {
+		return nil, fmt.Errorf("dump sets: %w", err)
+	}
+	return l, nil
+}
+
+func (l *tableListing) addChain(attrs []byte) error {
+	c := decodeChain(attrs)
+	if c == nil {
+		return nil
+	}
+	l.chains[c.Name] = c
+	forEachAttr(attrs, func(typ uint16, data []byte) {
+		if typ == nftaChainFlags && be32(data)&nftChainBinding != 0 {
+			l.bindings[c.Name] = true
+		}
+	})
+	return nil
+}
+
+func (l *tableListing) addSet(f nft.Family, attrs []byte) error {
+	var table string
+	var flags uint32
+	forEachAttr(attrs, func(typ uint16, data []byte) {
+		switch typ {
+		case unix.NFTA_SET_TABLE:
+			table = cstr(data)
+		case unix.NFTA_SET_FLAGS:
+			flags = be32(data)
+		}
+	})
+	if table != nft.TableName {
+		return nil
+	}
+	if flags&unix.NFT_SET_ANONYMOUS != 0 {
+		l.anonymous++
+		return nil
+	}
+	if s := decodeSet(f, attrs); s != nil {
+		l.sets[s.Name] = s
+	}
+	return nil
+}
+
+// clearable reports whether the table can be cleared in place and given
+// flags: it does not exist, or it keeps its persistence and holds nothing
+// but chains and sets (no named object or flowtable, which only another
+// program could have added). A table another running process owns is
+// "clearable": the batch is refused (EPERM), as any other would be.
+func (l *tableListing) clearable(flags, port uint32) bool {
+	switch {
+	case !l.found:
+		return true
+	case l.owner != 0 && l.owner != port:
+		return true
+	case (l.flags^flags)&tablePersist != 0:
+		return false
+	}
+	return l.use == uint32(len(l.chains)+len(l.sets)+l.anonymous)
+}
+
+// kept returns the sets and chains of the listing that tx adds again as
+// they are: those clearInPlace keeps (emptied) instead of deleting.
+func (l *tableListing) kept(tx *nft.Transaction) (sets, chains map[string]bool) {
+	sets, chains = map[string]bool{}, map[string]bool{}
+	if !l.found {
+		return sets, chains
+	}
+	for _, op := range tx.Ops {
+		switch op.Kind {
+		case nft.OpAddSet:
+			if have := l.sets[op.Set.Name]; have != nil && have.Key != nil && nft.SameSetDefinition(have, op.Set) {
+				sets[op.Set.Name] = true
+			}
+		case nft.OpAddChain:
+			have := l.chains[op.Chain.Name]
+			if have != nil && !have.Loaded.Foreign && !l.bindings[have.Name] && reflect.DeepEqual(have.Base, op.Chain.Base) {
+				chains[op.Chain.Name] = true
+			}
+		}
+	}
+	return sets, chains
+}
+
+// clearInPlace writes OpResetTable as a clearing of the table listed in
+// b.inPlace: NEWTABLE with the table's flags (creating it, claiming it
+// or waking it), every rule deleted (DELRULE naming only the table, as
+// `nft flush table` writes it), the kept sets flushed and the others
+// deleted, then the chains not kept deleted. The transaction's later
+// operations refill the kept objects and add the others.
+func (b *batch) clearInPlace() {
+	l := b.inPlace
+	b.newTable(b.tableFlags)
+	if l.handover {
+		b.deleteTableNamed(handoverTable)
+	}
+	if !l.found {
+		return
+	}
+	if len(l.chains) > 0 {
+		m := b.begin(unix.NFT_MSG_DELRULE, 0)
+		b.enc.str(unix.NFTA_RULE_TABLE, b.table)
+		b.end(m)
+	}
+	for _, name := range slices.Sorted(maps.Keys(l.sets)) {
+		if b.keptSets[name] {
+			b.flushSet(name)
+		} else {
+			b.delSet(name)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(l.chains)) {
+		if !b.keptChains[name] && !l.bindings[name] {
+			b.chainMsg(unix.NFT_MSG_DELCHAIN, name)
+		}
+	}
+}
+
+// flushSet writes DELSETELEM without elements: every element of the set
+// is deleted (`nft flush set`, whose attribute order this is).
+func (b *batch) flushSet(name string) {
+	m := b.begin(unix.NFT_MSG_DELSETELEM, 0)
+	b.enc.str(unix.NFTA_SET_ELEM_LIST_SET, name)
+	b.enc.str(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
+	b.end(m)
+}
+
+// deleteTableNamed writes "add table; delete table" for another table of
+// the family than the batch's.
+func (b *batch) deleteTableNamed(name string) {
+	table := b.table
+	b.table = name
+	b.ensureTable()
+	b.deleteTable()
+	b.table = table
+}
+
+// rewrite applies tx, which starts with OpResetTable: it lists the table
+// and clears it in place, or hands over when it cannot. A listing or a
+// batch that raced with another commit is done again.
+func (n *Netlink) rewrite(ctx context.Context, tx *nft.Transaction, opts batchOptions) error {
+	var total BatchStats
+	defer func() { n.last = total }()
+	for attempt := 1; ; attempt++ {
+		start := time.Now()
+		l, err := n.listTable(tx.Family)
+		total.List += time.Since(start)
+		if err == nil {
+			if l.clearable(opts.tableFlags, n.conn.PID()) {
+				o := opts
+				o.inPlace, o.genID = l, l.gen
+				err = n.commit(ctx, tx, o)
+				total.add(n.last)
+			} else {
+				err = n.handover(ctx, tx, opts, &total)
+			}
+		}
+		raced := errors.Is(err, errLoadRaced) || errors.Is(err, errGenerationMoved)
+		if !raced || attempt == rewriteAttempts || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// handover rewrites a table that cannot be cleared in place, in three
+// batches, each of which leaves the packet path a table that translates:
+//  1. the handover table, written whole beside table nftproxy. Its
+//     interval sets are new and match nothing until this commit ends, so
+//     its DNAT rules miss and the NAT core goes on to table nftproxy's
+//     chains, which are untouched.
+//  2. table nftproxy deleted and created again, with the flags it must
+//     have. The handover table, whose sets are published, translates
+//     until the new table's are.
+//  3. the handover table deleted: its chains run after table nftproxy's
+//     (at an equal priority netfilter puts a later hook first), which
+//     translate.
+//
+// The handover table is deleted however the second batch went.
+func (n *Netlink) handover(ctx context.Context, tx *nft.Transaction, opts batchOptions, total *BatchStats) error {
+	temp := opts
+	temp.table, temp.tableFlags = handoverTable, tableOwner
+	err := n.commit(ctx, tx, temp)
+	total.add(n.last)
+	if err != nil {
+		return fmt.Errorf("write table %s: %w", handoverTable, err)
+	}
+	err = n.commit(ctx, tx, opts)
+	total.add(n.last)
+	del := batchOptions{table: handoverTable, msgFlags: opts.msgFlags, endFlags: opts.endFlags}
+	derr := n.commit(ctx, &nft.Transaction{Family: tx.Family, Ops: []nft.Op{{Kind: nft.OpDeleteTable}}}, del)
+	total.add(n.last)
+	if derr != nil {
+		derr = fmt.Errorf("delete table %s: %w", handoverTable, derr)
+	}
+	return errors.Join(err, derr)
+}
+
+// add adds the figures of another batch of the same Apply.
+func (s *BatchStats) add(o BatchStats) {
+	s.Batches += o.Batches
+	s.Ops += o.Ops
+	s.Messages += o.Messages
+	s.Bytes += o.Bytes
+	s.Elements += o.Elements
+	s.Replies += o.Replies
+	s.Encode += o.Encode
+	s.Kernel += o.Kernel
+	s.KernelCPU += o.KernelCPU
+	s.List += o.List
+	s.GenID = o.GenID
+	s.Confirmed = o.Confirmed
+}

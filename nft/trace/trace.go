@@ -1,0 +1,315 @@
+package trace
+
+import (
+	"github.com/nftproxy/nftproxy/nft"
+
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+)
+
+// Packet is the first packet of a connection, as the tracer sees it.
+type Packet struct {
+	Src, Dst netip.Addr
+	Proto    uint8
+	DPort    uint16
+	Mark     uint32
+	// Iif is the input interface's name (empty for packets from the node).
+	Iif string
+	// FromNode: the packet is sent by a process on the node itself (output
+	// hook) instead of arriving on an interface (prerouting hook).
+	FromNode bool
+}
+
+// Result is what happened to a traced packet.
+type Result struct {
+	Verdict nft.VerdictKind // VerdictAccept, VerdictDrop, or "reject"
+	// DNAT lists every backend the packet could have been sent to (all
+	// targets of a random cascade, in rule order, or all endpoints of a
+	// DNATMap's slot, in bucket order); empty if not NATed.
+	// Tracer.Pick chooses which one the traced packet continues to.
+	DNAT       []netip.AddrPort
+	Masquerade bool
+	Log        []string // chains and rules taken, for failure messages
+}
+
+// VerdictReject is the tracer's verdict for a rejected packet.
+const VerdictReject nft.VerdictKind = "reject"
+
+// Tracer walks packets through rulesets (a Fake's, or a table read back), hook by hook, the way
+// netfilter does for a first packet: prerouting (or output), then input or
+// forward, then postrouting, base chains in priority order.
+type Tracer struct {
+	Rulesets map[nft.Family]*nft.Ruleset
+	// LocalAddrs are the node's own addresses: a packet whose destination
+	// (after DNAT) is one of them goes to the input hook, not forward.
+	LocalAddrs []netip.Addr
+	// Pick chooses which rule of a random cascade the traced packet takes:
+	// the Pick-th random match (from 0) succeeds, the others fail, so
+	// Pick ≥ N-1 takes the last, unguarded rule of an N-rule cascade. A
+	// DNATMap sends it to the endpoint of the Pick-th range of buckets
+	// (the last if there are fewer).
+	Pick int
+}
+
+// New returns a tracer over rulesets, one per family, on a node with the
+// local addresses given.
+func New(rulesets map[nft.Family]*nft.Ruleset, local ...netip.Addr) *Tracer {
+	return &Tracer{Rulesets: rulesets, LocalAddrs: local}
+}
+
+type traceState struct {
+	f     nft.Family
+	pkt   Packet
+	dnat  bool
+	res   Result
+	depth int
+	draws int // random matches evaluated so far
+}
+
+// Trace sends p through the rulesets.
+func (t *Tracer) Trace(p Packet) Result {
+	f := nft.IPv4
+	if p.Dst.Is6() && !p.Dst.Is4In6() {
+		f = nft.IPv6
+	}
+	st := &traceState{f: f, pkt: p, res: Result{Verdict: nft.VerdictAccept}}
+	rs := t.Rulesets[f]
+	first := nft.HookPrerouting
+	if p.FromNode {
+		first = nft.HookOutput
+	}
+	hooks := []nft.Hook{first}
+	if !p.FromNode {
+		hooks = append(hooks, nft.HookForward)
+	}
+	hooks = append(hooks, nft.HookPostrouting)
+	for i, h := range hooks {
+		if h == nft.HookForward && t.isLocal(st.pkt.Dst) {
+			hooks[i] = nft.HookInput
+			h = nft.HookInput
+		}
+		if v := t.runHook(rs, h, st); v == nft.VerdictDrop || v == VerdictReject {
+			st.res.Verdict = v
+			return st.res
+		}
+	}
+	return st.res
+}
+
+func (t *Tracer) isLocal(a netip.Addr) bool {
+	for _, l := range t.LocalAddrs {
+		if l == a {
+			return true
+		}
+	}
+	return false
+}
+
+// runHook runs the base chains of a hook in priority order; it returns the
+// first drop or reject.
+func (t *Tracer) runHook(rs *nft.Ruleset, h nft.Hook, st *traceState) nft.VerdictKind {
+	if rs == nil {
+		return nft.VerdictAccept
+	}
+	var chains []*nft.Chain
+	for _, c := range rs.Chains {
+		if c.Base != nil && c.Base.Hook == h {
+			chains = append(chains, c)
+		}
+	}
+	sort.Slice(chains, func(i, j int) bool { return chains[i].Base.Priority < chains[j].Base.Priority })
+	for _, c := range chains {
+		if c.Base.Type == nft.ChainNAT && h != nft.HookPostrouting && st.dnat {
+			continue
+		}
+		if v := t.runChain(rs, c, st); v == nft.VerdictDrop || v == VerdictReject {
+			return v
+		}
+	}
+	return nft.VerdictAccept
+}
+
+// runChain evaluates a chain; "" means the chain ended without a verdict.
+func (t *Tracer) runChain(rs *nft.Ruleset, c *nft.Chain, st *traceState) nft.VerdictKind {
+	st.depth++
+	defer func() { st.depth-- }()
+	if st.depth > 16 {
+		st.res.Log = append(st.res.Log, "loop at chain "+c.Name)
+		return nft.VerdictDrop
+	}
+	st.res.Log = append(st.res.Log, "chain "+c.Name)
+	for i, r := range c.Rules {
+		if v, done := t.runRule(rs, r, st); done {
+			if st.draws > 0 {
+				// A random cascade took this rule; the rules after it
+				// were possible outcomes too.
+				for _, later := range c.Rules[i+1:] {
+					if to, ok := dnatTarget(later); ok {
+						st.res.DNAT = append(st.res.DNAT, to)
+					}
+				}
+			}
+			return v
+		}
+	}
+	return ""
+}
+
+// runRule evaluates a rule; done reports a final verdict for the chain.
+func (t *Tracer) runRule(rs *nft.Ruleset, r nft.Rule, st *traceState) (nft.VerdictKind, bool) {
+	for _, p := range r.Phrases {
+		switch p := p.(type) {
+		case nft.VerdictPhrase:
+			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
+			return t.applyVerdict(rs, p.Verdict, st)
+		case nft.VmapLookup:
+			s := rs.Sets[p.Map]
+			fields := st.fields(p.Fields)
+			key := s.KeyString(fields)
+			e, ok := s.Elements.Get(fields)
+			if !ok {
+				return "", false
+			}
+			st.res.Log = append(st.res.Log, fmt.Sprintf("  %s: %s", r.Text(st.f), key))
+			return t.applyVerdict(rs, *e.Verdict, st)
+		case nft.RejectTCPReset:
+			if st.pkt.Proto != nft.ProtoTCP {
+				return "", false
+			}
+			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
+			return VerdictReject, true
+		case nft.Reject:
+			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
+			return VerdictReject, true
+		case nft.MatchRandom:
+			// Every backend of a random cascade is a possible outcome:
+			// note this rule's target, then take it only on the Pick-th draw.
+			st.draws++
+			if st.draws-1 != t.Pick {
+				if to, ok := dnatTarget(r); ok {
+					st.res.DNAT = append(st.res.DNAT, to)
+				}
+				return "", false
+			}
+		case nft.DNATMap:
+			return t.dnatMap(rs, r, p, st)
+		case nft.DNAT:
+			st.res.DNAT = append(st.res.DNAT, p.To)
+			st.pkt.Dst, st.pkt.DPort, st.dnat = p.To.Addr(), p.To.Port(), true
+			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
+			return nft.VerdictAccept, true
+		case nft.Masquerade:
+			st.res.Masquerade = true
+			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
+			return nft.VerdictAccept, true
+		case nft.MatchFibLocal:
+			a := st.pkt.Dst
+			if p.Field == nft.FieldSrcAddr {
+				a = st.pkt.Src
+			}
+			if !t.isLocal(a) {
+				return "", false
+			}
+		case nft.UpdateSet:
+			// The Fake's sets are what the proxy wrote: the tracer does not
+			// learn clients (see Tracer.Affinity).
+		case nft.SetMarkBits:
+			st.pkt.Mark |= p.Bits
+		case nft.ToggleMarkBits:
+			st.pkt.Mark ^= p.Bits
+		default:
+			if !st.match(rs, p) {
+				return "", false
+			}
+		}
+	}
+	return "", false
+}
+
+// dnatMap runs a DNATMap phrase of rule r. Every endpoint of the Service
+// is a possible outcome, as in a cascade; the traced packet takes the
+// Pick-th range.
+func (t *Tracer) dnatMap(rs *nft.Ruleset, r nft.Rule, p nft.DNATMap, st *traceState) (nft.VerdictKind, bool) {
+	if st.pkt.Proto != p.Proto {
+		return "", false
+	}
+	targets := nft.SlotEndpoints(rs.Sets[p.Map], p.Slot)
+	if len(targets) == 0 {
+		return "", false
+	}
+	to := targets[min(t.Pick, len(targets)-1)]
+	st.res.DNAT = append(st.res.DNAT, targets...)
+	st.pkt.Dst, st.pkt.DPort, st.dnat = to.Addr(), to.Port(), true
+	st.res.Log = append(st.res.Log, fmt.Sprintf("  %s: %v of %v", r.Text(st.f), to, targets))
+	return nft.VerdictAccept, true
+}
+
+// dnatTarget is the destination of the rule's DNAT phrase, if it has one.
+func dnatTarget(r nft.Rule) (netip.AddrPort, bool) {
+	for _, p := range r.Phrases {
+		if d, ok := p.(nft.DNAT); ok {
+			return d.To, true
+		}
+	}
+	return netip.AddrPort{}, false
+}
+
+func (t *Tracer) applyVerdict(rs *nft.Ruleset, v nft.Verdict, st *traceState) (nft.VerdictKind, bool) {
+	switch v.Kind {
+	case nft.VerdictJump:
+		if r := t.runChain(rs, rs.Chains[v.Chain], st); r != "" {
+			return r, true
+		}
+		return "", false
+	case nft.VerdictGoto:
+		return t.runChain(rs, rs.Chains[v.Chain], st), true
+	case nft.VerdictReturn:
+		return "", true
+	}
+	return v.Kind, true
+}
+
+func (st *traceState) fields(fields []nft.Field) []nft.Datum {
+	out := make([]nft.Datum, len(fields))
+	for i, fd := range fields {
+		switch fd {
+		case nft.FieldSrcAddr:
+			out[i] = nft.Addr(st.pkt.Src)
+		case nft.FieldDstAddr:
+			out[i] = nft.Addr(st.pkt.Dst)
+		case nft.FieldL4Proto:
+			out[i] = nft.Int(uint32(st.pkt.Proto))
+		case nft.FieldDstPort:
+			out[i] = nft.Int(uint32(st.pkt.DPort))
+		}
+	}
+	return out
+}
+
+func (st *traceState) match(rs *nft.Ruleset, p nft.Phrase) bool {
+	switch p := p.(type) {
+	case nft.MatchPrefix:
+		a := st.pkt.Src
+		if p.Field == nft.FieldDstAddr {
+			a = st.pkt.Dst
+		}
+		return p.Prefix.Contains(a) != p.Negate
+	case nft.MatchSet:
+		s := rs.Sets[p.Set]
+		return s.Elements.Has(st.fields(p.Fields)) != p.Negate
+	case nft.MatchL4Proto:
+		return st.pkt.Proto == p.Proto
+	case nft.MatchCtStateNew:
+		return true // the tracer follows first packets only
+	case nft.MatchCtStatusDNAT:
+		return st.dnat
+	case nft.MatchMarkBits:
+		return st.pkt.Mark&p.Mask != 0
+	case nft.MatchIifname:
+		ok := st.pkt.Iif == p.Name || (p.Prefix && strings.HasPrefix(st.pkt.Iif, p.Name))
+		return ok != p.Negate
+	}
+	panic(fmt.Sprintf("nft: tracer cannot evaluate %T", p))
+}
