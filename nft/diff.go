@@ -108,11 +108,10 @@ func changedKeys(want *Set, have *Elements) []string {
 // operations Diff makes from an empty table, in the same order, after
 // OpResetTable, but each set's elements added by one op that names them
 // all (Op.AllElements), encoded in the order of the set's map: the kernel
-// does not care, sorting the keys was a tenth of a full sync (46 ms at 10k
-// Services of 5 endpoints, 1.65 s at 100k of 10), and a copy of the
-// elements was 12 MB at 10k. Nothing is compared, so it does not go
-// through changes: the operations are written once into a slice of its
-// final size.
+// does not care, and sorting the keys or copying the elements was a
+// sizeable part of a full sync (docs/code-figures.md). Nothing is
+// compared, so it does not go through changes: the operations are written
+// once into a slice of its final size.
 func FullRewrite(desired *Ruleset) *Transaction {
 	setNames := desired.SortedSetNames()
 	chainNames := sortedKeys(desired.Chains)

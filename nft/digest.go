@@ -40,8 +40,8 @@ const rulesDigestVersion = 1
 // the first 16 bytes of the SHA-256 of rulesDigestVersion, the family and
 // every rule in a compact binary form (digestPhrase). Two rules with the
 // same digest input have the same nft text (TestDigestSeesEveryField).
-// Writing the text instead (Rule.Text) made a cold start of 10,000
-// Services 110 ms slower; this costs about a tenth of that.
+// Writing the text instead (Rule.Text) made a cold start measurably
+// slower; this costs about a tenth of that (docs/code-figures.md).
 func DigestRules(f Family, rules []Rule) RulesDigest {
 	d, _ := digestRules(nil, f, rules)
 	return d

@@ -155,8 +155,8 @@ func (e *Editor) loadedSet(name string) *Set {
 // adoption is what happened to the elements of a set adopted from the
 // table read back, until the first transaction: at a restart, the
 // desired set is built in the loaded set's memory instead of beside it (a
-// second copy of 2.1 million elements at 100,000 Services of 10 endpoints,
-// ~65 MB, live while the whole desired state is built). Each element the
+// second copy of every element, live while the whole desired state is
+// built: docs/code-figures.md). Each element the
 // fragments put is marked (Elements.putMarked); before records, per packed
 // key, the value the kernel has for each element that was put new or
 // different, or released. The first Transaction deletes the elements
@@ -440,8 +440,9 @@ func (e *Editor) Transaction() *Transaction {
 		case before != nil && now == nil:
 			c.goneSets = append(c.goneSets, before)
 		case before != nil && now != nil && !SameSetDefinition(before, now):
-			// Owned sets are named after their definition (see
-			// ruleset.affinitySetName), so this is a programming error.
+			// The builder names owned sets after their definition (an
+			// affinity set's name holds its timeout), so this is a
+			// programming error.
 			panic("nft: Editor set " + n + " redefined in place")
 		}
 	}
@@ -474,9 +475,8 @@ func (e *Editor) Transaction() *Transaction {
 func (e *Editor) Commit() {
 	e.reset, e.loaded, e.adopted = false, nil, nil
 	// Fresh maps, not clear(): a cleared map keeps the buckets of the full
-	// sync's before-images (a million slots at 100k Services), and the next
-	// Transaction would walk them all. Measured in docs/profiles.md: a
-	// single change at 100k×10 went from 10.2 to 0.94 ms.
+	// sync's before-images (one per element), and the next Transaction
+	// would walk them all (docs/profiles.md).
 	e.setsBefore = map[string]*Set{}
 	e.chainsBefore = map[string]*Chain{}
 	e.elemsBefore = map[setKey]*Element{}

@@ -13,9 +13,9 @@ import (
 //
 // A rule holding any expression with a validate op (nat, immediate
 // verdicts, lookups…) makes the kernel validate the whole table when it is
-// committed (nf_tables_commit → nf_tables_validate): 25 to 28 ms at 10,000
-// Services, about 290 ms at 100,000 on Linux 6.18, however small the
-// change (netlink_cost_test.go). A DNATMap rule picks the endpoint from an
+// committed (nf_tables_commit → nf_tables_validate), which grows with the
+// table however small the change (docs/code-figures.md). A DNATMap rule
+// picks the endpoint from an
 // endpoints map instead of a cascade of per-endpoint rules. Each Service
 // (each endpoint set: cluster, local) owns a slot of an endpoints map: the
 // rule draws a random bucket in the slot's range of keys per new

@@ -51,7 +51,7 @@ type Op struct {
 	// AllElements, on an OpAddElements, adds every element of Set, as
 	// Set holds them when the transaction is applied, instead of
 	// Elements: a full rewrite does not copy the elements of its sets
-	// (12 MB at 10,000 Services of 5 endpoints).
+	// (a large share of a full sync's memory; docs/code-figures.md).
 	AllElements bool
 	// Digest, on the OpAddRule that writes the first rule of a chain
 	// written whole, is the digest of all the chain's rules; the rule

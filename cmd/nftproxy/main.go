@@ -20,9 +20,8 @@ import (
 // Most of the proxy's heap is long-lived state (the informers' objects,
 // the model, the desired ruleset): with Go's default of 100 the heap grows
 // to twice what is live before it is collected, and the peaks of a full
-// sync, which builds the whole desired state again, sit at that bound. At
-// 100,000 Services of 10 endpoints a restart peaked at 562-610 MB with
-// 100 and 518 MB with 50 (docs/benchmarks.md).
+// sync, which builds the whole desired state again, sit at that bound
+// (docs/code-figures.md).
 const defaultGCPercent = 50
 
 // gcPercent returns the GC percentage to set, unless GOGC is set.

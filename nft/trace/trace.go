@@ -213,8 +213,8 @@ func (t *Tracer) runRule(rs *nft.Ruleset, r nft.Rule, st *traceState) (nft.Verdi
 				return "", false
 			}
 		case nft.UpdateSet:
-			// The Fake's sets are what the proxy wrote: the tracer does not
-			// learn clients (see Tracer.Affinity).
+			// The tracer does not learn clients: a dynamic set holds what
+			// the table holds, so a first packet takes no sticky rule.
 		case nft.SetMarkBits:
 			st.pkt.Mark |= p.Bits
 		case nft.ToggleMarkBits:

@@ -36,7 +36,7 @@ type LocalDetector struct {
 	InterfacePrefix bool
 }
 
-// matches returns the rules' phrase lists that match local traffic (one per
+// local returns the rules' phrase lists that match local traffic (one per
 // alternative), or that match non-local traffic (all of the phrases must
 // hold: one list); nil if there is no detector.
 func (d LocalDetector) local() [][]nft.Phrase {

@@ -12,11 +12,8 @@ import (
 
 // SlotsPerMap is how many slots (one per chain that picks endpoints) an
 // endpoints map holds. The kernel's cost of adding or removing an element
-// of an interval map grows with the map's size (Linux 6.18: 0.32 ms per
-// endpoint change with 64 slots per map at 10,000 Services × 5 endpoints,
-// 2.6 ms with 4,096, 9 ms with one map; the cold start 0.44 s, 4.3 s and
-// 16.9 s: nft.TestNetlinkCostShapeS), while creating maps costs more the
-// more there are. 64 keeps both small.
+// of an interval map grows with the map's size, while creating maps costs
+// more the more there are; 64 keeps both small (docs/code-figures.md).
 const SlotsPerMap = 64
 
 // Slots assigns endpoints-map slots (nft.DNATMap) to the chains that pick

@@ -236,8 +236,8 @@ func recordDelete[K comparable, V any](h Hooks, t *changes.Tracker[K, V], k K) {
 // compares it to tell a relist's updates from resyncs), its model value,
 // which the tracker shares, and the problems found converting it. The API
 // object itself is dropped as soon as it arrives: the proxy reads nothing
-// else, and caching whole objects cost 23 MiB at 10,000 Services × 5
-// endpoints and 290 MiB at 100,000 × 10 (docs/profiles.md).
+// else, and caching whole objects was a large part of the proxy's memory
+// (docs/profiles.md).
 type converted[V any] struct {
 	namespace, name, resourceVersion string
 	value                            *V // nil: an object the proxy ignores
