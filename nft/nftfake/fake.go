@@ -1,3 +1,8 @@
+// Package nftfake is a faithful in-memory fake of the kernel backend
+// (nft/nftnl) for tests: it applies a Transaction all-or-nothing to
+// rulesets it keeps per family, refuses with the kernel's errno what the
+// kernel refuses (the kernel tests run the same table of mistakes against
+// both), and reads its tables back with rule digests as Load does.
 package nftfake
 
 import (

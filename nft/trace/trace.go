@@ -1,3 +1,8 @@
+// Package trace walks a connection's first packet through nftables rulesets
+// the way netfilter does (hooks, base chains in priority order, jumps,
+// maps, NAT), and reports the chains it crossed, the verdict and the
+// endpoints it could be sent to. Tests use it over nft/nftfake's tables;
+// it reads only a Ruleset, so it can trace a table read from the kernel.
 package trace
 
 import (
