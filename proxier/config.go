@@ -37,13 +37,18 @@ type Config struct {
 	IPv4, IPv6 bool
 
 	// SyncPeriod is the longest time between two syncs (default 30 s);
-	// MinSyncPeriod the shortest (default 1 s; 0 syncs on every change);
-	// FullSyncPeriod how often the whole ruleset is rebuilt and checked
-	// against the table read back from the kernel, repairing any drift,
-	// even without failures (default 1 h).
+	// MinSyncPeriod the shortest (0: see SyncBusyShare); FullSyncPeriod
+	// how often the whole ruleset is rebuilt and checked against the
+	// table read back from the kernel, repairing any drift, even without
+	// failures (default 1 h).
 	SyncPeriod     time.Duration
 	MinSyncPeriod  time.Duration
 	FullSyncPeriod time.Duration
+	// SyncBusyShare, without a MinSyncPeriod, spaces syncs by their cost
+	// so that they take at most about this share of the time
+	// (runner.Config.BusyShare); 0 with no MinSyncPeriod syncs on every
+	// change.
+	SyncBusyShare float64
 	// ResyncPeriod is the informers' resync period (--config-sync-period).
 	ResyncPeriod time.Duration
 }

@@ -147,7 +147,7 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 	if deps.Conntrack != nil {
 		p.cleaner = newConntrackCleaner(deps.Conntrack)
 	}
-	p.runner = runner.New(runner.Config{MinInterval: cfg.MinSyncPeriod, MaxInterval: cfg.SyncPeriod,
+	p.runner = runner.New(runner.Config{MinInterval: cfg.MinSyncPeriod, BusyShare: cfg.SyncBusyShare, MaxInterval: cfg.SyncPeriod,
 		RetryMin: 100 * time.Millisecond, RetryMax: cfg.SyncPeriod}, p.sync)
 	return p, nil
 }

@@ -32,6 +32,9 @@ const (
 	defaultConntrackMin        = 128 * 1024
 	defaultTCPEstablished      = 24 * time.Hour
 	defaultTCPCloseWait        = time.Hour
+	// defaultSyncBusyShare is the share of time syncs may take when the
+	// user set no minimum sync period (runner.Config.BusyShare).
+	defaultSyncBusyShare = 0.1
 	// defaultFullSyncPeriod is how often the whole ruleset is checked against the kernel
 	// even without failures (upstream: hourly); no flag sets it.
 	defaultFullSyncPeriod = time.Hour
@@ -193,4 +196,23 @@ func inheritIPTablesSettings(cfg *kpconfig.KubeProxyConfiguration) {
 	if nft.MinSyncPeriod.Duration == 0 {
 		nft.MinSyncPeriod = ipt.MinSyncPeriod
 	}
+}
+
+// minSyncPeriodSet reports whether a configuration file sets a minimum
+// sync period: upstream's decoding turns an absent or 0s one (as kubeadm
+// writes) into its default, which nftproxy replaces.
+func minSyncPeriodSet(data []byte) bool {
+	var periods struct {
+		Mode     string                                  `json:"mode"`
+		IPTables struct{ MinSyncPeriod metav1.Duration } `json:"iptables"`
+		NFTables struct{ MinSyncPeriod metav1.Duration } `json:"nftables"`
+	}
+	if err := yaml.Unmarshal(data, &periods); err != nil {
+		return false
+	}
+	// Without a mode the iptables section's value is inherited
+	// (inheritIPTablesSettings); kubeadm's iptables value is ignored in
+	// nftables mode, as upstream ignores it.
+	return periods.NFTables.MinSyncPeriod.Duration > 0 ||
+		periods.Mode == "" && periods.IPTables.MinSyncPeriod.Duration > 0
 }

@@ -40,6 +40,11 @@ type flagValues struct {
 	// without --config (upstream's addressFromDeprecatedFlags).
 	healthzPort int32
 	metricsPort int32
+
+	// minSyncPeriodSet: the user set the minimum sync period (a flag, even
+	// 0, or a non-zero value in the --config file), which is then honoured
+	// as upstream honours it.
+	minSyncPeriodSet bool
 }
 
 // Flag annotations: which flags the --config file overrides, and which
@@ -132,7 +137,7 @@ func (fv *flagValues) addProxyFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.NFTables.MasqueradeAll, "masquerade-all", c.NFTables.MasqueradeAll, "SNAT all traffic sent via Service cluster IPs.")
 	fs.Int32Var(c.IPTables.MasqueradeBit, "iptables-masquerade-bit", *c.IPTables.MasqueradeBit, "The bit of the fwmark space to mark packets requiring SNAT with. Must be within the range [0, 31]. (Upstream ignores this flag in nftables mode; nftproxy honours it.)")
 	fs.DurationVar(&c.NFTables.SyncPeriod.Duration, "iptables-sync-period", c.NFTables.SyncPeriod.Duration, "The longest time between two rule syncs (e.g. '5s', '1m', '2h22m'). Must be greater than 0.")
-	fs.DurationVar(&c.NFTables.MinSyncPeriod.Duration, "iptables-min-sync-period", c.NFTables.MinSyncPeriod.Duration, "The minimum period between rule resyncs (e.g. '5s', '1m', '2h22m'). A value of 0 means every Service or EndpointSlice change will result in an immediate resync.")
+	fs.DurationVar(&c.NFTables.MinSyncPeriod.Duration, "iptables-min-sync-period", c.NFTables.MinSyncPeriod.Duration, "The minimum period between rule resyncs (e.g. '5s', '1m', '2h22m'). A value of 0 means every Service or EndpointSlice change will result in an immediate resync. Unset (nftproxy): syncs are spaced by their cost instead.")
 }
 
 func (fv *flagValues) addServerFlags(fs *pflag.FlagSet) {

@@ -153,6 +153,7 @@ func (fv *flagValues) useConfigFile(fs *pflag.FlagSet, env environment, o *optio
 		}
 	})
 	fv.cfg, o.ConfigData, o.LenientDecode = cfg, data, lenient
+	fv.minSyncPeriodSet = minSyncPeriodSet(data)
 	return nil
 }
 
@@ -161,6 +162,8 @@ func (fv *flagValues) useConfigFile(fs *pflag.FlagSet, env environment, o *optio
 // masquerade bit, which nftproxy honours in nftables mode.
 func (fv *flagValues) useFlags(fs *pflag.FlagSet, o *options) {
 	c := fv.cfg
+	// A flag's 0 syncs on every change, as upstream's.
+	fv.minSyncPeriodSet = fs.Changed("iptables-min-sync-period")
 	if fs.Changed("iptables-masquerade-bit") {
 		*c.NFTables.MasqueradeBit = *c.IPTables.MasqueradeBit
 	}
@@ -286,6 +289,11 @@ func (fv *flagValues) proxierConfig(env environment) (proxier.Config, error) {
 		MinSyncPeriod:  c.NFTables.MinSyncPeriod.Duration,
 		FullSyncPeriod: fv.fullSyncPeriod,
 		ResyncPeriod:   c.ConfigSyncPeriod.Duration,
+	}
+	if !fv.minSyncPeriodSet {
+		// Upstream's default minSyncPeriod (1 s, which /configz still
+		// shows) is a bound here: syncs are spaced by their cost.
+		pc.MinSyncPeriod, pc.SyncBusyShare = 0, defaultSyncBusyShare
 	}
 	var errs []error
 	var err error

@@ -41,8 +41,8 @@ func defaultProxierConfig() proxier.Config {
 		IPv4:           true,
 		IPv6:           true,
 		SyncPeriod:     30 * time.Second,
-		MinSyncPeriod:  time.Second,
 		FullSyncPeriod: time.Hour,
+		SyncBusyShare:  0.1,
 		ResyncPeriod:   15 * time.Minute,
 		LocalDetect:    proxier.LocalDetect{Mode: proxier.DetectClusterCIDR},
 	}
@@ -150,6 +150,7 @@ func TestParseOptionsProxierConfig(t *testing.T) {
 				c.MasqueradeAll = true
 				c.MasqueradeBit = 5
 				c.SyncPeriod, c.MinSyncPeriod = time.Minute, 0
+				c.SyncBusyShare = 0 // a flag's 0 syncs on every change, as upstream
 				c.IPv6 = false
 			},
 		},
@@ -185,7 +186,13 @@ iptables: {masqueradeBit: 9, syncPeriod: 1h}
 			want: func(c *proxier.Config) {
 				c.MasqueradeBit, c.MasqueradeAll = 3, true
 				c.SyncPeriod, c.MinSyncPeriod = 10*time.Second, 2*time.Second
+				c.SyncBusyShare = 0 // set: honoured as upstream
 			},
+		},
+		{
+			name: "a minimum sync period flag is honoured",
+			args: []string{"--iptables-min-sync-period=1s"},
+			want: func(c *proxier.Config) { c.MinSyncPeriod, c.SyncBusyShare = time.Second, 0 },
 		},
 		{
 			name: "file without mode uses the iptables section",

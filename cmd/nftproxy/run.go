@@ -348,7 +348,7 @@ func logStartup(o *options) {
 	klog.InfoS("Starting nftproxy", "node", c.NodeName, "ipv4", c.IPv4, "ipv6", c.IPv6,
 		"clusterCIDRs", c.ClusterCIDRs, "serviceCIDRs", c.ServiceCIDRs,
 		"masqueradeAll", c.MasqueradeAll, "masqueradeBit", c.MasqueradeBit,
-		"syncPeriod", c.SyncPeriod, "minSyncPeriod", c.MinSyncPeriod)
+		"syncPeriod", c.SyncPeriod, "minSyncPeriod", c.MinSyncPeriod, "syncBusyShare", c.SyncBusyShare)
 	logFlagNotes(o)
 	if len(c.NodePortCIDRs) == 0 {
 		klog.InfoS("NodePorts answer on the node's primary IPs (from its Node object)")

@@ -13,6 +13,14 @@
 // that syncs never come in bursts; at most MaxInterval; after a failure a
 // retry, here with exponential backoff from RetryMin to RetryMax, that any
 // success cancels.
+//
+// One rule is ours: without a MinInterval, a BusyShare spaces syncs by what
+// they cost. Upstream's fixed interval exists because its syncs are slow; a
+// sync that costs a millisecond would make every change wait the interval
+// for nothing, while under a storm of changes syncing at once would spend
+// the node's CPU on syncs. Waiting in proportion to the last sync's cost
+// bounds the share of time spent syncing and keeps the wait as short as
+// that bound allows.
 package runner
 
 import (
@@ -27,6 +35,16 @@ type Config struct {
 	// MinInterval is the least time from the end of a sync to the start of
 	// the next (0: a trigger syncs at once).
 	MinInterval time.Duration
+	// BusyShare, when MinInterval is zero and BusyShare is above zero,
+	// makes the least time from the end of a sync to the start of the next
+	// the sync's duration × (1 − BusyShare) / BusyShare, at most BusyCap:
+	// syncs take at most about BusyShare of the time, however fast
+	// changes arrive.
+	BusyShare float64
+	// BusyCap bounds the wait BusyShare asks for, so that one slow sync
+	// (a full rewrite) does not hold the next change back for long; zero
+	// means defaultBusyCap.
+	BusyCap time.Duration
 	// MaxInterval is the most time from the end of a sync to the start of
 	// the next, triggered or not (0: no periodic sync).
 	MaxInterval time.Duration
@@ -42,6 +60,9 @@ type Config struct {
 const (
 	defaultRetryMin = 100 * time.Millisecond
 	defaultRetryMax = 30 * time.Second
+	// defaultBusyCap is upstream's default MinInterval: BusyShare never
+	// makes a change wait longer than kube-proxy would.
+	defaultBusyCap = time.Second
 )
 
 // Runner calls a sync function according to Config.
@@ -63,6 +84,9 @@ func New(cfg Config, sync func(ctx context.Context) error) *Runner {
 	}
 	if cfg.RetryMax < cfg.RetryMin {
 		cfg.RetryMax = max(defaultRetryMax, cfg.RetryMin)
+	}
+	if cfg.BusyCap <= 0 {
+		cfg.BusyCap = defaultBusyCap
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
@@ -129,11 +153,12 @@ func stop(t clock.Timer) {
 
 // schedule is what the runner knows, and when it syncs next.
 type schedule struct {
-	cfg      Config
-	lastEnd  time.Time // end of the last sync; zero before the first
-	pending  bool      // a sync was asked for since the last one started
-	urgent   bool      // ... at once (TriggerNow)
-	failures int       // failed syncs in a row
+	cfg       Config
+	lastEnd   time.Time // end of the last sync; zero before the first
+	pending   bool      // a sync was asked for since the last one started
+	urgent    bool      // ... at once (TriggerNow)
+	failures  int       // failed syncs in a row
+	lastStart time.Time // start of the last sync
 	// lastUrgent is when the last sync asked for at once started.
 	lastUrgent time.Time
 }
@@ -145,7 +170,7 @@ func (s *schedule) next(now time.Time) (time.Time, bool) {
 		return now, true // the first sync, at once
 	}
 	if s.failures > 0 {
-		return s.lastEnd.Add(max(s.backoff(), s.cfg.MinInterval)), true
+		return s.lastEnd.Add(max(s.backoff(), s.minGap())), true
 	}
 	var due time.Time
 	earliest := func(t time.Time) {
@@ -154,15 +179,32 @@ func (s *schedule) next(now time.Time) (time.Time, bool) {
 		}
 	}
 	if s.urgent {
-		earliest(latest(s.lastEnd, s.lastUrgent.Add(s.cfg.MinInterval)))
+		earliest(latest(s.lastEnd.Add(s.busyGap()), s.lastUrgent.Add(s.cfg.MinInterval)))
 	}
 	if s.pending {
-		earliest(s.lastEnd.Add(s.cfg.MinInterval))
+		earliest(s.lastEnd.Add(s.minGap()))
 	}
 	if s.cfg.MaxInterval > 0 {
 		earliest(s.lastEnd.Add(s.cfg.MaxInterval))
 	}
 	return due, !due.IsZero()
+}
+
+// minGap is the least time from the end of the last sync to the start of
+// the next: MinInterval, or what BusyShare allows after the last sync.
+func (s *schedule) minGap() time.Duration {
+	return max(s.cfg.MinInterval, s.busyGap())
+}
+
+// busyGap is the wait BusyShare asks for after the last sync; zero when a
+// MinInterval is set or BusyShare is not.
+func (s *schedule) busyGap() time.Duration {
+	if s.cfg.MinInterval > 0 || s.cfg.BusyShare <= 0 || s.lastEnd.IsZero() {
+		return 0
+	}
+	took := s.lastEnd.Sub(s.lastStart)
+	gap := time.Duration(float64(took) * (1 - s.cfg.BusyShare) / s.cfg.BusyShare)
+	return min(gap, s.cfg.BusyCap)
 }
 
 func latest(a, b time.Time) time.Time {
@@ -187,6 +229,7 @@ func (s *schedule) triggeredNow() { s.urgent = true }
 // started: the sync about to run, at now, covers everything asked for so
 // far.
 func (s *schedule) started(now time.Time) {
+	s.lastStart = now
 	if s.urgent {
 		s.lastUrgent = now
 	}

@@ -182,6 +182,39 @@ func TestSchedule(t *testing.T) {
 			want: []time.Duration{0, 300 * ms, 30300 * ms},
 		},
 		{
+			name: "BusyShare: the wait after a sync is in proportion to its cost",
+			cfg:  Config{MaxInterval: 30 * s, BusyShare: 0.1},
+			w:    world{triggers: every(5*ms, 5*ms, 300*ms), takes: 10 * ms, until: 10 * s},
+			// Each sync takes 10 ms, so the next waits 90 ms: syncing
+			// takes a tenth of the time.
+			want: []time.Duration{0, 100 * ms, 200 * ms, 300 * ms},
+		},
+		{
+			name: "BusyShare: a cheap sync lets the next change through almost at once",
+			cfg:  Config{MaxInterval: 30 * s, BusyShare: 0.1},
+			w:    world{triggers: []time.Duration{50 * ms, 51 * ms}, takes: ms, until: 10 * s},
+			want: []time.Duration{0, 50 * ms, 60 * ms},
+		},
+		{
+			name: "BusyCap bounds the wait after a slow sync",
+			cfg:  Config{MaxInterval: 30 * s, BusyShare: 0.1, BusyCap: s},
+			w:    world{triggers: []time.Duration{100 * ms}, takes: 500 * ms, until: 10 * s},
+			want: []time.Duration{0, 1500 * ms},
+		},
+		{
+			name: "a MinInterval set wins over BusyShare",
+			cfg:  Config{MinInterval: s, MaxInterval: 30 * s, BusyShare: 0.1},
+			w:    world{triggers: every(100*ms, 100*ms, 1500*ms), takes: 10 * ms, until: 10 * s},
+			want: []time.Duration{0, 1010 * ms, 2020 * ms},
+		},
+		{
+			name: "BusyShare: TriggerNow at most once per gap",
+			cfg:  Config{MaxInterval: 30 * s, BusyShare: 0.5},
+			w:    world{urgent: []time.Duration{100 * ms, 110 * ms}, takes: 20 * ms, until: 10 * s},
+			// 100 ms ends at 120; the gap after a 20 ms sync is 20 ms.
+			want: []time.Duration{0, 100 * ms, 140 * ms},
+		},
+		{
 			name: "TriggerNow does not hurry a retry",
 			cfg:  Config{MaxInterval: 30 * s, RetryMin: s},
 			w: world{urgent: []time.Duration{100 * ms}, until: 40 * s,
