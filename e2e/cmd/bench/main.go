@@ -28,6 +28,7 @@
 // Usage (as root):
 //
 //	bench --services 10000 --endpoints 5 --changes 20 --upstream
+//	bench --services 1000 --upstream --json bench-1000.json   # also every value as JSON, for e2e/benchplot
 //	bench --smoke   # 50×2, 3 changes, with upstream; exits 1 if nftproxy's numbers are missing or absurd
 package main
 
@@ -46,6 +47,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nftproxy/nftproxy/e2e/benchdata"
 	"github.com/nftproxy/nftproxy/e2e/testbed"
 )
 
@@ -66,6 +68,7 @@ type config struct {
 	Smoke               bool
 	Populate            string // "api", "etcd" or "auto" (etcd above etcdAbove Services)
 	Restart             bool   // phase 6: restart the proxy with the API state unchanged
+	JSON                string // --json: write every measured value into this file (e2e/benchdata)
 }
 
 // etcdAbove is the number of Services above which --populate auto writes
@@ -121,15 +124,21 @@ func main() {
 			c.ProxyEnv = append(c.ProxyEnv, v)
 			return nil
 		})
+	flag.StringVar(&c.JSON, "json", "", "also write every measured value, both proxies, into this file as JSON (read by e2e/benchplot)")
 	smoke := flag.Bool("smoke", false, "small quick run (50×2, 3 changes, with upstream) that fails if nftproxy's numbers are missing or absurd")
 	flag.Parse()
 	if *smoke {
-		logs := c.LogDir
+		logs, json := c.LogDir, c.JSON
 		c = smokeConfig()
-		c.LogDir = logs
+		c.LogDir, c.JSON = logs, json
 	}
 	os.Exit(testbed.Main(func(tb testbed.TB) {
 		rep := run(tb, c)
+		if c.JSON != "" {
+			commit, dirty := gitHead()
+			must(tb, benchdata.Write(c.JSON, rep.document(commit, dirty)))
+			fmt.Printf("results written to %s\n", c.JSON)
+		}
 		if c.Smoke {
 			if problems := rep.validate(); len(problems) > 0 {
 				tb.Fatalf("smoke: nftproxy's numbers are missing or absurd:\n  %s", strings.Join(problems, "\n  "))
@@ -163,7 +172,7 @@ func run(tb testbed.TB, c config) *report {
 		tb.Fatalf("--services must be at least %d", firstOther+1)
 	}
 	b := &bench{tb: tb, c: c}
-	rep := &report{c: c, loadStart: loadAvg()}
+	rep := &report{c: c, start: time.Now(), loadStart: loadAvg()}
 	fmt.Printf("load average at start: %s\n", rep.loadStart)
 
 	// Everything built before anything is measured.

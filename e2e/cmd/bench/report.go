@@ -62,6 +62,7 @@ type noopResult struct {
 
 type report struct {
 	c                  config
+	start              time.Time
 	results            []*result
 	baselineN          int
 	loadStart, loadEnd string
