@@ -13,7 +13,7 @@ GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 GO_LDFLAGS = -X main.version=$(VERSION) -X main.gitCommit=$(GIT_COMMIT) -X main.buildDate=$(BUILD_DATE)
 
-.PHONY: all deps build image test unit e2e-tools e2e demo bench vet clean soak
+.PHONY: all deps build image test unit e2e-tools e2e demo bench bench-plots vet clean soak
 
 all: build
 
@@ -45,6 +45,7 @@ vet: deps
 	$(GO) vet ./...
 	cd deploy/image && $(GO) vet ./...
 	cd e2e/monitoring && $(GO) mod tidy -diff && $(GO) vet ./...
+	cd e2e/benchplot && $(GO) mod tidy -diff && $(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 
 # Unit tests (pure code, fakes) and kernel integration tests (root: each in
@@ -53,6 +54,7 @@ unit: deps
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e/)
 	cd deploy/image && $(GO) test -race -count=1 ./...
 	$(MONITORING) $(GO) test -race -count=1 .
+	cd e2e/benchplot && $(GO) test -race -count=1 ./...
 
 # kube-apiserver, etcd and upstream kube-proxy, built from the Go module
 # proxy into ~/.cache/nftproxy-e2e (instant when up to date).
@@ -68,13 +70,26 @@ test: deps vet unit e2e
 
 # nftproxy and upstream kube-proxy side by side on the same API state (see
 # docs/benchmarks.md). Not part of `make test`. BENCH_SERVICES=10000 for more.
+# Each size's values go to $(BENCH_DATA)/bench-N.json, which holds one run
+# (the previous run's files are removed first); e2e/benchplot, a module of
+# its own, draws them into $(BENCH_PLOTS). `make bench-plots` only redraws.
 BENCH_SERVICES  ?= 1000 10000
 BENCH_ENDPOINTS ?= 5
 BENCH_CHANGES   ?= 20
+BENCH_DATA      ?= docs/bench/data
+BENCH_PLOTS     ?= docs/bench
 bench: e2e-tools
+	mkdir -p $(BENCH_DATA)
+	rm -f $(BENCH_DATA)/*.json
 	for n in $(BENCH_SERVICES); do \
-		$(GO) run ./e2e/cmd/bench --upstream --services $$n --endpoints $(BENCH_ENDPOINTS) --changes $(BENCH_CHANGES) || exit 1; \
+		$(GO) run ./e2e/cmd/bench --upstream --services $$n --endpoints $(BENCH_ENDPOINTS) --changes $(BENCH_CHANGES) \
+			--json $(BENCH_DATA)/bench-$$n.json || exit 1; \
 	done
+	$(MAKE) --no-print-directory bench-plots
+
+bench-plots:
+	cd e2e/benchplot && $(GO) run . --out $(abspath $(BENCH_PLOTS)) $(abspath $(BENCH_DATA))
+	@echo "plots drawn from $(BENCH_DATA)/*.json into $(BENCH_PLOTS)/*.svg (shown by docs/benchmarks.md)"
 
 # deploy/ on a real kubelet and containerd, one node of the bed
 # (docs/kubelet-e2e.md). Not part of `make test`: it builds kubelet,
