@@ -132,10 +132,10 @@ func main() {
 		c = smokeConfig()
 		c.LogDir, c.JSON = logs, json
 	}
+	commit, dirty := gitHead() // now: the proxies are built from this tree before anything is measured
 	os.Exit(testbed.Main(func(tb testbed.TB) {
 		rep := run(tb, c)
 		if c.JSON != "" {
-			commit, dirty := gitHead()
 			must(tb, benchdata.Write(c.JSON, rep.document(commit, dirty)))
 			fmt.Printf("results written to %s\n", c.JSON)
 		}
