@@ -98,11 +98,12 @@ func figures(runs []*benchdata.Run) []figure {
 	return []figure{latencyFigure(runs), coldStartFigure(runs), changeCostFigure(runs), rssFigure(runs)}
 }
 
-// provenance is the heading's second line: when, at which commit, and a
-// warning when a run was a smoke run (too small to be a benchmark).
-func provenance(runs []*benchdata.Run) string {
+// provenance is the heading's lines under the title: when and at which
+// commit, and first a warning when a run was a smoke run (too small to be
+// a benchmark).
+func provenance(runs []*benchdata.Run) []string {
 	dates, commits := map[string]bool{}, map[string]bool{}
-	smoke := false
+	var lines []string
 	for _, r := range runs {
 		dates[r.Date.UTC().Format(time.DateOnly)] = true
 		c := "unknown commit"
@@ -113,16 +114,13 @@ func provenance(runs []*benchdata.Run) string {
 			}
 		}
 		commits[c] = true
-		smoke = smoke || r.Config.Smoke
+		if r.Config.Smoke && lines == nil {
+			lines = append(lines, fmt.Sprintf("SMOKE RUN (%d Services × %d endpoints, %d changes): shows the pipeline, not a benchmark",
+				r.Config.Services, r.Config.Endpoints, r.Config.Changes))
+		}
 	}
-	s := fmt.Sprintf("e2e/cmd/bench, %s, at %s; the proxies one after the other on the same API state",
-		strings.Join(keys(dates), ", "), strings.Join(keys(commits), ", "))
-	if smoke {
-		r := runs[0]
-		s = fmt.Sprintf("SMOKE RUN (%d Services × %d endpoints, %d changes): shows the pipeline, not a benchmark. ",
-			r.Config.Services, r.Config.Endpoints, r.Config.Changes) + s
-	}
-	return s
+	return append(lines, fmt.Sprintf("e2e/cmd/bench, %s, at %s; the proxies one after the other on the same API state",
+		strings.Join(keys(dates), ", "), strings.Join(keys(commits), ", ")))
 }
 
 func keys(m map[string]bool) []string {

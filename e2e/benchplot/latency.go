@@ -41,9 +41,8 @@ func latencyFigure(runs []*benchdata.Run) figure {
 			}
 		}
 	}
-	f := figure{file: "latency.svg", width: 400, height: 270, heading: []string{
-		"Single change (an EndpointSlice update) → visible in the data path",
-		provenance(runs)}}
+	f := figure{file: "latency.svg", width: 400, height: 270, heading: append([]string{
+		"Single change (an EndpointSlice update) → visible in the data path"}, provenance(runs)...)}
 	for _, r := range runs {
 		var row []*plot.Plot
 		for _, c := range conditions {

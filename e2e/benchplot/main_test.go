@@ -133,8 +133,11 @@ func svgTexts(t *testing.T, path string) map[string]int {
 func TestSmokeRunIsLabelled(t *testing.T) {
 	r := syntheticRun(50, 10, true)
 	r.Config.Smoke = true
-	if got := provenance([]*benchdata.Run{r}); !strings.HasPrefix(got, "SMOKE RUN (50 Services × 5 endpoints, 3 changes)") {
+	if got := provenance([]*benchdata.Run{r}); !strings.HasPrefix(got[0], "SMOKE RUN (50 Services × 5 endpoints, 3 changes)") {
 		t.Errorf("provenance %q does not say it is a smoke run", got)
+	}
+	if got := provenance([]*benchdata.Run{syntheticRun(50, 10, true)}); strings.Contains(strings.Join(got, " "), "SMOKE") {
+		t.Errorf("provenance %q calls a run that is not a smoke run one", got)
 	}
 }
 

@@ -98,8 +98,17 @@ func scaleFigure(file, title string, runs []*benchdata.Run, ylabel string, logY 
 		decades(&p.Y, lo, hi, secondsLabel)
 	} else {
 		p.Y.Min, p.Y.Max = 0, max(hi, 1)*1.1
+		p.Y.Tick.Marker = plot.TickerFunc(func(min, max float64) []plot.Tick {
+			ts := plot.DefaultTicks{}.Ticks(min, max)
+			for i := range ts {
+				if ts[i].Label != "" {
+					ts[i].Label = fmt.Sprintf("%.0f", ts[i].Value)
+				}
+			}
+			return ts
+		})
 	}
-	return figure{file: file, width: 720, height: 400, heading: []string{title, provenance(runs)},
+	return figure{file: file, width: 720, height: 400, heading: append([]string{title}, provenance(runs)...),
 		plots: [][]*plot.Plot{{p}}, legends: legends}
 }
 

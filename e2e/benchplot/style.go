@@ -65,20 +65,28 @@ func decades(a *plot.Axis, lo, hi float64, label func(float64) string) {
 	}
 	a.Scale = plot.LogScale{}
 	a.Min, a.Max = math.Pow(10, first), math.Pow(10, last)
+	// Over one or two decades, 2× and 5× are labelled too: the powers
+	// of ten alone leave the values hard to read.
+	few := last-first <= 2
 	a.Tick.Marker = plot.TickerFunc(func(min, max float64) []plot.Tick {
 		var ts []plot.Tick
 		for e := first; e <= last; e++ {
 			p := math.Pow(10, e)
 			ts = append(ts, plot.Tick{Value: p, Label: label(p)})
 			for k := 2.0; k < 10 && e < last; k++ {
-				ts = append(ts, plot.Tick{Value: k * p})
+				t := plot.Tick{Value: k * p}
+				if few && (k == 2 || k == 5) {
+					t.Label = label(k * p)
+				}
+				ts = append(ts, t)
 			}
 		}
 		return ts
 	})
 }
 
-// secondsLabel names a power of ten of seconds.
+// secondsLabel names a tick of a time axis: 1, 2 or 5 times a power of
+// ten of seconds.
 func secondsLabel(p float64) string {
 	switch {
 	case p < 1e-3:
