@@ -55,8 +55,11 @@ func (f figure) save(path string) error {
 	}
 	body := draw.Crop(dc, 0, 0, strip, -head)
 	for i := range f.legends {
+		// Columns of equal width, the first one's text about where the
+		// data area begins, right of the Y axis's labels.
+		const indent = 50
 		col := w / vg.Length(len(f.legends))
-		lc := draw.Crop(dc, 50+vg.Length(i)*col, -(w - vg.Length(i+1)*col), 4, -(h - strip))
+		lc := draw.Crop(dc, indent+vg.Length(i)*col, -(w - vg.Length(i+1)*col), 4, -(h - strip))
 		f.legends[i].Draw(lc)
 	}
 	tiles := draw.Tiles{Rows: rows, Cols: cols, PadX: 12, PadY: 12, PadTop: 4, PadBottom: 4, PadLeft: 4, PadRight: 8}

@@ -153,3 +153,20 @@ func TestOneRunPerSize(t *testing.T) {
 		t.Errorf("err = %v, want two runs of 1000 Services refused", err)
 	}
 }
+
+// TestNothingMeasured: a run whose lists are empty and values zero (a
+// proxy that measured nothing) still draws every figure.
+func TestNothingMeasured(t *testing.T) {
+	in := t.TempDir()
+	r := syntheticRun(1000, 10, true)
+	for i := range r.Proxies {
+		r.Proxies[i] = benchdata.Proxy{Proxy: r.Proxies[i].Proxy}
+	}
+	if err := benchdata.Write(filepath.Join(in, "empty.json"), r); err != nil {
+		t.Fatal(err)
+	}
+	written, err := run(t.TempDir(), []string{in})
+	if err != nil || len(written) != 4 {
+		t.Fatalf("wrote %v: %v", written, err)
+	}
+}

@@ -56,7 +56,7 @@ func fmtSeconds(s float64) string {
 // decades sets a log axis to whole powers of ten around [lo, hi] with
 // ticks labelled by label (major at each power, minor at 2…9 times it).
 func decades(a *plot.Axis, lo, hi float64, label func(float64) string) {
-	if lo <= 0 || hi <= 0 {
+	if !(lo > 0 && lo <= hi && !math.IsInf(hi, 1)) { // nothing to show: any range
 		lo, hi = 1e-3, 1
 	}
 	first, last := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
