@@ -86,7 +86,10 @@ type Proxier struct {
 
 // familyState is what the proxier programmed in one family's table.
 type familyState struct {
-	editor *nft.Editor // nil: state unknown, the next sync is full
+	// mode is what the state knows of the table; it says whether the
+	// next sync is full and whether that sync reads the table back.
+	mode   syncMode
+	editor *nft.Editor // nil while mode does not know the table
 	base   *nft.Fragment
 	// cfg is what base and every programmed Service's fragment were built
 	// with: a Service's old fragment is rebuilt from it (see programmed).
@@ -100,18 +103,13 @@ type familyState struct {
 	repairing *repair
 	// ownershipLogged: whether the table is owned was logged.
 	ownershipLogged bool
-	// reserve: the sizes the last full sync into an empty table reserved
-	// room for (zero after one diffed against the table read back).
+	// reserve: the sizes the last full sync from scratch reserved room for
+	// (zero after one from the table read back).
 	reserve  ruleset.Counts
 	lastFull time.Time
 
 	// synced: a sync of this family succeeded (Deps.FirstSync was called).
 	synced bool
-
-	// loaded: the editor's first transaction diffs against the table read
-	// back from the kernel. noLoad: the last such transaction failed, so
-	// the next full sync rewrites the table instead of reading it again.
-	loaded, noLoad bool
 
 	// Health check ports and local ready endpoints of the Services with
 	// externalTrafficPolicy: Local.
@@ -417,8 +415,8 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	}
 	fs.editor.Commit()
 	fs.slots.Commit()
-	fromKernel := fs.loaded
-	fs.loaded, fs.noLoad = false, false
+	fromKernel := fs.mode == modeFromKernel
+	fs.mode = fs.mode.next(eventCommitted)
 	if full {
 		fs.lastFull = fst.at
 	}
@@ -463,11 +461,11 @@ func (p *Proxier) apply(ctx context.Context, f nft.Family, fs *familyState, back
 	p.committing(f, nil)
 	p.requeueRepair(f, fs.repairing)
 	fs.repairing = nil
-	fs.editor, fs.noLoad = nil, fs.loaded
+	fs.editor, fs.mode = nil, fs.mode.next(eventRefused)
 	metrics.NFTablesSyncFailuresTotal.WithLabelValues(fam).Inc()
 	metrics.SyncsTotal.WithLabelValues(fam, metrics.ResultFailure).Inc()
 	klog.ErrorS(err, "Sync failed; the next sync is full", "ipFamily", fam, "ops", len(tx.Ops),
-		"readsTableBack", !fs.noLoad)
+		"readsTableBack", fs.mode.readsTable())
 	return fmt.Errorf("sync %s: %w", fam, err)
 }
 
@@ -528,15 +526,19 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 	start := time.Now()
 	fs := p.families[f]
 	fs.repairing = p.takeRepair(f)
-	if fs.editor != nil && fs.repairing == nil &&
-		(p.cfg.FullSyncPeriod <= 0 || start.Sub(fs.lastFull) < p.cfg.FullSyncPeriod) {
+	periodDue := p.cfg.FullSyncPeriod > 0 && start.Sub(fs.lastFull) >= p.cfg.FullSyncPeriod
+	if !fs.mode.fullSyncDue(fs.repairing != nil, periodDue) {
 		return nil
 	}
 	var loaded *nft.Ruleset
-	if !fs.noLoad {
+	if fs.mode.readsTable() {
 		loaded = p.loadTable(ctx, f, backend)
 	}
-	fs.loaded = loaded != nil
+	if loaded != nil {
+		fs.mode = fs.mode.next(eventRead)
+	} else {
+		fs.mode = fs.mode.next(eventNotRead)
+	}
 	fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, make(map[model.ServiceName]programmed, len(p.services)), 0
 	fs.slots = seedSlots(f, loaded)
 	fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
