@@ -209,7 +209,7 @@ func TestConntrackCleanupDoesNotHoldSyncs(t *testing.T) {
 	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
 	moveDNS("10.244.1.22")
 	moveDNS("10.244.1.23")
-	if h.p.cleaner.idle() {
+	if h.p.cleaner.Idle() {
 		t.Fatal("the cleaner is idle while a cleanup is held")
 	}
 	ct.Add(f21, f22, f23)
@@ -219,7 +219,7 @@ func TestConntrackCleanupDoesNotHoldSyncs(t *testing.T) {
 		t.Fatalf("%d cleanups ran, want 2: the queued ones must be merged", n)
 	}
 	ct.release <- struct{}{}
-	waitFor(t, "the cleaner to be idle", h.p.cleaner.idle)
+	waitFor(t, "the cleaner to be idle", h.p.cleaner.Idle)
 	if got := ct.Flows(conntrack.IPv4); !reflect.DeepEqual(got, []conntrack.Flow{f23}) {
 		t.Errorf("flows left %+v, want only the one to the current endpoint", got)
 	}
@@ -294,7 +294,7 @@ func TestConntrackCleanupSeesCommittingSync(t *testing.T) {
 	be.release <- struct{}{}
 	<-ct.started // cleanup B
 	ct.release <- struct{}{}
-	waitFor(t, "the cleaner to be idle", h.p.cleaner.idle)
+	waitFor(t, "the cleaner to be idle", h.p.cleaner.Idle)
 	if got := ct.Flows(conntrack.IPv4); !reflect.DeepEqual(got, []conntrack.Flow{f22}) {
 		t.Errorf("flows left %v, want only the one to the current endpoint", got)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/ctcleanup"
 	"github.com/nftproxy/nftproxy/proxier/healthcheck"
 	"github.com/nftproxy/nftproxy/proxier/healthz"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -62,7 +63,7 @@ type Proxier struct {
 	deps     Deps
 	trackers watch.Trackers
 	runner   *runner.Runner
-	cleaner  *conntrackCleaner // nil without Deps.Conntrack
+	cleaner  *ctcleanup.Cleaner // nil without Deps.Conntrack
 	// started is when the proxier was created: the network programming
 	// latency of changes made before it is not the proxy's (see
 	// observeProgrammingLatency).
@@ -143,7 +144,7 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 		initFamilyMetrics(f.IPFamily())
 	}
 	if deps.Conntrack != nil {
-		p.cleaner = newConntrackCleaner(deps.Conntrack)
+		p.cleaner = ctcleanup.New(deps.Conntrack)
 	}
 	p.runner = runner.New(runner.Config{MinInterval: cfg.MinSyncPeriod, BusyShare: cfg.SyncBusyShare, MaxInterval: cfg.SyncPeriod,
 		RetryMin: 100 * time.Millisecond, RetryMax: cfg.SyncPeriod}, p.sync)
@@ -183,7 +184,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 	}
 	klog.InfoS("Informers synced, starting sync loop", "services", p.trackers.Services.Pending())
 	if p.cleaner != nil {
-		go p.cleaner.run(ctx)
+		go p.cleaner.Run(ctx)
 	}
 	p.runner.Run(ctx)
 	return nil
@@ -397,20 +398,20 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	base := ruleset.Base(cfg, f)
 	fs.editor.Replace(fs.base, base)
 	fs.base = base
-	changed, ct := 0, newCleanup()
+	changed, ctJob := 0, ctcleanup.NewJob()
 	for name := range affected {
 		old := fs.programmedPorts(f, name, oldNode)
 		now := p.syncService(f, fs, name, oldCfg, old)
 		if !reflect.DeepEqual(old, now) {
 			changed++
-			ct.add(name, old, now)
+			ctJob.Add(name, old, now)
 		}
 	}
 	if full {
 		fs.slots.ReleaseUnclaimed()
 	}
 	tx := fs.editor.Transaction()
-	if err := p.apply(ctx, f, fs, backend, tx, ct); err != nil {
+	if err := p.apply(ctx, f, fs, backend, tx, ctJob); err != nil {
 		return err
 	}
 	fs.editor.Commit()
@@ -433,7 +434,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 		logSynced(f, fs, backend, tx, time.Since(start), full, fromKernel, fst != nil && fst.repair)
 	}
 	p.firstSync(ctx, f, fs)
-	p.cleanConntrack(f, fs, ct)
+	p.cleanConntrack(f, fs, ctJob)
 	p.syncHealthChecks(f, fs)
 	return nil
 }
@@ -443,11 +444,11 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 // table: a transaction diffed against what was read back failed, so the
 // next one must not build on a reading.
 func (p *Proxier) apply(ctx context.Context, f nft.Family, fs *familyState, backend nft.Interface,
-	tx *nft.Transaction, ct *cleanup) error {
+	tx *nft.Transaction, ctJob *ctcleanup.Job) error {
 	if tx.Empty() {
 		return nil
 	}
-	p.committing(f, ct)
+	p.committing(f, ctJob)
 	resume := p.pauseMonitor(tx)
 	err := backend.Apply(ctx, tx)
 	if err == nil {
