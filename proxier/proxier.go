@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
-	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -76,13 +75,8 @@ type Proxier struct {
 
 	// Owned by the sync loop: the objects as of the last checkout, and per
 	// family what was programmed.
-	services map[model.ServiceName]*model.Service
-	// slicesBySvc holds each Service's EndpointSlices (usually one: a
-	// slice, not a map, saves 0.4 kB per Service); sliceSvc the Service
-	// each slice was recorded under.
-	slicesBySvc map[model.ServiceName][]*model.EndpointSlice
-	sliceSvc    map[model.SliceKey]model.ServiceName
-	families    map[nft.Family]*familyState
+	objects  objectStore
+	families map[nft.Family]*familyState
 }
 
 // familyState is what the proxier programmed in one family's table.
@@ -133,12 +127,10 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 		return nil, fmt.Errorf("masquerade bit %d out of range 0-31", cfg.MasqueradeBit)
 	}
 	p := &Proxier{cfg: cfg, deps: deps, trackers: watch.NewTrackers(),
-		services:    map[model.ServiceName]*model.Service{},
-		slicesBySvc: map[model.ServiceName][]*model.EndpointSlice{},
-		sliceSvc:    map[model.SliceKey]model.ServiceName{},
-		families:    map[nft.Family]*familyState{},
-		repairs:     map[nft.Family]*repair{},
-		started:     time.Now()}
+		objects:  newObjectStore(),
+		families: map[nft.Family]*familyState{},
+		repairs:  map[nft.Family]*repair{},
+		started:  time.Now()}
 	for f := range deps.NFT {
 		p.families[f] = &familyState{}
 		initFamilyMetrics(f.IPFamily())
@@ -238,7 +230,7 @@ func (p *Proxier) sync(ctx context.Context) error {
 	slices := p.trackers.Slices.Checkout()
 	metrics.ServiceChangesPending.Set(float64(len(svcs.Changed)))
 	metrics.EndpointChangesPending.Set(float64(len(slices.Changed)))
-	affected := p.record(svcs, slices)
+	affected := p.objects.record(svcs, slices)
 	full := map[nft.Family]*fullStart{}
 	var mu sync.Mutex
 	p.eachFamily(func(f nft.Family, backend nft.Interface) error {
@@ -273,53 +265,6 @@ func initFamilyMetrics(fam string) {
 	metrics.NFTablesSyncFailuresTotal.WithLabelValues(fam)
 	for _, result := range []string{metrics.ResultSuccess, metrics.ResultUnchanged, metrics.ResultFailure} {
 		metrics.SyncsTotal.WithLabelValues(fam, result)
-	}
-}
-
-// record updates the proxier's view of the objects with the checked-out
-// changes (idempotent: after a failed sync the same changes come again) and
-// returns the Services they affect.
-func (p *Proxier) record(svcs watch.ServiceChanges, slices watch.SliceChanges) map[model.ServiceName]bool {
-	affected := make(map[model.ServiceName]bool, len(svcs.Changed)+len(slices.Changed))
-	if len(p.services) == 0 && len(p.sliceSvc) == 0 {
-		// The first checkout holds every object: no growing map by map.
-		p.services = make(map[model.ServiceName]*model.Service, len(svcs.Changed))
-		p.slicesBySvc = make(map[model.ServiceName][]*model.EndpointSlice, len(svcs.Changed))
-		p.sliceSvc = make(map[model.SliceKey]model.ServiceName, len(slices.Changed))
-	}
-	for k, c := range svcs.Changed {
-		if c.Deleted {
-			delete(p.services, k)
-		} else {
-			p.services[k] = c.Value
-		}
-		affected[k] = true
-	}
-	for k, c := range slices.Changed {
-		if old, ok := p.sliceSvc[k]; ok {
-			p.removeSlice(old, k.Name)
-			delete(p.sliceSvc, k)
-			affected[old] = true
-		}
-		if c.Deleted {
-			continue
-		}
-		svc := c.Value.Service
-		p.slicesBySvc[svc] = append(p.slicesBySvc[svc], c.Value)
-		p.sliceSvc[k] = svc
-		affected[svc] = true
-	}
-	return affected
-}
-
-// removeSlice removes the EndpointSlice named name from svc's. (A slice's
-// Service is in its namespace, so the name identifies it.)
-func (p *Proxier) removeSlice(svc model.ServiceName, name string) {
-	ss := slices.DeleteFunc(p.slicesBySvc[svc], func(es *model.EndpointSlice) bool { return es.Name == name })
-	if len(ss) == 0 {
-		delete(p.slicesBySvc, svc)
-	} else {
-		p.slicesBySvc[svc] = ss
 	}
 }
 
@@ -385,10 +330,8 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 		start = start.Add(-fst.took) // the sync's time includes its reading
 	}
 	if full || !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node) {
-		affected = make(map[model.ServiceName]bool, len(p.services)+len(fs.services))
-		for name := range p.services {
-			affected[name] = true
-		}
+		affected = make(map[model.ServiceName]bool, p.objects.len()+len(fs.services))
+		p.objects.addNames(affected)
 		for name := range fs.services {
 			affected[name] = true
 		}
@@ -540,7 +483,7 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 	} else {
 		fs.mode = fs.mode.next(eventNotRead)
 	}
-	fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, make(map[model.ServiceName]programmed, len(p.services)), 0
+	fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, make(map[model.ServiceName]programmed, p.objects.len()), 0
 	fs.slots = seedSlots(f, loaded)
 	fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
 	fs.noLocalInternal, fs.noLocalExternal = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
@@ -549,7 +492,7 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 	}
 	fs.reserve = ruleset.Counts{}
 	if loaded == nil {
-		fs.reserve = p.counts(f)
+		fs.reserve = p.objects.counts(f, p.cfg.NodeName)
 		ruleset.Reserve(fs.editor, fs.reserve)
 	}
 	return &fullStart{at: start, took: time.Since(start), repair: fs.repairing != nil}
@@ -558,36 +501,6 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 // batchReporter is a backend that reports on the batch it sent last
 // (nftnl.Netlink).
 type batchReporter interface{ LastBatch() nftnl.BatchStats }
-
-// counts returns how many Services of family f there are, with how many
-// ports, and how many endpoint ports their EndpointSlices hold, in all and
-// on this node: the sizes a full sync into an empty table reserves
-// (ruleset.Reserve).
-func (p *Proxier) counts(f nft.Family) ruleset.Counts {
-	var c ruleset.Counts
-	for _, svc := range p.services {
-		for _, ip := range svc.ClusterIPs {
-			if f.Contains(ip) {
-				c.Services++
-				c.Ports += len(svc.Ports)
-			}
-		}
-	}
-	for _, slices := range p.slicesBySvc {
-		for _, es := range slices {
-			if es.Family != f {
-				continue
-			}
-			c.Endpoints += len(es.Endpoints) * len(es.Ports)
-			for i := range es.Endpoints {
-				if es.Endpoints[i].OnNode(p.cfg.NodeName) {
-					c.LocalEndpoints += len(es.Ports)
-				}
-			}
-		}
-	}
-	return c
-}
 
 // seedSlots returns the slot table of a full sync: the slots the chains
 // read back from the kernel use, so that they and their ranges stay.
@@ -644,13 +557,9 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 	var frag *nft.Fragment
 	var ports []model.ServicePortState
 	var slices []*model.EndpointSlice
-	svc := p.services[name]
+	svc := p.objects.service(name)
 	if svc != nil {
-		for _, es := range p.slicesBySvc[name] {
-			if es.Family == f {
-				slices = append(slices, es)
-			}
-		}
+		slices = p.objects.slicesOf(f, name)
 		if ports = model.ServicePorts(f, fs.node, svc, slices); len(ports) > 0 {
 			frag = &fs.frag
 			frag.Reset()
