@@ -286,13 +286,11 @@ func observeProgrammingLatency(slices watch.SliceChanges, started time.Time) {
 
 // programmed is what one Service contributes to a family's table: the
 // objects its service ports were derived from (with familyState.node).
-// Neither the ports nor the fragment are kept:
-// model.ServicePorts and ruleset.ServiceFragment are deterministic, so
-// both are derived again from these objects, the node and familyState.cfg
-// when the Editor must release the fragment (about 10 µs). The objects
-// are the ones the trackers hold as applied, shared. Keeping the
-// fragments cost 7 MiB at 10k×5 and 130 MiB at 100k×10, keeping the ports
-// 5.5 and 57 MiB (docs/profiles.md).
+// Neither the ports nor the fragment are kept, to save memory at scale
+// (docs/code-figures.md): model.ServicePorts and ruleset.ServiceFragment are
+// deterministic, so both are derived again from these objects, the node
+// and familyState.cfg when the Editor must release the fragment. The
+// objects are the ones the trackers hold as applied, shared.
 type programmed struct {
 	svc    *model.Service
 	slices []*model.EndpointSlice // the Service's EndpointSlices of the family
