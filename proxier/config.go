@@ -7,6 +7,10 @@ package proxier
 import (
 	"net/netip"
 	"time"
+
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/model"
+	"github.com/nftproxy/nftproxy/proxier/ruleset"
 )
 
 // Config is everything the proxier needs to know, already validated and
@@ -68,4 +72,54 @@ type LocalDetect struct {
 	Mode                string // "" means DetectClusterCIDR
 	BridgeInterface     string // for DetectBridgeInterface
 	InterfaceNamePrefix string // for DetectInterfaceNamePrefix
+}
+
+// rulesetConfig is the builder's configuration for family f, and the node
+// as last seen.
+func (p *Proxier) rulesetConfig(f nft.Family) (ruleset.Config, model.Node) {
+	p.mu.Lock()
+	serviceCIDRs := p.cfg.ServiceCIDRs
+	if len(p.apiServiceCIDRs) > 0 {
+		serviceCIDRs = p.apiServiceCIDRs
+	}
+	node := p.node
+	p.mu.Unlock()
+	if node.Name == "" {
+		node.Name = p.cfg.NodeName // endpoints are local by name before the Node is seen
+	}
+	cfg := ruleset.Config{
+		ServiceCIDRs:   ofFamily(f, serviceCIDRs),
+		MasqueradeMark: 1 << p.cfg.MasqueradeBit,
+		MasqueradeAll:  p.cfg.MasqueradeAll,
+	}
+	switch d := p.cfg.LocalDetect; d.Mode {
+	case DetectNodeCIDR:
+		cfg.LocalTraffic.CIDRs = ofFamily(f, node.PodCIDRs)
+	case DetectBridgeInterface:
+		cfg.LocalTraffic.Interface = d.BridgeInterface
+	case DetectInterfaceNamePrefix:
+		cfg.LocalTraffic.Interface, cfg.LocalTraffic.InterfacePrefix = d.InterfaceNamePrefix, true
+	default:
+		cfg.LocalTraffic.CIDRs = ofFamily(f, p.cfg.ClusterCIDRs)
+	}
+	if len(p.cfg.NodePortCIDRs) > 0 {
+		cfg.NodePorts.CIDRs = ofFamily(f, p.cfg.NodePortCIDRs)
+	} else {
+		for _, a := range node.Addresses {
+			if f.Contains(a) {
+				cfg.NodePorts.Addresses = append(cfg.NodePorts.Addresses, a)
+			}
+		}
+	}
+	return cfg, node
+}
+
+func ofFamily(f nft.Family, ps []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if f.Contains(p.Addr()) {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nftproxy/nftproxy/nft/nftnl"
-
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -47,13 +45,6 @@ type Deps struct {
 	// family's first successful sync, when its rules are in the kernel
 	// (cmd/nftproxy deletes kube-proxy's tables there).
 	FirstSync func(ctx context.Context, f nft.Family)
-}
-
-// HealthCheckServer serves the health check node ports of Services
-// (proxier/healthcheck.Server).
-type HealthCheckServer interface {
-	SyncServices(map[healthcheck.ServiceName]uint16) error
-	SyncEndpoints(map[healthcheck.ServiceName]int) error
 }
 
 // Proxier keeps this node's nftables in line with the API.
@@ -256,34 +247,6 @@ func (p *Proxier) sync(ctx context.Context) error {
 	return nil
 }
 
-// initFamilyMetrics creates a family's failure and result series at 0
-// before anything happens. A counter series that is born at 1 shows no
-// increase, so without them an alert on rate() or increase() would miss
-// the first failure, and dashboards would show "no data" for a healthy
-// proxy instead of 0.
-func initFamilyMetrics(fam string) {
-	metrics.NFTablesSyncFailuresTotal.WithLabelValues(fam)
-	for _, result := range []string{metrics.ResultSuccess, metrics.ResultUnchanged, metrics.ResultFailure} {
-		metrics.SyncsTotal.WithLabelValues(fam, result)
-	}
-}
-
-// observeProgrammingLatency records, for every EndpointSlice change now in
-// the kernel, the time since the change that caused it. Changes made
-// before the proxier started are left out, as upstream leaves them out
-// (its endpoints change tracker's start time): the first sync programs
-// every slice, and the age of a slice's last change (hours, days) is not
-// a programming latency; counted, it would put every restart in the
-// latency's 99th percentile.
-func observeProgrammingLatency(slices watch.SliceChanges, started time.Time) {
-	now := time.Now()
-	for _, c := range slices.Changed {
-		if es := c.Value; !c.Deleted && es.TriggerTime.After(started) {
-			metrics.NetworkProgrammingLatency.WithLabelValues(es.Family.IPFamily()).Observe(now.Sub(es.TriggerTime).Seconds())
-		}
-	}
-}
-
 // programmed is what one Service contributes to a family's table: the
 // objects its service ports were derived from (with familyState.node).
 // Neither the ports nor the fragment are kept, to save memory at scale
@@ -411,19 +374,6 @@ func (p *Proxier) apply(ctx context.Context, f nft.Family, fs *familyState, back
 	return fmt.Errorf("sync %s: %w", fam, err)
 }
 
-// logSynced logs a successful sync at -v 2, with where the time went when
-// the backend reports its batches (the rest of elapsed is building).
-func logSynced(f nft.Family, fs *familyState, backend nft.Interface, tx *nft.Transaction, elapsed time.Duration,
-	full, fromKernel, repair bool) {
-	kv := []any{"ipFamily", f.IPFamily(), "full", full, "fromKernel", fromKernel, "repair", repair, "servicePorts", fs.ports,
-		"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", elapsed}
-	if b, ok := backend.(batchReporter); ok && !tx.Empty() {
-		st := b.LastBatch()
-		kv = append(kv, "bytes", st.Bytes, "encode", st.Encode, "kernel", st.Kernel, "kernelCPU", st.KernelCPU)
-	}
-	klog.V(2).InfoS("Synced", kv...)
-}
-
 // firstSync calls Deps.FirstSync after the family's first successful sync.
 func (p *Proxier) firstSync(ctx context.Context, f nft.Family, fs *familyState) {
 	if fs.synced {
@@ -495,10 +445,6 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 	}
 	return &fullStart{at: start, took: time.Since(start), repair: fs.repairing != nil}
 }
-
-// batchReporter is a backend that reports on the batch it sent last
-// (nftnl.Netlink).
-type batchReporter interface{ LastBatch() nftnl.BatchStats }
 
 // seedSlots returns the slot table of a full sync: the slots the chains
 // read back from the kernel use, so that they and their ranges stay.
@@ -599,117 +545,4 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 	}
 	fs.ports += len(ports) - len(old)
 	return ports
-}
-
-// syncHealthCheck records the health check port and local endpoint count
-// of a Service with externalTrafficPolicy: Local.
-func (p *Proxier) syncHealthCheck(fs *familyState, name model.ServiceName, svc *model.Service, ports []model.ServicePortState) {
-	hc := healthcheck.ServiceName(name)
-	if svc == nil || svc.HealthCheckNodePort == 0 || !svc.ExternalLocal || len(ports) == 0 {
-		delete(fs.healthPorts, hc)
-		delete(fs.healthLocal, hc)
-		return
-	}
-	local := 0
-	for _, sp := range ports {
-		local = max(local, sp.LocalReady)
-	}
-	fs.healthPorts[hc], fs.healthLocal[hc] = svc.HealthCheckNodePort, local
-}
-
-// syncHealthChecks hands the health check ports to the family's server.
-// Ports that cannot be bound are logged by the server and retried on the
-// next sync; they do not fail the sync.
-func (p *Proxier) syncHealthChecks(f nft.Family, fs *familyState) {
-	hc := p.deps.HealthCheck[f]
-	if hc == nil {
-		return
-	}
-	_ = hc.SyncServices(fs.healthPorts)
-	_ = hc.SyncEndpoints(fs.healthLocal)
-}
-
-// recordSync updates the metrics and health after a successful sync.
-func (p *Proxier) recordSync(f nft.Family, fs *familyState, full bool, elapsed time.Duration, tx *nft.Transaction) {
-	fam := f.IPFamily()
-	metrics.SyncProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
-	if full {
-		metrics.SyncFullProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
-	} else {
-		metrics.SyncPartialProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
-	}
-	metrics.SyncProxyRulesLastTimestamp.WithLabelValues(fam).Set(float64(time.Now().Unix()))
-	metrics.SyncKernelOperations.WithLabelValues(fam).Observe(float64(len(tx.Ops)))
-	result := metrics.ResultSuccess
-	if tx.Empty() {
-		result = metrics.ResultUnchanged
-	}
-	metrics.SyncsTotal.WithLabelValues(fam, result).Inc()
-	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyInternal, fam).Set(float64(len(fs.noLocalInternal)))
-	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyExternal, fam).Set(float64(len(fs.noLocalExternal)))
-	if p.deps.Health != nil {
-		p.deps.Health.Updated(f)
-	}
-}
-
-// rulesetConfig is the builder's configuration for family f, and the node
-// as last seen.
-func (p *Proxier) rulesetConfig(f nft.Family) (ruleset.Config, model.Node) {
-	p.mu.Lock()
-	serviceCIDRs := p.cfg.ServiceCIDRs
-	if len(p.apiServiceCIDRs) > 0 {
-		serviceCIDRs = p.apiServiceCIDRs
-	}
-	node := p.node
-	p.mu.Unlock()
-	if node.Name == "" {
-		node.Name = p.cfg.NodeName // endpoints are local by name before the Node is seen
-	}
-	cfg := ruleset.Config{
-		ServiceCIDRs:   ofFamily(f, serviceCIDRs),
-		MasqueradeMark: 1 << p.cfg.MasqueradeBit,
-		MasqueradeAll:  p.cfg.MasqueradeAll,
-	}
-	switch d := p.cfg.LocalDetect; d.Mode {
-	case DetectNodeCIDR:
-		cfg.LocalTraffic.CIDRs = ofFamily(f, node.PodCIDRs)
-	case DetectBridgeInterface:
-		cfg.LocalTraffic.Interface = d.BridgeInterface
-	case DetectInterfaceNamePrefix:
-		cfg.LocalTraffic.Interface, cfg.LocalTraffic.InterfacePrefix = d.InterfaceNamePrefix, true
-	default:
-		cfg.LocalTraffic.CIDRs = ofFamily(f, p.cfg.ClusterCIDRs)
-	}
-	if len(p.cfg.NodePortCIDRs) > 0 {
-		cfg.NodePorts.CIDRs = ofFamily(f, p.cfg.NodePortCIDRs)
-	} else {
-		for _, a := range node.Addresses {
-			if f.Contains(a) {
-				cfg.NodePorts.Addresses = append(cfg.NodePorts.Addresses, a)
-			}
-		}
-	}
-	return cfg, node
-}
-
-func ofFamily(f nft.Family, ps []netip.Prefix) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range ps {
-		if f.Contains(p.Addr()) {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// Cleanup deletes nftproxy's tables (--cleanup).
-func Cleanup(ctx context.Context, backends map[nft.Family]nft.Interface) error {
-	var errs []error
-	for f, b := range backends {
-		if err := b.Apply(ctx, &nft.Transaction{Family: f, Ops: []nft.Op{{Kind: nft.OpDeleteTable}}}); err != nil {
-			metrics.NFTablesCleanupFailuresTotal.WithLabelValues(f.IPFamily()).Inc()
-			errs = append(errs, fmt.Errorf("delete table %s %s: %w", f, nft.TableName, err))
-		}
-	}
-	return errors.Join(errs...)
 }

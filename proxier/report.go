@@ -1,0 +1,82 @@
+package proxier
+
+// What the sync loop reports: metrics, the health of the sync, and logs.
+
+import (
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/nftproxy/nftproxy/metrics"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+	"github.com/nftproxy/nftproxy/proxier/watch"
+)
+
+// initFamilyMetrics creates a family's failure and result series at 0
+// before anything happens. A counter series that is born at 1 shows no
+// increase, so without them an alert on rate() or increase() would miss
+// the first failure, and dashboards would show "no data" for a healthy
+// proxy instead of 0.
+func initFamilyMetrics(fam string) {
+	metrics.NFTablesSyncFailuresTotal.WithLabelValues(fam)
+	for _, result := range []string{metrics.ResultSuccess, metrics.ResultUnchanged, metrics.ResultFailure} {
+		metrics.SyncsTotal.WithLabelValues(fam, result)
+	}
+}
+
+// observeProgrammingLatency records, for every EndpointSlice change now in
+// the kernel, the time since the change that caused it. Changes made
+// before the proxier started are left out, as upstream leaves them out
+// (its endpoints change tracker's start time): the first sync programs
+// every slice, and the age of a slice's last change (hours, days) is not
+// a programming latency; counted, it would put every restart in the
+// latency's 99th percentile.
+func observeProgrammingLatency(slices watch.SliceChanges, started time.Time) {
+	now := time.Now()
+	for _, c := range slices.Changed {
+		if es := c.Value; !c.Deleted && es.TriggerTime.After(started) {
+			metrics.NetworkProgrammingLatency.WithLabelValues(es.Family.IPFamily()).Observe(now.Sub(es.TriggerTime).Seconds())
+		}
+	}
+}
+
+// logSynced logs a successful sync at -v 2, with where the time went when
+// the backend reports its batches (the rest of elapsed is building).
+func logSynced(f nft.Family, fs *familyState, backend nft.Interface, tx *nft.Transaction, elapsed time.Duration,
+	full, fromKernel, repair bool) {
+	kv := []any{"ipFamily", f.IPFamily(), "full", full, "fromKernel", fromKernel, "repair", repair, "servicePorts", fs.ports,
+		"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", elapsed}
+	if b, ok := backend.(batchReporter); ok && !tx.Empty() {
+		st := b.LastBatch()
+		kv = append(kv, "bytes", st.Bytes, "encode", st.Encode, "kernel", st.Kernel, "kernelCPU", st.KernelCPU)
+	}
+	klog.V(2).InfoS("Synced", kv...)
+}
+
+// batchReporter is a backend that reports on the batch it sent last
+// (nftnl.Netlink).
+type batchReporter interface{ LastBatch() nftnl.BatchStats }
+
+// recordSync updates the metrics and health after a successful sync.
+func (p *Proxier) recordSync(f nft.Family, fs *familyState, full bool, elapsed time.Duration, tx *nft.Transaction) {
+	fam := f.IPFamily()
+	metrics.SyncProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
+	if full {
+		metrics.SyncFullProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
+	} else {
+		metrics.SyncPartialProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
+	}
+	metrics.SyncProxyRulesLastTimestamp.WithLabelValues(fam).Set(float64(time.Now().Unix()))
+	metrics.SyncKernelOperations.WithLabelValues(fam).Observe(float64(len(tx.Ops)))
+	result := metrics.ResultSuccess
+	if tx.Empty() {
+		result = metrics.ResultUnchanged
+	}
+	metrics.SyncsTotal.WithLabelValues(fam, result).Inc()
+	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyInternal, fam).Set(float64(len(fs.noLocalInternal)))
+	metrics.SyncProxyRulesNoLocalEndpointsTotal.WithLabelValues(metrics.TrafficPolicyExternal, fam).Set(float64(len(fs.noLocalExternal)))
+	if p.deps.Health != nil {
+		p.deps.Health.Updated(f)
+	}
+}
