@@ -16,11 +16,9 @@ import (
 // comment, range end; nothing for a plain set's element) in one byte
 // slab, found through an open-addressing index of the records' offsets
 // by hash of the key. Neither holds a pointer, so the garbage collector
-// does not scan them. An Element is 80 bytes plus 32 per field: a
-// hairpin connection (two addresses) took about 220 bytes in a Go map of
-// Elements, and about 75 in a Go map of packed strings; here it takes
-// about 25. A full sync of 100,000 Services of 10 endpoints holds 2.2
-// million elements (docs/profiles.md).
+// does not scan them. An element here takes a small fraction of what it
+// took in a Go map of Elements or of packed strings, and a full sync at
+// scale holds millions of them (docs/code-figures.md).
 //
 // The packing keeps every field as it was given (Datum's address and
 // integer, but an address's zone), so Get and All return the elements Put

@@ -100,8 +100,8 @@ type EndpointPort struct {
 }
 
 // Endpoint is one endpoint of an EndpointSlice. Only the first address is
-// used, as upstream does. It is 56 bytes: there are millions of them at
-// 100,000 Services, so the rarely set hints are behind one pointer.
+// used, as upstream does. There are millions of them at scale, so the
+// rarely set hints are behind one pointer.
 type Endpoint struct {
 	Addr        netip.Addr
 	Ready       bool
