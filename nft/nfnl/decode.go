@@ -31,39 +31,57 @@ func Attrs(b []byte, fn func(typ uint16, data []byte)) error {
 	return nil
 }
 
-// Decoder decodes nested attributes and fixed-size values, and keeps the
-// first malformation it meets (Err): a decoding callback reads on as if
-// nothing happened, and its caller checks Err once at the end.
-type Decoder struct{ err error }
+// Decoder decodes nested attributes and fixed-size values, and remembers
+// malformed input (Err): a decoding callback reads on as if nothing
+// happened, and its caller checks Err once at the end. Attrs and the value
+// methods are small enough to be inlined with their callbacks (a table
+// read back decodes millions of attributes), so Attrs only keeps the
+// bytes that did not fit and Err builds the error.
+type Decoder struct {
+	err error
+	// rest is a run of attributes that did not fit, not yet an error.
+	rest []byte
+}
 
 // Err returns the first malformation met.
-func (d *Decoder) Err() error { return d.err }
+func (d *Decoder) Err() error {
+	if d.err == nil && d.rest != nil {
+		d.err = Attrs(d.rest, func(uint16, []byte) {})
+	}
+	return d.err
+}
 
 // Fail records err unless an error was recorded already.
 func (d *Decoder) Fail(err error) {
-	if d.err == nil {
+	if d.Err() == nil {
 		d.err = err
 	}
 }
 
 // Attrs is the function Attrs, recording its error.
 func (d *Decoder) Attrs(b []byte, fn func(typ uint16, data []byte)) {
-	if err := Attrs(b, fn); err != nil {
-		d.Fail(err)
+	for len(b) >= AttrLen {
+		l := int(binary.NativeEndian.Uint16(b))
+		if l < AttrLen || l > len(b) {
+			break
+		}
+		fn(binary.NativeEndian.Uint16(b[2:])&attrTypeMask, b[AttrLen:l])
+		b = b[min(Align(l), len(b)):]
+	}
+	if len(b) != 0 {
+		d.rest = b
 	}
 }
 
-func (d *Decoder) size(b []byte, n int) bool {
-	if len(b) != n {
-		d.Fail(fmt.Errorf("%w: a %d-byte value in %d bytes", ErrMalformed, n, len(b)))
-		return false
-	}
-	return true
+// wrongSize records a fixed-size value of the wrong size.
+func (d *Decoder) wrongSize(b []byte, n int) {
+	d.Fail(fmt.Errorf("%w: a %d-byte value in %d bytes", ErrMalformed, n, len(b)))
 }
 
 // U8 decodes a one-byte attribute's data.
 func (d *Decoder) U8(b []byte) uint8 {
-	if !d.size(b, 1) {
+	if len(b) != 1 {
+		d.wrongSize(b, 1)
 		return 0
 	}
 	return b[0]
@@ -71,7 +89,8 @@ func (d *Decoder) U8(b []byte) uint8 {
 
 // BE16 decodes a big-endian u16 attribute's data.
 func (d *Decoder) BE16(b []byte) uint16 {
-	if !d.size(b, 2) {
+	if len(b) != 2 {
+		d.wrongSize(b, 2)
 		return 0
 	}
 	return binary.BigEndian.Uint16(b)
@@ -79,7 +98,8 @@ func (d *Decoder) BE16(b []byte) uint16 {
 
 // BE32 decodes a big-endian u32 attribute's data.
 func (d *Decoder) BE32(b []byte) uint32 {
-	if !d.size(b, 4) {
+	if len(b) != 4 {
+		d.wrongSize(b, 4)
 		return 0
 	}
 	return binary.BigEndian.Uint32(b)
@@ -87,7 +107,8 @@ func (d *Decoder) BE32(b []byte) uint32 {
 
 // BE64 decodes a big-endian u64 attribute's data.
 func (d *Decoder) BE64(b []byte) uint64 {
-	if !d.size(b, 8) {
+	if len(b) != 8 {
+		d.wrongSize(b, 8)
 		return 0
 	}
 	return binary.BigEndian.Uint64(b)
