@@ -2,11 +2,14 @@ package conntrack
 
 import (
 	"encoding/binary"
+	"errors"
 	"net/netip"
 	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // ipsConfirmed: a created entry is confirmed at once, and a CTA_STATUS
@@ -20,14 +23,14 @@ func (e *encoder) appendCreate(seq uint32, fl Flow, timeout uint32) {
 	m := e.begin(ctMsgNew, unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK, seq, familyOf(fl))
 	e.tuple(ctaTupleOrig, fl.Proto, fl.Orig)
 	e.tuple(ctaTupleReply, fl.Proto, fl.Reply)
-	e.be32(ctaTimeout, timeout)
+	e.BE32(ctaTimeout, timeout)
 	if !fl.Unanswered {
-		e.be32(ctaStatus, ipsSeenReply|ipsConfirmed)
+		e.BE32(ctaStatus, ipsSeenReply|ipsConfirmed)
 	}
 	if fl.Zone != 0 {
-		e.be16(ctaZone, fl.Zone)
+		e.BE16(ctaZone, fl.Zone)
 	}
-	e.end(m)
+	e.EndMsg(m)
 }
 
 // testFlows covers both families, UDP and SCTP, zones and IDs.
@@ -46,8 +49,8 @@ func testFlows() []Flow {
 func oneMessage(t *testing.T, b []byte) (typ, flags uint16, seq uint32, payload []byte) {
 	t.Helper()
 	n := 0
-	if err := messages(b, func(ty, fl uint16, sq uint32, p []byte) error {
-		typ, flags, seq, payload = ty, fl, sq, p
+	if err := nfnl.Messages(b, func(h nfnl.Header, p []byte) error {
+		typ, flags, seq, payload = h.Type, h.Flags, h.Seq, p
 		n++
 		return nil
 	}); err != nil || n != 1 || int(binary.NativeEndian.Uint32(b)) != len(b) {
@@ -61,7 +64,7 @@ func TestEncodeParse(t *testing.T) {
 	for _, fl := range testFlows() {
 		var e encoder
 		e.appendCreate(7, fl, 600)
-		typ, flags, seq, payload := oneMessage(t, e.b)
+		typ, flags, seq, payload := oneMessage(t, e.Buf)
 		if typ != ctType(ctMsgNew) || seq != 7 || flags&unix.NLM_F_CREATE == 0 {
 			t.Errorf("header: type %#x flags %#x seq %d", typ, flags, seq)
 		}
@@ -91,13 +94,13 @@ func TestDeleteMessage(t *testing.T) {
 	for _, fl := range append(testFlows(), Flow{Proto: ProtoUDP}) {
 		var e encoder
 		e.appendDelete(42, fl)
-		typ, flags, seq, payload := oneMessage(t, e.b)
+		typ, flags, seq, payload := oneMessage(t, e.Buf)
 		if typ != ctType(ctMsgDelete) || seq != 42 || flags != unix.NLM_F_REQUEST|unix.NLM_F_ACK {
 			t.Errorf("header: type %#x flags %#x seq %d", typ, flags, seq)
 		}
 		var types []uint16
 		var orig []byte
-		if err := attrs(payload[nfgenHeaderLen:], func(typ uint16, data []byte) {
+		if err := nfnl.Attrs(payload[nfnl.GenHeaderLen:], func(typ uint16, data []byte) {
 			types = append(types, typ)
 			if typ == ctaTupleOrig {
 				orig = data
@@ -118,9 +121,10 @@ func TestDeleteMessage(t *testing.T) {
 		if !fl.Orig.Src.IsValid() {
 			continue // the zero flow: still a tuple, of zero addresses
 		}
-		tup, proto, err := parseTuple(orig)
-		if err != nil || tup != fl.Orig || proto != fl.Proto {
-			t.Errorf("tuple %+v proto %d (%v), want %+v %d", tup, proto, err, fl.Orig, fl.Proto)
+		var d nfnl.Decoder
+		tup, proto, ok := parseTuple(&d, orig)
+		if !ok || d.Err() != nil || tup != fl.Orig || proto != fl.Proto {
+			t.Errorf("tuple %+v proto %d (%v), want %+v %d", tup, proto, d.Err(), fl.Orig, fl.Proto)
 		}
 	}
 }
@@ -130,7 +134,7 @@ func TestDumpRequest(t *testing.T) {
 		unanswered := proto == ProtoTCP
 		var e encoder
 		e.appendDump(3, uint8(IPv6), proto, unanswered)
-		typ, flags, _, payload := oneMessage(t, e.b)
+		typ, flags, _, payload := oneMessage(t, e.Buf)
 		if typ != ctType(ctMsgGet) || flags != unix.NLM_F_REQUEST|unix.NLM_F_DUMP || payload[0] != unix.AF_INET6 {
 			t.Errorf("header: type %#x flags %#x family %d", typ, flags, payload[0])
 		}
@@ -138,7 +142,7 @@ func TestDumpRequest(t *testing.T) {
 		var filterFlags uint32
 		var num uint8
 		status, mask := uint32(1), uint32(0)
-		_ = attrs(payload[nfgenHeaderLen:], func(typ uint16, data []byte) {
+		_ = nfnl.Attrs(payload[nfnl.GenHeaderLen:], func(typ uint16, data []byte) {
 			types = append(types, typ)
 			switch typ {
 			case ctaStatus:
@@ -146,14 +150,14 @@ func TestDumpRequest(t *testing.T) {
 			case ctaStatusMask:
 				mask = binary.BigEndian.Uint32(data)
 			case ctaFilter:
-				_ = attrs(data, func(typ uint16, data []byte) {
+				_ = nfnl.Attrs(data, func(typ uint16, data []byte) {
 					if typ == ctaFilterOrigFlags {
 						filterFlags = binary.NativeEndian.Uint32(data)
 					}
 				})
 			case ctaTupleOrig:
-				_ = attrs(data, func(typ uint16, data []byte) {
-					_ = attrs(data, func(typ uint16, data []byte) {
+				_ = nfnl.Attrs(data, func(typ uint16, data []byte) {
+					_ = nfnl.Attrs(data, func(typ uint16, data []byte) {
 						if typ == ctaProtoNum {
 							num = data[0]
 						}
@@ -177,51 +181,38 @@ func TestDumpRequest(t *testing.T) {
 	}
 }
 
-func TestParseAck(t *testing.T) {
-	hdr := make([]byte, nlmsgHeaderLen)
-	binary.NativeEndian.PutUint32(hdr, 100) // the request was 100 bytes
-	errno := func(e unix.Errno) []byte { return binary.NativeEndian.AppendUint32(nil, uint32(-int32(e))) }
-	msgTLV := func(s string) []byte {
-		b := binary.NativeEndian.AppendUint16(nil, uint16(nlaHeaderLen+len(s)+1))
-		b = binary.NativeEndian.AppendUint16(b, unix.NLMSGERR_ATTR_MSG)
-		b = append(b, s...)
-		b = append(b, 0)
-		for len(b)%4 != 0 {
-			b = append(b, 0)
-		}
-		return b
-	}
-	capped := slices.Concat(errno(unix.EINVAL), hdr, msgTLV("bad tuple"))
-	uncapped := slices.Concat(errno(unix.EINVAL), hdr, make([]byte, 100-nlmsgHeaderLen), msgTLV("bad tuple"))
-	for _, tc := range []struct {
-		name    string
-		flags   uint16
-		payload []byte
-		errno   unix.Errno
-		msg     string
-	}{
-		{"ACK", unix.NLM_F_CAPPED, slices.Concat(errno(0), hdr), 0, ""},
-		{"capped with message", unix.NLM_F_CAPPED | unix.NLM_F_ACK_TLVS, capped, unix.EINVAL, "bad tuple"},
-		{"uncapped with message", unix.NLM_F_ACK_TLVS, uncapped, unix.EINVAL, "bad tuple"},
-		{"short", 0, []byte{1, 2}, unix.EBADMSG, "short netlink error message"},
-	} {
-		e, m := parseAck(tc.flags, tc.payload)
-		if e != tc.errno || m != tc.msg {
-			t.Errorf("%s: %v %q, want %v %q", tc.name, e, m, tc.errno, tc.msg)
-		}
-	}
-}
-
 func TestParseFlowRejects(t *testing.T) {
 	var e encoder
 	m := e.begin(ctMsgNew, 0, 1, unix.AF_INET)
 	e.tuple(ctaTupleOrig, ProtoUDP, testFlows()[0].Orig)
-	e.end(m)
-	if _, err := parseFlow(e.b[nlmsgHeaderLen:]); err == nil {
+	e.EndMsg(m)
+	if _, err := parseFlow(e.Buf[nfnl.HeaderLen:]); err == nil {
 		t.Error("a flow without reply tuple parsed")
 	}
 	if _, err := parseFlow([]byte{2, 0}); err == nil {
 		t.Error("a short message parsed")
+	}
+	// A whole flow, cut short inside its last attribute: an error, not
+	// a flow decoded in part.
+	e = encoder{}
+	e.appendCreate(1, testFlows()[2], 1)
+	if fl, err := parseFlow(e.Buf[nfnl.HeaderLen : len(e.Buf)-3]); !errors.Is(err, nfnl.ErrMalformed) {
+		t.Errorf("a truncated flow parsed: %+v, error %v", fl, err)
+	}
+	// An address of the wrong length.
+	e = encoder{}
+	m = e.begin(ctMsgNew, 0, 1, unix.AF_INET)
+	for _, typ := range []uint16{ctaTupleOrig, ctaTupleReply} {
+		tup := e.Nest(typ)
+		ip := e.Nest(ctaTupleIP)
+		e.Attr(ctaIPv4Src, []byte{10, 0, 0})
+		e.Attr(ctaIPv4Dst, []byte{10, 0, 0, 1})
+		e.EndNest(ip)
+		e.EndNest(tup)
+	}
+	e.EndMsg(m)
+	if fl, err := parseFlow(e.Buf[nfnl.HeaderLen:]); !errors.Is(err, nfnl.ErrMalformed) {
+		t.Errorf("a 3-byte address parsed: %+v, error %v", fl, err)
 	}
 }
 
@@ -231,7 +222,7 @@ func FuzzParseFlow(f *testing.F) {
 	for _, fl := range testFlows() {
 		var e encoder
 		e.appendCreate(1, fl, 1)
-		f.Add(e.b[nlmsgHeaderLen:])
+		f.Add(e.Buf[nfnl.HeaderLen:])
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fl, err := parseFlow(b)
@@ -256,13 +247,13 @@ func TestCreateMatchesConntrackList(t *testing.T) {
 		fl.Proto, fl.ID = ProtoUDP, 0
 		udp = append(udp, fl)
 	}
-	first := s.nextSeqs(len(udp))
+	first := s.seq.Next(len(udp))
 	for i, fl := range udp {
 		s.enc.appendCreate(first+uint32(i), fl, 600)
 	}
-	if err := s.exchange(reconcileCtx(t), first, len(udp), func(i int, errno unix.Errno, msg string) {
-		if errno != 0 {
-			t.Errorf("create %s: %v %s", udp[i], errno, msg)
+	if err := s.exchange(reconcileCtx(t), first, len(udp), func(i int, ack nfnl.Ack) {
+		if err := ack.Err(); err != nil {
+			t.Errorf("create %s: %v", udp[i], err)
 		}
 	}); err != nil {
 		t.Fatal(err)

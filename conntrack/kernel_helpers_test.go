@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/nft"
 )
 
 // testNS is a fresh network namespace for one kernel test, with its own
@@ -74,7 +75,7 @@ func (ns *testNS) load(t testing.TB, flows []Flow) {
 func insertArgs(fl Flow) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "-I -p %s -s %s -d %s --sport %d --dport %d --reply-src %s --reply-dst %s --reply-port-src %d --reply-port-dst %d -t 600",
-		protoName(fl.Proto), fl.Orig.Src.Addr(), fl.Orig.Dst.Addr(), fl.Orig.Src.Port(), fl.Orig.Dst.Port(),
+		nft.ProtoName(fl.Proto), fl.Orig.Src.Addr(), fl.Orig.Dst.Addr(), fl.Orig.Src.Port(), fl.Orig.Dst.Port(),
 		fl.Reply.Src.Addr(), fl.Reply.Dst.Addr(), fl.Reply.Src.Port(), fl.Reply.Dst.Port())
 	switch fl.Proto {
 	case ProtoTCP:

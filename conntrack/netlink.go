@@ -2,7 +2,6 @@ package conntrack
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -14,7 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/nftproxy/nftproxy/metrics"
-	"github.com/nftproxy/nftproxy/nft/nlsock"
+	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // Netlink reconciles the kernel's conntrack table over ctnetlink.
@@ -176,46 +175,28 @@ func (n *Netlink) Delete(ctx context.Context, flows []Flow) (int, error) {
 // session is one ctnetlink socket, used by one goroutine.
 type session struct {
 	conn           *netlink.Conn
-	seq            uint32
+	seq            nfnl.Seqs
 	rbuf           []byte
 	enc            encoder
 	noKernelFilter bool
 }
 
 func (n *Netlink) open() (*session, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: n.opts.NetNSFd})
+	conn, err := nfnl.Dial(nfnl.SocketOptions{NetNSFd: n.opts.NetNSFd, Acks: true, RcvBuf: rcvbuf, SndBuf: sndbuf})
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack netlink socket: %w", err)
 	}
 	// A dump datagram is at most 32 KiB (netlink_dump caps its skb), an
 	// ACK datagram one ACK: 64 KiB never truncates.
-	s := &session{conn: conn, rbuf: make([]byte, 64<<10), noKernelFilter: n.opts.noKernelFilter}
-	if err := nlsock.Acks(conn); err != nil {
-		s.close()
-		return nil, err
-	}
-	for _, o := range []struct{ opt, size int }{{unix.SO_RCVBUFFORCE, rcvbuf}, {unix.SO_SNDBUFFORCE, sndbuf}} {
-		if err := nlsock.SetBuffer(conn, o.opt, o.size); err != nil {
-			s.close()
-			return nil, err
-		}
-	}
-	return s, nil
+	return &session{conn: conn, rbuf: make([]byte, 64<<10), noKernelFilter: n.opts.noKernelFilter}, nil
 }
 
 func (s *session) close() { _ = s.conn.Close() }
 
-// nextSeqs reserves count sequence numbers and returns the first (never 0).
-func (s *session) nextSeqs(count int) uint32 {
-	first := s.seq + 1
-	s.seq += uint32(count)
-	return first
-}
-
 // withDeadline applies ctx (or replyTimeout) to the socket's reads and
 // writes; the returned function undoes the cancellation hook.
 func (s *session) withDeadline(ctx context.Context) (func() bool, error) {
-	return nlsock.Deadline(ctx, s.conn, nlsock.Until(ctx, replyTimeout))
+	return nfnl.Deadline(ctx, s.conn, nfnl.Until(ctx, replyTimeout))
 }
 
 // dump reads the family's flows of protos, one kernel-filtered dump per
@@ -269,14 +250,14 @@ func (s *session) dumpOne(ctx context.Context, family Family, proto uint8, flows
 		return flows, wrap(err)
 	}
 	defer stop()
-	seq := s.nextSeqs(1)
-	s.enc.b = s.enc.b[:0]
+	seq := s.seq.Next(1)
+	s.enc.Buf = s.enc.Buf[:0]
 	filter := proto
 	if s.noKernelFilter {
 		filter = 0
 	}
 	s.enc.appendDump(seq, uint8(family), filter, filter == ProtoTCP)
-	if err := s.send(s.enc.b); err != nil {
+	if err := nfnl.Send(s.conn, s.enc.Buf); err != nil {
 		return flows, wrap(err)
 	}
 	var parseErrs int
@@ -287,23 +268,17 @@ func (s *session) dumpOne(ctx context.Context, family Family, proto uint8, flows
 			return flows, wrap(err)
 		}
 		done := false
-		err = messages(buf, func(typ, flags uint16, mseq uint32, payload []byte) error {
-			if mseq != seq {
+		err = nfnl.Messages(buf, func(h nfnl.Header, payload []byte) error {
+			if h.Seq != seq {
 				return nil // a late reply to an earlier request
 			}
-			switch typ {
+			switch h.Type {
 			case unix.NLMSG_DONE:
 				done = true
-				if len(payload) >= 4 {
-					if code := int32(binary.NativeEndian.Uint32(payload)); code < 0 {
-						return unix.Errno(-code)
-					}
-				}
+				return nfnl.DoneErr(payload)
 			case unix.NLMSG_ERROR:
 				done = true
-				if errno, _ := parseAck(flags, payload); errno != 0 {
-					return errno
-				}
+				return nfnl.ParseAck(h.Flags, payload).Err()
 			case ctType(ctMsgNew):
 				fl, err := parseFlow(payload)
 				if err != nil {
@@ -361,25 +336,22 @@ func (s *session) delete(ctx context.Context, flows []Flow, batch int) (int, err
 }
 
 func (s *session) deleteBatch(ctx context.Context, flows []Flow) (int, error) {
-	first := s.nextSeqs(len(flows))
-	s.enc.b = s.enc.b[:0]
+	first := s.seq.Next(len(flows))
+	s.enc.Buf = s.enc.Buf[:0]
 	for i, fl := range flows {
 		s.enc.appendDelete(first+uint32(i), fl)
 	}
 	deleted, failed := 0, 0
 	var firstErr error
-	err := s.exchange(ctx, first, len(flows), func(i int, errno unix.Errno, msg string) {
-		switch errno {
+	err := s.exchange(ctx, first, len(flows), func(i int, ack nfnl.Ack) {
+		switch ack.Errno {
 		case 0:
 			deleted++
 		case unix.ENOENT:
 		default:
 			failed++
 			if firstErr == nil {
-				firstErr = fmt.Errorf("delete %s: %w", flows[i], errno)
-				if msg != "" {
-					firstErr = fmt.Errorf("%w (kernel: %s)", firstErr, msg)
-				}
+				firstErr = fmt.Errorf("delete %s: %w", flows[i], ack.Err())
 			}
 		}
 	})
@@ -396,13 +368,13 @@ func (s *session) deleteBatch(ctx context.Context, flows []Flow) (int, error) {
 // first, first+1, …, each asking for an ACK) with one sendmsg and calls
 // onAck with the index and outcome of each. The kernel runs the requests
 // inside sendmsg, so the ACKs are queued when it returns.
-func (s *session) exchange(ctx context.Context, first uint32, count int, onAck func(i int, errno unix.Errno, msg string)) error {
+func (s *session) exchange(ctx context.Context, first uint32, count int, onAck func(i int, ack nfnl.Ack)) error {
 	stop, err := s.withDeadline(ctx)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	if err := s.send(s.enc.b); err != nil {
+	if err := nfnl.Send(s.conn, s.enc.Buf); err != nil {
 		return fmt.Errorf("send: %w", err)
 	}
 	acked := 0
@@ -414,108 +386,30 @@ func (s *session) exchange(ctx context.Context, first uint32, count int, onAck f
 			}
 			return fmt.Errorf("read ACKs (%d of %d read): %w", acked, count, err)
 		}
-		_ = messages(buf, func(typ, flags uint16, seq uint32, payload []byte) error {
-			i := int(seq - first)
-			if typ != unix.NLMSG_ERROR || seq < first || i >= count {
+		err = nfnl.Messages(buf, func(h nfnl.Header, payload []byte) error {
+			i := int(h.Seq - first)
+			if h.Type != unix.NLMSG_ERROR || h.Seq < first || i >= count {
 				return nil // a late reply to an earlier request
 			}
 			acked++
-			errno, msg := parseAck(flags, payload)
-			onAck(i, errno, msg)
+			onAck(i, nfnl.ParseAck(h.Flags, payload))
 			return nil
 		})
+		if err != nil {
+			return fmt.Errorf("read ACKs (%d of %d read): %w", acked, count, err)
+		}
 	}
 	return nil
-}
-
-// send writes buf (one or more messages) with one sendmsg.
-func (s *session) send(buf []byte) error {
-	rc, err := s.conn.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	werr := rc.Write(func(fd uintptr) bool {
-		serr = unix.Sendmsg(int(fd), buf, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
-		return serr != unix.EAGAIN
-	})
-	if werr != nil {
-		return werr
-	}
-	return serr
 }
 
 // receive reads one datagram, waiting for it until the deadline.
 func (s *session) receive() ([]byte, error) {
-	rc, err := s.conn.SyscallConn()
+	n, err := nfnl.Receive(s.conn, s.rbuf, true)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil, fmt.Errorf("no reply: %w", err)
+	}
 	if err != nil {
 		return nil, err
 	}
-	var n int
-	var rerr error
-	if err := rc.Read(func(fd uintptr) bool {
-		n, _, rerr = unix.Recvfrom(int(fd), s.rbuf, unix.MSG_DONTWAIT)
-		return rerr != unix.EAGAIN
-	}); err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, fmt.Errorf("no reply: %w", err)
-		}
-		return nil, err
-	}
-	if rerr != nil {
-		return nil, rerr
-	}
 	return s.rbuf[:n], nil
-}
-
-// messages calls fn for each netlink message of a datagram and stops at
-// the first error fn returns.
-func messages(b []byte, fn func(typ, flags uint16, seq uint32, payload []byte) error) error {
-	for len(b) >= nlmsgHeaderLen {
-		l := int(binary.NativeEndian.Uint32(b))
-		if l < nlmsgHeaderLen || l > len(b) {
-			return fmt.Errorf("malformed netlink message of %d bytes in %d", l, len(b))
-		}
-		typ := binary.NativeEndian.Uint16(b[4:])
-		flags := binary.NativeEndian.Uint16(b[6:])
-		seq := binary.NativeEndian.Uint32(b[8:])
-		if err := fn(typ, flags, seq, b[nlmsgHeaderLen:l]); err != nil {
-			return err
-		}
-		b = b[min(align4(l), len(b)):]
-	}
-	return nil
-}
-
-// parseAck reads the errno of an NLMSG_ERROR (0 for an ACK) and its
-// extended ACK message, if any (include/uapi/linux/netlink.h: the errno,
-// the request's header, the request's payload unless NLM_F_CAPPED, then
-// NLMSGERR_ATTR_* TLVs if NLM_F_ACK_TLVS).
-func parseAck(flags uint16, payload []byte) (unix.Errno, string) {
-	if len(payload) < 4+nlmsgHeaderLen {
-		return unix.EBADMSG, "short netlink error message"
-	}
-	errno := unix.Errno(-int32(binary.NativeEndian.Uint32(payload)))
-	if flags&unix.NLM_F_ACK_TLVS == 0 {
-		return errno, ""
-	}
-	rest := payload[4+nlmsgHeaderLen:]
-	if flags&unix.NLM_F_CAPPED == 0 {
-		reqLen := int(binary.NativeEndian.Uint32(payload[4:])) - nlmsgHeaderLen
-		rest = rest[min(max(align4(reqLen), 0), len(rest)):]
-	}
-	var msg string
-	_ = attrs(rest, func(typ uint16, data []byte) {
-		if typ == unix.NLMSGERR_ATTR_MSG {
-			msg = string(trimNul(data))
-		}
-	})
-	return errno, msg
-}
-
-func trimNul(b []byte) []byte {
-	for len(b) > 0 && b[len(b)-1] == 0 {
-		b = b[:len(b)-1]
-	}
-	return b
 }

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/nftproxy/nftproxy/nft"
 )
 
 func TestFamilyNames(t *testing.T) {
@@ -33,7 +35,7 @@ func TestStaleTCP(t *testing.T) {
 func forEachWorld(t *testing.T, fn func(t *testing.T, family Family, proto uint8)) {
 	for _, family := range []Family{IPv4, IPv6} {
 		for _, proto := range []uint8{ProtoUDP, ProtoSCTP} {
-			t.Run(fmt.Sprintf("%s/%s", family, protoName(proto)), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/%s", family, nft.ProtoName(proto)), func(t *testing.T) {
 				fn(t, family, proto)
 			})
 		}

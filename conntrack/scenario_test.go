@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
 )
 
 // world gives each case of staleCases its own addresses and ports, so
@@ -343,18 +342,6 @@ func (sc scenario) all() []Flow {
 		}
 	}
 	return out
-}
-
-func protoName(p uint8) string {
-	switch p {
-	case ProtoTCP:
-		return "tcp"
-	case ProtoUDP:
-		return "udp"
-	case ProtoSCTP:
-		return "sctp"
-	}
-	return strconv.Itoa(int(p))
 }
 
 // client returns a distinct client address and port for flow i (i < 2²⁴).

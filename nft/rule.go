@@ -8,7 +8,7 @@ import (
 
 // Phrase is one part of a rule: a match or a statement. The set of phrases
 // is closed: every phrase type is declared in this file, with the nft text it
-// stands for. netlink_lower.go lowers each to kernel expressions the way nft
+// stands for. nftnl/lower.go lowers each to kernel expressions the way nft
 // 1.0.6 does (see TestTemplatesListBack), and trace.go evaluates each in the
 // Fake. Every phrase lowers to expressions alone, never to an anonymous set
 // or map: binding one costs the kernel a walk of the whole transaction, which

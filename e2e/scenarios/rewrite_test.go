@@ -15,7 +15,7 @@ import (
 // Services and holds 20 long-lived ones. Each restart switches
 // --own-tables, so that the table's persistence must change and each
 // start rewrites the IPv4 table whole instead of reading it back (see
-// nft/netlink_rewrite.go: the rewrite hands over through a second table).
+// nft/nftnl/rewrite.go: the rewrite hands over through a second table).
 // No connection may be refused or broken; the old rewrite (add, delete,
 // add in one batch) refused a few at each restart.
 func TestRewriteUnderLoad(t *testing.T) {

@@ -11,5 +11,5 @@ func EncodeForBench(tx *nft.Transaction) (bytes, messages int, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	return len(b.enc.b), len(b.owners), nil
+	return len(b.enc.Buf), len(b.owners), nil
 }

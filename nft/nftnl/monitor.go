@@ -1,10 +1,7 @@
 package nftnl
 
 import (
-	"github.com/nftproxy/nftproxy/nft"
-
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -13,7 +10,8 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/nftproxy/nftproxy/nft/nlsock"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // The kernel multicasts every committed nftables transaction, whoever made
@@ -128,17 +126,9 @@ type Monitor struct {
 // Commits sent by the sockets with port ids ours (Netlink.PortID of the
 // backends) are nftproxy's own and are not reported.
 func NewMonitor(opts NetlinkOptions, ours ...uint32) (*Monitor, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: opts.NetNSFd})
+	conn, err := nfnl.Dial(nfnl.SocketOptions{NetNSFd: opts.NetNSFd, RcvBuf: monitorRcvbuf, Groups: []uint32{unix.NFNLGRP_NFTABLES}})
 	if err != nil {
-		return nil, fmt.Errorf("open nftables monitor socket: %w", err)
-	}
-	if err := conn.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("join the nftables notification group: %w", err)
-	}
-	if err := nlsock.SetBuffer(conn, unix.SO_RCVBUFFORCE, monitorRcvbuf); err != nil {
-		conn.Close()
-		return nil, err
+		return nil, fmt.Errorf("open the nftables monitor socket: %w", err)
 	}
 	gen, err := NewNetlink(NetlinkOptions{NetNSFd: opts.NetNSFd})
 	if err != nil {
@@ -168,11 +158,11 @@ func (m *Monitor) Run(ctx context.Context, report func(Commit)) error {
 	defer stop()
 	var acc commitAccumulator
 	for {
-		n, err := m.receive()
+		n, err := nfnl.Receive(m.listen, m.rbuf, true)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, unix.ENOBUFS) || errors.Is(err, errTruncated) {
+		if errors.Is(err, unix.ENOBUFS) || errors.Is(err, nfnl.ErrTruncated) {
 			acc = commitAccumulator{}
 			m.emit(Commit{Lost: true})
 			continue
@@ -180,13 +170,21 @@ func (m *Monitor) Run(ctx context.Context, report func(Commit)) error {
 		if err != nil {
 			return fmt.Errorf("read nftables notifications: %w", err)
 		}
-		err = eachMessage(m.rbuf[:n], func(h msgHeader, data []byte) {
-			if m.ours[h.pid] {
-				return
+		err = nfnl.Messages(m.rbuf[:n], func(h nfnl.Header, data []byte) error {
+			if m.ours[h.PortID] {
+				return nil
 			}
-			if c, done := acc.add(h, data); done {
+			c, done, err := acc.add(h, data)
+			if err != nil {
+				// What it changed cannot be told: any table may
+				// have been.
+				acc = commitAccumulator{}
+				c, done = Commit{Lost: true}, true
+			}
+			if done {
 				m.emit(c)
 			}
+			return nil
 		})
 		if err != nil {
 			return fmt.Errorf("read nftables notifications: %w", err)
@@ -200,31 +198,6 @@ func (m *Monitor) emit(c Commit) {
 	if m.report != nil {
 		m.report(c)
 	}
-}
-
-var errTruncated = errors.New("notification truncated")
-
-// receive reads one datagram into m.rbuf.
-func (m *Monitor) receive() (int, error) {
-	rc, err := m.listen.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var n, flags int
-	var rerr error
-	if err := rc.Read(func(fd uintptr) bool {
-		n, _, flags, _, rerr = unix.Recvmsg(int(fd), m.rbuf, nil, unix.MSG_DONTWAIT)
-		return rerr != unix.EAGAIN
-	}); err != nil {
-		return 0, err
-	}
-	if rerr != nil {
-		return 0, rerr
-	}
-	if flags&unix.MSG_TRUNC != 0 {
-		return 0, errTruncated
-	}
-	return n, nil
 }
 
 // Pause stops the notifications until resume is called, for a large commit
@@ -280,26 +253,6 @@ func (m *Monitor) resume() {
 	}
 }
 
-// msgHeader is what the monitor reads of a netlink message header.
-type msgHeader struct {
-	typ uint16
-	pid uint32
-}
-
-// eachMessage calls fn with every message of a datagram.
-func eachMessage(b []byte, fn func(h msgHeader, data []byte)) error {
-	for len(b) >= nlmsgHeaderLen {
-		l := int(binary.NativeEndian.Uint32(b))
-		if l < nlmsgHeaderLen || l > len(b) {
-			return fmt.Errorf("malformed netlink message of %d bytes", l)
-		}
-		fn(msgHeader{typ: binary.NativeEndian.Uint16(b[4:]), pid: binary.NativeEndian.Uint32(b[12:])},
-			b[nlmsgHeaderLen:l])
-		b = b[min(pad4(l), len(b)):]
-	}
-	return nil
-}
-
 // changeKey is one line of a Commit's Changes.
 type changeKey struct {
 	family  nft.Family
@@ -316,50 +269,37 @@ type commitAccumulator struct {
 }
 
 // add takes one notification; at a NEWGEN that ends a commit which
-// changed table nftproxy, it returns that commit.
-func (a *commitAccumulator) add(h msgHeader, data []byte) (Commit, bool) {
-	if h.typ>>8 != unix.NFNL_SUBSYS_NFTABLES || len(data) < 4 {
-		return Commit{}, false
+// changed table nftproxy, it returns that commit. A malformed notification
+// is an error.
+func (a *commitAccumulator) add(h nfnl.Header, data []byte) (Commit, bool, error) {
+	if h.Type>>8 != unix.NFNL_SUBSYS_NFTABLES || len(data) < nfnl.GenHeaderLen {
+		return Commit{}, false, nil
 	}
-	typ := h.typ & 0xff
+	typ := h.Type & 0xff
 	if typ == unix.NFT_MSG_NEWGEN {
 		if len(a.order) == 0 {
-			return Commit{}, false
+			return Commit{}, false, nil
 		}
-		c := Commit{PortID: h.pid}
-		forEachAttr(data[4:], func(t uint16, d []byte) {
-			switch t {
-			case unix.NFTA_GEN_ID:
-				c.GenID = be32(d)
-			case unix.NFTA_GEN_PROC_PID:
-				c.PID = be32(d)
-			case unix.NFTA_GEN_PROC_NAME:
-				c.Process = cstr(d)
-			}
-		})
-		for _, k := range a.order {
-			c.Changes = append(c.Changes, Change{Family: k.family, Kind: k.kind, Deleted: k.deleted, Name: k.name,
-				Count: a.counts[k]})
-		}
-		*a = commitAccumulator{}
-		return c, true
+		c, err := a.commit(h, data)
+		return c, err == nil, err
 	}
 	kind, deleted, nameAttr, ok := notification(typ)
 	f := nft.Family(data[0])
 	if !ok || (f != nft.IPv4 && f != nft.IPv6) {
-		return Commit{}, false
+		return Commit{}, false, nil
 	}
 	var table, name string
-	forEachAttr(data[4:], func(t uint16, d []byte) {
+	var d nfnl.Decoder
+	d.Attrs(data[nfnl.GenHeaderLen:], func(t uint16, data []byte) {
 		switch t {
 		case 1: // NFTA_{TABLE_NAME, CHAIN_TABLE, RULE_TABLE, SET_TABLE, SET_ELEM_LIST_TABLE, OBJ_TABLE, FLOWTABLE_TABLE}
-			table = cstr(d)
+			table = nfnl.String(data)
 		case nameAttr:
-			name = cstr(d)
+			name = nfnl.String(data)
 		}
 	})
-	if table != nft.TableName {
-		return Commit{}, false
+	if d.Err() != nil || table != nft.TableName {
+		return Commit{}, false, d.Err()
 	}
 	if kind == KindTable {
 		name = ""
@@ -372,7 +312,30 @@ func (a *commitAccumulator) add(h msgHeader, data []byte) (Commit, bool) {
 		a.order = append(a.order, k)
 	}
 	a.counts[k]++
-	return Commit{}, false
+	return Commit{}, false, nil
+}
+
+// commit ends the commit at its NEWGEN, whose attributes name the
+// generation and the committing process.
+func (a *commitAccumulator) commit(h nfnl.Header, data []byte) (Commit, error) {
+	c := Commit{PortID: h.PortID}
+	var d nfnl.Decoder
+	d.Attrs(data[nfnl.GenHeaderLen:], func(t uint16, data []byte) {
+		switch t {
+		case unix.NFTA_GEN_ID:
+			c.GenID = d.BE32(data)
+		case unix.NFTA_GEN_PROC_PID:
+			c.PID = d.BE32(data)
+		case unix.NFTA_GEN_PROC_NAME:
+			c.Process = nfnl.String(data)
+		}
+	})
+	for _, k := range a.order {
+		c.Changes = append(c.Changes, Change{Family: k.family, Kind: k.kind, Deleted: k.deleted, Name: k.name,
+			Count: a.counts[k]})
+	}
+	*a = commitAccumulator{}
+	return c, d.Err()
 }
 
 // Message types and attributes golang.org/x/sys/unix does not name,

@@ -74,25 +74,25 @@ func costReps() int {
 func costRaw(n *Netlink, f nft.Family, fill func(b *batch) error) (time.Duration, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	first := n.nextSeqs(0)
+	first := n.seq.Next(0)
 	b := newBatch(&nft.Transaction{Family: f}, batchOptions{firstSeq: first})
 	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0, 0)
 	b.op = 0
 	if err := fill(b); err != nil {
 		return 0, err
 	}
-	if b.enc.err != nil {
-		return 0, b.enc.err
+	if b.enc.Err() != nil {
+		return 0, b.enc.Err()
 	}
 	b.op = -1
 	b.control(unix.NFNL_MSG_BATCH_END, flagAck, 0)
-	n.seq = first + uint32(len(b.owners))
+	n.seq.Next(len(b.owners))
 	if err := n.conn.SetDeadline(time.Now().Add(30 * time.Minute)); err != nil {
 		return 0, err
 	}
 	sent := time.Now()
-	if _, err := n.send(b.enc.b); err != nil {
-		return 0, fmt.Errorf("send %d bytes: %w", len(b.enc.b), err)
+	if _, err := n.send(b.enc.Buf); err != nil {
+		return 0, fmt.Errorf("send %d bytes: %w", len(b.enc.Buf), err)
 	}
 	res, err := n.readReplies(b)
 	took := time.Since(sent)
@@ -101,7 +101,7 @@ func costRaw(n *Netlink, f nft.Family, fill func(b *batch) error) (time.Duration
 	}
 	if len(res.errs) > 0 {
 		e := res.errs[0]
-		return took, fmt.Errorf("message %d of %d: %w (kernel: %q; %d errors)", e.index, len(b.owners), e.errno, e.msg, len(res.errs))
+		return took, fmt.Errorf("message %d of %d: %w (kernel: %q; %d errors)", e.index, len(b.owners), e.Errno, e.Msg, len(res.errs))
 	}
 	if !res.confirmed {
 		return took, errors.New("BATCH_END was not ACKed")
@@ -196,24 +196,24 @@ func (b *batch) costIntervalMap(name string, keyMagic, keyLen, dataMagic, dataLe
 		flags |= costSetConcat
 	}
 	m := b.begin(unix.NFT_MSG_NEWSET, flagCreate)
-	b.enc.str(unix.NFTA_SET_TABLE, nft.TableName)
-	b.enc.str(unix.NFTA_SET_NAME, name)
-	b.enc.u32(unix.NFTA_SET_FLAGS, flags)
-	b.enc.u32(unix.NFTA_SET_KEY_TYPE, keyMagic)
-	b.enc.u32(unix.NFTA_SET_KEY_LEN, keyLen)
-	b.enc.u32(unix.NFTA_SET_DATA_TYPE, dataMagic)
-	b.enc.u32(unix.NFTA_SET_DATA_LEN, dataLen)
-	b.enc.u32(unix.NFTA_SET_ID, id)
+	b.enc.Str(unix.NFTA_SET_TABLE, nft.TableName)
+	b.enc.Str(unix.NFTA_SET_NAME, name)
+	b.enc.BE32(unix.NFTA_SET_FLAGS, flags)
+	b.enc.BE32(unix.NFTA_SET_KEY_TYPE, keyMagic)
+	b.enc.BE32(unix.NFTA_SET_KEY_LEN, keyLen)
+	b.enc.BE32(unix.NFTA_SET_DATA_TYPE, dataMagic)
+	b.enc.BE32(unix.NFTA_SET_DATA_LEN, dataLen)
+	b.enc.BE32(unix.NFTA_SET_ID, id)
 	if len(fieldLens) > 0 {
-		d := b.enc.nest(unix.NFTA_SET_DESC)
-		c := b.enc.nest(costSetDescConcat)
+		d := b.enc.Nest(unix.NFTA_SET_DESC)
+		c := b.enc.Nest(costSetDescConcat)
 		for _, l := range fieldLens {
-			el := b.enc.nest(unix.NFTA_LIST_ELEM)
-			b.enc.u32(costSetFieldLen, l)
-			b.enc.endNest(el)
+			el := b.enc.Nest(unix.NFTA_LIST_ELEM)
+			b.enc.BE32(costSetFieldLen, l)
+			b.enc.EndNest(el)
 		}
-		b.enc.endNest(c)
-		b.enc.endNest(d)
+		b.enc.EndNest(c)
+		b.enc.EndNest(d)
 	}
 	b.end(m)
 	b.setIDs[name] = id
@@ -249,35 +249,35 @@ func (b *batch) costIntervalElems(msgType uint16, set string, ranges []costRange
 	setID := b.setIDs[set]
 	for len(elems) > 0 {
 		m := b.begin(msgType, flags)
-		b.enc.str(unix.NFTA_SET_ELEM_LIST_TABLE, nft.TableName)
-		b.enc.str(unix.NFTA_SET_ELEM_LIST_SET, set)
+		b.enc.Str(unix.NFTA_SET_ELEM_LIST_TABLE, nft.TableName)
+		b.enc.Str(unix.NFTA_SET_ELEM_LIST_SET, set)
 		if setID != 0 {
-			b.enc.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, setID)
+			b.enc.BE32(unix.NFTA_SET_ELEM_LIST_SET_ID, setID)
 		}
-		list := b.enc.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+		list := b.enc.Nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
 		i := 0
-		for ; i < len(elems) && len(b.enc.b)-list < maxElemListLen; i++ {
+		for ; i < len(elems) && len(b.enc.Buf)-list < maxElemListLen; i++ {
 			e := elems[i]
-			el := b.enc.nest(uint16(i + 1))
+			el := b.enc.Nest(uint16(i + 1))
 			if e.end {
-				b.enc.u32(unix.NFTA_SET_ELEM_FLAGS, unix.NFT_SET_ELEM_INTERVAL_END)
+				b.enc.BE32(unix.NFTA_SET_ELEM_FLAGS, unix.NFT_SET_ELEM_INTERVAL_END)
 			}
-			k := b.enc.nest(unix.NFTA_SET_ELEM_KEY)
-			b.enc.attr(unix.NFTA_DATA_VALUE, e.key)
-			b.enc.endNest(k)
+			k := b.enc.Nest(unix.NFTA_SET_ELEM_KEY)
+			b.enc.Attr(unix.NFTA_DATA_VALUE, e.key)
+			b.enc.EndNest(k)
 			if e.keyEnd != nil {
-				k := b.enc.nest(costSetElemKeyEnd)
-				b.enc.attr(unix.NFTA_DATA_VALUE, e.keyEnd)
-				b.enc.endNest(k)
+				k := b.enc.Nest(costSetElemKeyEnd)
+				b.enc.Attr(unix.NFTA_DATA_VALUE, e.keyEnd)
+				b.enc.EndNest(k)
 			}
 			if e.data != nil && msgType == unix.NFT_MSG_NEWSETELEM {
-				d := b.enc.nest(unix.NFTA_SET_ELEM_DATA)
-				b.enc.attr(unix.NFTA_DATA_VALUE, e.data)
-				b.enc.endNest(d)
+				d := b.enc.Nest(unix.NFTA_SET_ELEM_DATA)
+				b.enc.Attr(unix.NFTA_DATA_VALUE, e.data)
+				b.enc.EndNest(d)
 			}
-			b.enc.endNest(el)
+			b.enc.EndNest(el)
 		}
-		b.enc.endNest(list)
+		b.enc.EndNest(list)
 		b.end(m)
 		b.elements += i
 		elems = elems[i:]
@@ -287,11 +287,11 @@ func (b *batch) costIntervalElems(msgType uint16, set string, ranges []costRange
 // costRule writes NEWRULE (append) with the expressions exprs writes.
 func (b *batch) costRule(chain string, exprs func(e *encoder)) {
 	m := b.begin(unix.NFT_MSG_NEWRULE, flagCreate|flagAppend)
-	b.enc.str(unix.NFTA_RULE_TABLE, nft.TableName)
-	b.enc.str(unix.NFTA_RULE_CHAIN, chain)
-	list := b.enc.nest(unix.NFTA_RULE_EXPRESSIONS)
+	b.enc.Str(unix.NFTA_RULE_TABLE, nft.TableName)
+	b.enc.Str(unix.NFTA_RULE_CHAIN, chain)
+	list := b.enc.Nest(unix.NFTA_RULE_EXPRESSIONS)
 	exprs(&b.enc)
-	b.enc.endNest(list)
+	b.enc.EndNest(list)
 	b.end(m)
 }
 

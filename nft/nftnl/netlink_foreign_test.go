@@ -143,18 +143,18 @@ func TestNetlinkDeleteTablesError(t *testing.T) {
 	ns.mustNft(t, foreignRuleset, "-f", "-")
 	owner := ns.netlink(t)
 	// A table owned by owner's socket (NFT_TABLE_F_OWNER, Linux ≥ 5.12).
-	b := &batch{enc: encoder{}, family: nft.IPv4, firstSeq: owner.nextSeqs(0), setIDs: map[string]uint32{}}
+	b := &batch{enc: encoder{}, family: nft.IPv4, firstSeq: owner.seq.Next(0), setIDs: map[string]uint32{}}
 	b.op = -1
 	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0, 0)
 	b.op = 0
 	m := b.begin(unix.NFT_MSG_NEWTABLE, flagCreate)
-	b.enc.str(unix.NFTA_TABLE_NAME, "owned")
-	b.enc.u32(unix.NFTA_TABLE_FLAGS, 2) // NFT_TABLE_F_OWNER
+	b.enc.Str(unix.NFTA_TABLE_NAME, "owned")
+	b.enc.BE32(unix.NFTA_TABLE_FLAGS, 2) // NFT_TABLE_F_OWNER
 	b.end(m)
 	b.op = -1
 	b.control(unix.NFNL_MSG_BATCH_END, flagAck, 0)
-	owner.seq = b.firstSeq + uint32(len(b.owners))
-	if _, err := owner.send(b.enc.b); err != nil {
+	owner.seq.Next(len(b.owners))
+	if _, err := owner.send(b.enc.Buf); err != nil {
 		t.Fatal(err)
 	}
 	if res, err := owner.readReplies(b); err != nil || len(res.errs) > 0 {

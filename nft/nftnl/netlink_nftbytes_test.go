@@ -2,6 +2,7 @@ package nftnl
 
 import (
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nfnl"
 	"github.com/nftproxy/nftproxy/nft/nfttest"
 
 	"encoding/binary"
@@ -44,7 +45,7 @@ func TestNetlinkBytesMatchNft(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ours := splitMessages(b.enc.b)
+			ours := splitMessages(b.enc.Buf)
 			th, theirDigests := canonicalBatch(t, theirs)
 			// nft opens an interval map whose first range starts above 0
 			// with an interval end at key 0 (segtree's "nothing below");
@@ -126,7 +127,7 @@ func parseMnlDump(out string) ([][]byte, error) {
 		line = ansiRE.ReplaceAllString(line, "")
 		if mnlLenRE.MatchString(line) {
 			flush()
-			cur = make([]byte, nlmsgHeaderLen)
+			cur = make([]byte, nfnl.HeaderLen)
 			continue
 		}
 		if cur == nil {
@@ -180,7 +181,7 @@ func parseMnlDump(out string) ([][]byte, error) {
 // splitMessages splits an encoded batch into its messages.
 func splitMessages(b []byte) [][]byte {
 	var out [][]byte
-	for len(b) >= nlmsgHeaderLen {
+	for len(b) >= nfnl.HeaderLen {
 		l := int(binary.NativeEndian.Uint32(b))
 		out = append(out, b[:l])
 		b = b[pad4(l):]
@@ -290,7 +291,7 @@ func canonicalBatch(t *testing.T, raw [][]byte) ([]string, map[string]string) {
 	t.Helper()
 	var msgs []decodedMsg
 	for _, m := range raw {
-		if len(m) < nlmsgHeaderLen+4 {
+		if len(m) < nfnl.HeaderLen+4 {
 			t.Fatalf("short message %x", m)
 		}
 		msgs = append(msgs, decodedMsg{

@@ -38,7 +38,7 @@ const rewriteRounds = 12
 // interval map), while the table is rewritten whole in a loop. A refused
 // connection is one no table DNATed: filter-output's cluster-ips-check
 // rejected it. The rewrite in place refuses none; the old add, delete,
-// add refuses some (see netlink_rewrite.go).
+// add refuses some (see rewrite.go).
 func TestNetlinkRewriteRefusesNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -315,7 +315,7 @@ func TestNetlinkClearingMatchesNft(t *testing.T) {
 		t.Fatal(err)
 	}
 	var clearing [][]byte // the messages of OpResetTable, and BATCH_BEGIN and BATCH_END
-	for i, m := range splitMessages(b.enc.b) {
+	for i, m := range splitMessages(b.enc.Buf) {
 		if b.owners[i] == 0 || b.owners[i] == opControl {
 			clearing = append(clearing, m)
 		}

@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nftproxy/nftproxy/nft/nlsock"
+	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // checkListing checks a kernel listing against the ruleset: equal to Dump
@@ -353,7 +353,7 @@ func TestNetlinkAckStrategies(t *testing.T) {
 			if ackEvery {
 				n.ackEvery = true
 				// One ACK skb per message: 20k ACKs overflow 8 MiB.
-				if err := nlsock.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, 256<<20); err != nil {
+				if err := nfnl.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, 256<<20); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -412,7 +412,7 @@ func TestNetlinkLargeElementLists(t *testing.T) {
 		t.Fatal(err)
 	}
 	elemMsgs := map[string]int{}
-	for _, m := range splitMessages(b.enc.b) {
+	for _, m := range splitMessages(b.enc.Buf) {
 		if binary.NativeEndian.Uint16(m[4:])&0xff == unix.NFT_MSG_NEWSETELEM {
 			set := (&nla{kids: parseNLAs(m[20:])}).child(unix.NFTA_SET_ELEM_LIST_SET)
 			elemMsgs[strings.TrimRight(string(set.data), "\x00")]++
@@ -508,7 +508,7 @@ func TestNetlinkErrorFlood(t *testing.T) {
 	rs := nfttest.EveryPhraseRuleset(nft.IPv4)
 	apply(t, n, nft.Diff(nil, rs))
 	before := ns.list(t, nft.IPv4)
-	if err := nlsock.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, 32<<10); err != nil {
+	if err := nfnl.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, 32<<10); err != nil {
 		t.Fatal(err)
 	}
 	tx := &nft.Transaction{Family: nft.IPv4}
@@ -526,7 +526,7 @@ func TestNetlinkErrorFlood(t *testing.T) {
 	if after := ns.list(t, nft.IPv4); after != before {
 		t.Error("failed batch changed the table")
 	}
-	if err := nlsock.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, rcvbuf); err != nil {
+	if err := nfnl.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, rcvbuf); err != nil {
 		t.Fatal(err)
 	}
 	next := nfttest.RealisticRuleset(nft.IPv4, nfttest.MakeServices(nft.IPv4, 5, 2))

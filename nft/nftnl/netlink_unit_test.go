@@ -2,6 +2,7 @@ package nftnl
 
 import (
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nfnl"
 	"github.com/nftproxy/nftproxy/nft/nfttest"
 
 	"bytes"
@@ -185,7 +186,7 @@ func TestElementSplitting(t *testing.T) {
 	}
 	seen := map[string]int{}
 	msgs := 0
-	for i, m := range splitMessages(b.enc.b) {
+	for i, m := range splitMessages(b.enc.Buf) {
 		if seq := binary.NativeEndian.Uint32(m[8:]); seq != 7+uint32(i) {
 			t.Errorf("message %d has sequence %d", i, seq)
 		}
@@ -258,17 +259,17 @@ func TestParseReplies(t *testing.T) {
 		b = binary.NativeEndian.AppendUint32(b, 0)
 		b = binary.NativeEndian.AppendUint32(b, uint32(errno))
 		// the request's header: length includes its payload even if capped
-		b = binary.NativeEndian.AppendUint32(b, uint32(nlmsgHeaderLen+len(reqPayload)+64))
+		b = binary.NativeEndian.AppendUint32(b, uint32(nfnl.HeaderLen+len(reqPayload)+64))
 		b = append(b, make([]byte, 12)...)
 		if flags&unix.NLM_F_CAPPED == 0 {
 			b = append(b, reqPayload...)
 			b = append(b, make([]byte, 64)...)
 		}
 		if ext != "" {
-			e := encoder{b: b}
-			e.str(unix.NLMSGERR_ATTR_MSG, ext)
-			e.u32(unix.NLMSGERR_ATTR_OFFS, 20)
-			b = e.b
+			e := encoder{nfnl.Encoder{Buf: b}}
+			e.Str(unix.NLMSGERR_ATTR_MSG, ext)
+			e.BE32(unix.NLMSGERR_ATTR_OFFS, 20)
+			b = e.Buf
 		}
 		binary.NativeEndian.PutUint32(b, uint32(len(b)))
 		return b
@@ -281,8 +282,8 @@ func TestParseReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []reply{
-		{typ: unix.NLMSG_ERROR, seq: 5, errno: unix.ENOENT, extMsg: "no such chain"},
-		{typ: unix.NLMSG_ERROR, seq: 6, errno: unix.EEXIST, extMsg: "exists"},
+		{typ: unix.NLMSG_ERROR, seq: 5, ack: nfnl.Ack{Errno: unix.ENOENT, Msg: "no such chain"}},
+		{typ: unix.NLMSG_ERROR, seq: 6, ack: nfnl.Ack{Errno: unix.EEXIST, Msg: "exists"}},
 		{typ: unix.NLMSG_ERROR, seq: 7},
 	}
 	if len(got) != len(want) {
@@ -290,7 +291,7 @@ func TestParseReplies(t *testing.T) {
 	}
 	for i := range want {
 		g := got[i]
-		if g.typ != want[i].typ || g.seq != want[i].seq || g.errno != want[i].errno || g.extMsg != want[i].extMsg {
+		if g.typ != want[i].typ || g.seq != want[i].seq || g.ack != want[i].ack {
 			t.Errorf("reply %d: %+v, want %+v", i, got[i], want[i])
 		}
 	}
@@ -310,26 +311,16 @@ func TestDescribeError(t *testing.T) {
 	if len(b.owners) != 7 {
 		t.Fatalf("%d messages", len(b.owners))
 	}
-	err = describeError(tx, b, []msgError{{index: 5, errno: unix.ENOENT}, {index: 6, errno: unix.EINVAL}})
+	err = describeError(tx, b, []msgError{{5, nfnl.Ack{Errno: unix.ENOENT}}, {6, nfnl.Ack{Errno: unix.EINVAL}}})
 	if want := `op 2 add-rule "svc" (rule "jump missing"): no such file or directory (and 1 more errors)`; err.Error() != want {
 		t.Errorf("got %q\nwant %q", err, want)
 	}
 	if !errors.Is(err, unix.ENOENT) {
 		t.Errorf("%v does not wrap ENOENT", err)
 	}
-	err = describeError(tx, b, []msgError{{index: 0, errno: unix.ENOMEM, msg: "commit failed"}})
+	err = describeError(tx, b, []msgError{{0, nfnl.Ack{Errno: unix.ENOMEM, Msg: "commit failed"}}})
 	if want := "commit: cannot allocate memory (kernel: commit failed)"; err.Error() != want {
 		t.Errorf("got %q, want %q", err, want)
-	}
-}
-
-func TestSequenceNumbersSkipZero(t *testing.T) {
-	for _, seq := range []uint32{0, 1<<31 - 1, 1 << 31, ^uint32(0)} {
-		n := &Netlink{seq: seq}
-		first := n.nextSeqs(10)
-		if first == 0 || first > 1<<31 || n.seq != first+10 {
-			t.Errorf("from %d: first %d, next %d", seq, first, n.seq)
-		}
 	}
 }
 
@@ -342,8 +333,8 @@ func TestBatchBufferOffHeap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(heap.enc.b) < 2*offHeapBatch {
-		t.Fatalf("a batch of %d bytes does not test a mapping of half its size", len(heap.enc.b))
+	if len(heap.enc.Buf) < 2*offHeapBatch {
+		t.Fatalf("a batch of %d bytes does not test a mapping of half its size", len(heap.enc.Buf))
 	}
 	for _, tc := range []struct {
 		name  string
@@ -358,8 +349,8 @@ func TestBatchBufferOffHeap(t *testing.T) {
 			if bb.region == nil {
 				t.Fatal("no mapping for a batch this size")
 			}
-			if !bytes.Equal(b.enc.b, heap.enc.b) {
-				t.Errorf("batches differ: %d and %d bytes", len(b.enc.b), len(heap.enc.b))
+			if !bytes.Equal(b.enc.Buf, heap.enc.Buf) {
+				t.Errorf("batches differ: %d and %d bytes", len(b.enc.Buf), len(heap.enc.Buf))
 			}
 			bb.release()
 			if bb.region != nil {
@@ -395,16 +386,16 @@ func TestAllElementsEncodeAsList(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, l := batchElements(all.enc.b), batchElements(listed.enc.b)
+		a, l := batchElements(all.enc.Buf), batchElements(listed.enc.Buf)
 		if !reflect.DeepEqual(a, l) {
 			t.Errorf("%s: the elements differ", f)
 		}
 		if len(a) < 5 || all.elements != listed.elements || all.elements == 0 {
 			t.Errorf("%s: %d sets with elements, %d and %d elements", f, len(a), all.elements, listed.elements)
 		}
-		if len(all.enc.b) != len(listed.enc.b) || !reflect.DeepEqual(all.owners, listed.owners) {
+		if len(all.enc.Buf) != len(listed.enc.Buf) || !reflect.DeepEqual(all.owners, listed.owners) {
 			t.Errorf("%s: batches of %d and %d bytes, %d and %d messages", f,
-				len(all.enc.b), len(listed.enc.b), len(all.owners), len(listed.owners))
+				len(all.enc.Buf), len(listed.enc.Buf), len(all.owners), len(listed.owners))
 		}
 	}
 }

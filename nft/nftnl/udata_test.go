@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nfnl"
 	"github.com/nftproxy/nftproxy/nft/nfttest"
 )
 
@@ -29,7 +30,7 @@ func TestRuleUserdata(t *testing.T) {
 		if err := e.ruleUserdata(tc.comment, tc.digest); err != nil {
 			t.Fatal(err)
 		}
-		attrs := parseNLAs(e.b)
+		attrs := parseNLAs(e.Buf)
 		if len(attrs) != 1 || len(attrs[0].data) > 256 {
 			t.Fatalf("comment of %d bytes: %v", len(tc.comment), attrs)
 		}
@@ -42,8 +43,8 @@ func TestRuleUserdata(t *testing.T) {
 		}
 	}
 	var e encoder
-	if e.ruleUserdata("", nil); len(e.b) != 0 {
-		t.Errorf("no comment, no digest: wrote %x", e.b)
+	if e.ruleUserdata("", nil); len(e.Buf) != 0 {
+		t.Errorf("no comment, no digest: wrote %x", e.Buf)
 	}
 	if err := e.ruleUserdata(strings.Repeat("c", 254), nil); err == nil {
 		t.Error("a 254-byte comment was accepted: with its type, length and NUL it exceeds 256 bytes")
@@ -88,7 +89,11 @@ func TestDecodeInvertsEncode(t *testing.T) {
 		var e encoder
 		e.verdict(nft.Verdict{Kind: k, Chain: "c"})
 		var got nft.Verdict
-		forEachAttr(e.b, func(t uint16, d []byte) { got = decodeVerdict(d) })
+		var d nfnl.Decoder
+		d.Attrs(e.Buf, func(t uint16, v []byte) { got = decodeVerdict(&d, v) })
+		if d.Err() != nil {
+			t.Error(d.Err())
+		}
 		if got.Kind != k {
 			t.Errorf("verdict %s decoded as %s", k, got.Kind)
 		}

@@ -1,15 +1,14 @@
 package nftnl
 
 import (
-	"github.com/nftproxy/nftproxy/nft"
-
 	"context"
 	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nftproxy/nftproxy/nft/nlsock"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file reads and removes tables that are not nftproxy's: another
@@ -45,16 +44,17 @@ func (n *Netlink) ListChains(ctx context.Context, f nft.Family) ([]ChainRef, err
 		chains = chains[:0]
 		return n.dump(unix.NFT_MSG_GETCHAIN, f, nil, func(attrs []byte) error {
 			var c ChainRef
-			forEachAttr(attrs, func(typ uint16, data []byte) {
+			var d nfnl.Decoder
+			d.Attrs(attrs, func(typ uint16, data []byte) {
 				switch typ {
 				case unix.NFTA_CHAIN_TABLE:
-					c.Table = cstr(data)
+					c.Table = nfnl.String(data)
 				case unix.NFTA_CHAIN_NAME:
-					c.Chain = cstr(data)
+					c.Chain = nfnl.String(data)
 				}
 			})
 			chains = append(chains, c)
-			return nil
+			return d.Err()
 		})
 	})
 	return chains, err
@@ -72,7 +72,7 @@ func (n *Netlink) foreignDump(ctx context.Context, what string, dumps func() err
 	if n.conn == nil {
 		return wrap(errors.New("netlink socket closed"))
 	}
-	stop, err := nlsock.Deadline(ctx, n.conn, nlsock.Until(ctx, replyTimeout))
+	stop, err := nfnl.Deadline(ctx, n.conn, nfnl.Until(ctx, replyTimeout))
 	if err != nil {
 		return wrap(err)
 	}
@@ -116,14 +116,14 @@ func (n *Netlink) DeleteTables(ctx context.Context, f nft.Family, names []string
 	if n.conn == nil {
 		return wrap(errors.New("netlink socket closed"))
 	}
-	b := encodeDeleteTables(f, names, n.nextSeqs(0))
-	n.seq = b.firstSeq + uint32(len(b.owners))
-	stop, err := nlsock.Deadline(ctx, n.conn, nlsock.Until(ctx, replyTimeout))
+	b := encodeDeleteTables(f, names, n.seq.Next(0))
+	n.seq.Next(len(b.owners))
+	stop, err := nfnl.Deadline(ctx, n.conn, nfnl.Until(ctx, replyTimeout))
 	if err != nil {
 		return wrap(err)
 	}
 	defer stop()
-	if _, err := n.send(b.enc.b); err != nil {
+	if _, err := n.send(b.enc.Buf); err != nil {
 		return wrap(fmt.Errorf("send batch: %w", err))
 	}
 	res, err := n.readReplies(b)
@@ -136,10 +136,7 @@ func (n *Netlink) DeleteTables(ctx context.Context, f nft.Family, names []string
 		if op := b.owners[first.index]; op >= 0 {
 			what = "table " + names[op]
 		}
-		err := fmt.Errorf("%s: %w", what, first.errno)
-		if first.msg != "" {
-			err = fmt.Errorf("%w (kernel: %s)", err, first.msg)
-		}
+		err := fmt.Errorf("%s: %w", what, first.Err())
 		return wrap(err)
 	}
 	return nil
@@ -149,7 +146,7 @@ func (n *Netlink) DeleteTables(ctx context.Context, f nft.Family, names []string
 // and DELTABLE per name (owned by the name's index), and BATCH_END asking
 // for the ACK the kernel sends after a successful commit.
 func encodeDeleteTables(f nft.Family, names []string, firstSeq uint32) *batch {
-	b := &batch{enc: encoder{b: make([]byte, 0, 64+96*len(names))}, family: f, firstSeq: firstSeq,
+	b := &batch{enc: encoder{nfnl.Encoder{Buf: make([]byte, 0, 64+96*len(names))}}, family: f, firstSeq: firstSeq,
 		owners: make([]int, 0, 2+2*len(names)), setIDs: map[string]uint32{}}
 	b.op = -1
 	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0, 0)
@@ -161,7 +158,7 @@ func encodeDeleteTables(f nft.Family, names []string, firstSeq uint32) *batch {
 				flags = flagCreate
 			}
 			m := b.begin(typ, flags)
-			b.enc.str(unix.NFTA_TABLE_NAME, name)
+			b.enc.Str(unix.NFTA_TABLE_NAME, name)
 			b.end(m)
 		}
 	}

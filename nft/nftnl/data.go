@@ -1,17 +1,16 @@
 package nftnl
 
 import (
-	"github.com/nftproxy/nftproxy/nft"
-
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 
-	"golang.org/x/sys/unix"
+	"github.com/nftproxy/nftproxy/nft"
 )
 
-// This file encodes values: element keys and data, and the userdata TLVs
-// nft stores with rules, sets and elements.
+// This file encodes and decodes values (element keys and data) and the
+// userdata TLVs nft stores with rules, sets and elements.
 
 // Key and data layout (nftables src/datatype.c, src/evaluate.c): a single
 // field has its own length; in a concatenation every field is padded to the
@@ -114,6 +113,44 @@ func appendDatum(b []byte, t nft.DataType, d nft.Datum) ([]byte, error) {
 	return nil, fmt.Errorf("cannot encode type %s", t.Name)
 }
 
+// decodeTupleOrder inverts encodeTupleOrder, into the space of ds.
+func decodeTupleOrder(ds []nft.Datum, f nft.Family, ts []nft.DataType, b []byte, intsBigEndian bool) ([]nft.Datum, error) {
+	if len(b) != tupleLen(ts) {
+		return nil, fmt.Errorf("%d bytes for a %d-byte value", len(b), tupleLen(ts))
+	}
+	ds = slices.Grow(ds[:0], len(ts))[:len(ts)]
+	clear(ds)
+	for i, t := range ts {
+		v := b[:t.Len]
+		switch t {
+		case nft.TypeIPv4Addr:
+			ds[i].Addr = netip.AddrFrom4([4]byte(v))
+		case nft.TypeIPv6Addr:
+			ds[i].Addr = netip.AddrFrom16([16]byte(v))
+		case nft.TypeInetProto:
+			ds[i].Int = uint32(v[0])
+		case nft.TypeInetService:
+			ds[i].Int = uint32(binary.BigEndian.Uint16(v))
+		case nft.TypeInteger:
+			if intsBigEndian {
+				ds[i].Int = binary.BigEndian.Uint32(v)
+			} else {
+				ds[i].Int = binary.NativeEndian.Uint32(v)
+			}
+		case nft.TypeMark:
+			ds[i].Int = binary.NativeEndian.Uint32(v)
+		default:
+			return nil, fmt.Errorf("cannot decode type %s", t.Name)
+		}
+		if len(ts) > 1 {
+			b = b[pad4(t.Len):]
+		} else {
+			b = b[t.Len:]
+		}
+	}
+	return ds, nil
+}
+
 // addrBytes returns an address in network byte order, 4 or 16 bytes as the
 // family wants.
 func addrBytes(f nft.Family, a netip.Addr) ([]byte, error) {
@@ -176,106 +213,4 @@ func appendUdataString(b []byte, typ byte, s string) ([]byte, error) {
 		return nil, fmt.Errorf("comment %q: longer than %d bytes", s, nft.MaxComment)
 	}
 	return append(append(append(b, typ, byte(len(s)+1)), s...), 0), nil // udataTLV of s and a NUL
-}
-
-// ruleUserdata writes a rule's userdata attribute, if it has any: its
-// comment, then the digest of its chain's rules (nil: none). The kernel
-// caps userdata at NFT_USERDATA_MAXLEN bytes; a digest that does not fit
-// next to a long comment is left out, and the chain is then rewritten after
-// a restart instead of kept.
-func (e *encoder) ruleUserdata(comment string, digest *nft.RulesDigest) error {
-	n := 0
-	if comment != "" {
-		if len(comment) > nft.MaxComment {
-			return fmt.Errorf("comment %q: longer than %d bytes", comment, nft.MaxComment)
-		}
-		n = 2 + len(comment) + 1
-	}
-	if digest != nil && n+2+len(digest) > unix.NFT_USERDATA_MAXLEN {
-		digest = nil
-	}
-	if digest != nil {
-		n += 2 + len(digest)
-	}
-	if n == 0 || !e.attrHeader(unix.NFTA_RULE_USERDATA, n) {
-		return nil
-	}
-	if comment != "" {
-		e.b = append(append(append(e.b, udataRuleComment, byte(len(comment)+1)), comment...), 0)
-	}
-	if digest != nil {
-		e.b = append(append(e.b, udataRuleDigest, byte(len(digest))), digest[:]...)
-	}
-	e.pad()
-	return nil
-}
-
-// ruleDigest returns the digest a rule's userdata carries, if any.
-func ruleDigest(ud []byte) (nft.RulesDigest, bool) {
-	var d nft.RulesDigest
-	for len(ud) >= 2 {
-		typ, n := ud[0], int(ud[1])
-		if 2+n > len(ud) {
-			break
-		}
-		if typ == udataRuleDigest && n == len(d) {
-			copy(d[:], ud[2:2+n])
-			return d, true
-		}
-		ud = ud[2+n:]
-	}
-	return d, false
-}
-
-// byteorder is the byte order nft records for a key or data type: none for
-// a concatenation or a verdict, host order for marks and integers, network
-// order otherwise.
-func byteorder(ts []nft.DataType) uint32 {
-	if len(ts) != 1 {
-		return byteorderInvalid
-	}
-	switch ts[0] {
-	case nft.TypeVerdict:
-		return byteorderInvalid
-	case nft.TypeMark, nft.TypeInteger:
-		return byteorderHost
-	}
-	return byteorderBig
-}
-
-// setUserdata is the NEWSET userdata nft 1.0.6 writes for a set declared
-// with `type …` (captured with `nft --debug=mnl`):
-//
-//	key byte order; data byte order (maps); for a concatenated key, a
-//	KEY_TYPEOF nest saying "concatenation" with no fields; data interval 0
-//	(maps); the comment.
-//
-// An endpoints map is declared with `typeof` (endpointsUserdata).
-func setUserdata(f nft.Family, s *nft.Set) ([]byte, error) {
-	var ud []byte
-	if s.Endpoints != 0 {
-		ud = endpointsUserdata(f, s.Endpoints)
-	} else {
-		ud = udataU32(nil, udataSetKeyByteorder, byteorder(s.Key))
-		if s.IsMap() {
-			ud = udataU32(ud, udataSetDataByteorder, byteorder(s.Data))
-		}
-		if len(s.Key) > 1 {
-			var typeof []byte
-			typeof = udataU32(typeof, udataTypeofExpr, exprConcat)
-			typeof = udataTLV(typeof, udataTypeofData, nil)
-			ud = udataTLV(ud, udataSetKeyTypeof, typeof)
-		}
-		if s.IsMap() {
-			ud = udataU32(ud, udataSetDataInterval, 0)
-		}
-	}
-	if s.Comment != "" {
-		c, err := udataString(udataSetComment, s.Comment)
-		if err != nil {
-			return nil, err
-		}
-		ud = append(ud, c...)
-	}
-	return ud, nil
 }

@@ -1,12 +1,12 @@
 package nftnl
 
 import (
-	"github.com/nftproxy/nftproxy/nft"
-
 	"encoding/binary"
 	"fmt"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nft"
 )
 
 // This file lowers the phrases of rule.go to kernel expressions exactly as
@@ -14,7 +14,7 @@ import (
 // function names the nft text it stands for and the bytecode nft writes
 // for it (`nft --debug=netlink`); TestNetlinkBytesMatchNft compares the
 // messages byte for byte with nft's own. The expressions are written
-// straight into the batch (netlink_expr.go).
+// straight into the batch (expr.go).
 
 // Registers. nft allocates 4-byte register slots from the start of register
 // 1 for each match or statement, and names a slot by its 16-byte register

@@ -1,18 +1,18 @@
 package nftnl
 
 import (
-	"maps"
-	"slices"
-
-	"github.com/nftproxy/nftproxy/nft"
-
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file applies a transaction that starts with OpResetTable, a rewrite
@@ -68,12 +68,6 @@ const rewriteAttempts = 3
 // generation is no longer the one the batch was computed against.
 var errGenerationMoved = errors.New("the ruleset changed since it was listed")
 
-// Attributes and flags golang.org/x/sys/unix does not name.
-const (
-	nftaTableOwner  = 7   // NFTA_TABLE_OWNER
-	nftChainBinding = 0x4 // NFT_CHAIN_BINDING: an anonymous chain of a rule
-)
-
 // tableListing is what clearInPlace needs to know of table nftproxy in
 // the kernel: its flags, and its chains and sets, without rules or
 // elements.
@@ -123,7 +117,7 @@ func (n *Netlink) listTable(f nft.Family) (*tableListing, error) {
 	if err := n.dump(unix.NFT_MSG_GETCHAIN, f, nil, l.addChain); err != nil {
 		return nil, fmt.Errorf("dump chains: %w", err)
 	}
-	table := func(e *encoder) { e.str(unix.NFTA_SET_TABLE, nft.TableName) }
+	table := func(e *encoder) { e.Str(unix.NFTA_SET_TABLE, nft.TableName) }
 	if err := n.dump(unix.NFT_MSG_GETSET, f, table, func(attrs []byte) error { return l.addSet(f, attrs) }); err != nil {
 		return nil, fmt.Errorf("dump sets: %w", err)
 	}
@@ -131,41 +125,27 @@ func (n *Netlink) listTable(f nft.Family) (*tableListing, error) {
 }
 
 func (l *tableListing) addChain(attrs []byte) error {
-	c := decodeChain(attrs)
-	if c == nil {
-		return nil
+	var d nfnl.Decoder
+	c, binding := decodeChain(&d, attrs)
+	if c != nil {
+		l.chains[c.Name] = c
+		l.bindings[c.Name] = binding
 	}
-	l.chains[c.Name] = c
-	forEachAttr(attrs, func(typ uint16, data []byte) {
-		if typ == nftaChainFlags && be32(data)&nftChainBinding != 0 {
-			l.bindings[c.Name] = true
-		}
-	})
-	return nil
+	return d.Err()
 }
 
 func (l *tableListing) addSet(f nft.Family, attrs []byte) error {
-	var table string
-	var flags uint32
-	forEachAttr(attrs, func(typ uint16, data []byte) {
-		switch typ {
-		case unix.NFTA_SET_TABLE:
-			table = cstr(data)
-		case unix.NFTA_SET_FLAGS:
-			flags = be32(data)
-		}
-	})
-	if table != nft.TableName {
-		return nil
-	}
-	if flags&unix.NFT_SET_ANONYMOUS != 0 {
+	var d nfnl.Decoder
+	a := decodeSetAttrs(&d, attrs)
+	switch {
+	case string(nfnl.StringBytes(a.table)) != nft.TableName:
+	case a.flags&unix.NFT_SET_ANONYMOUS != 0:
 		l.anonymous++
-		return nil
-	}
-	if s := decodeSet(f, attrs); s != nil {
+	default:
+		s := a.set(&d, f)
 		l.sets[s.Name] = s
 	}
-	return nil
+	return d.Err()
 }
 
 // clearable reports whether the table can be cleared in place and given
@@ -225,7 +205,7 @@ func (b *batch) clearInPlace() {
 	}
 	if len(l.chains) > 0 {
 		m := b.begin(unix.NFT_MSG_DELRULE, 0)
-		b.enc.str(unix.NFTA_RULE_TABLE, b.table)
+		b.enc.Str(unix.NFTA_RULE_TABLE, b.table)
 		b.end(m)
 	}
 	for _, name := range slices.Sorted(maps.Keys(l.sets)) {
@@ -240,25 +220,6 @@ func (b *batch) clearInPlace() {
 			b.chainMsg(unix.NFT_MSG_DELCHAIN, name)
 		}
 	}
-}
-
-// flushSet writes DELSETELEM without elements: every element of the set
-// is deleted (`nft flush set`, whose attribute order this is).
-func (b *batch) flushSet(name string) {
-	m := b.begin(unix.NFT_MSG_DELSETELEM, 0)
-	b.enc.str(unix.NFTA_SET_ELEM_LIST_SET, name)
-	b.enc.str(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
-	b.end(m)
-}
-
-// deleteTableNamed writes "add table; delete table" for another table of
-// the family than the batch's.
-func (b *batch) deleteTableNamed(name string) {
-	table := b.table
-	b.table = name
-	b.ensureTable()
-	b.deleteTable()
-	b.table = table
 }
 
 // rewrite applies tx, which starts with OpResetTable: it lists the table
@@ -319,20 +280,4 @@ func (n *Netlink) handover(ctx context.Context, tx *nft.Transaction, opts batchO
 		derr = fmt.Errorf("delete table %s: %w", handoverTable, derr)
 	}
 	return errors.Join(err, derr)
-}
-
-// add adds the figures of another batch of the same Apply.
-func (s *BatchStats) add(o BatchStats) {
-	s.Batches += o.Batches
-	s.Ops += o.Ops
-	s.Messages += o.Messages
-	s.Bytes += o.Bytes
-	s.Elements += o.Elements
-	s.Replies += o.Replies
-	s.Encode += o.Encode
-	s.Kernel += o.Kernel
-	s.KernelCPU += o.KernelCPU
-	s.List += o.List
-	s.GenID = o.GenID
-	s.Confirmed = o.Confirmed
 }

@@ -1,8 +1,9 @@
 package nftnl
 
 import (
-	"github.com/nftproxy/nftproxy/nft"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nft"
 )
 
 // This file writes kernel expressions (net/netfilter/nft_*.c) straight into
@@ -24,63 +25,63 @@ const nftaBitwiseOp = 6
 
 // beginExpr starts an expression and returns the offsets for endExpr.
 func (e *encoder) beginExpr(name string) (elem, data int) {
-	elem = e.nest(unix.NFTA_LIST_ELEM)
-	e.str(unix.NFTA_EXPR_NAME, name)
-	return elem, e.nest(unix.NFTA_EXPR_DATA)
+	elem = e.Nest(unix.NFTA_LIST_ELEM)
+	e.Str(unix.NFTA_EXPR_NAME, name)
+	return elem, e.Nest(unix.NFTA_EXPR_DATA)
 }
 
 func (e *encoder) endExpr(elem, data int) {
-	e.endNest(data)
-	e.endNest(elem)
+	e.EndNest(data)
+	e.EndNest(elem)
 }
 
 // value writes a nest (NFTA_CMP_DATA, NFTA_BITWISE_MASK, …) holding one
 // NFTA_DATA_VALUE.
 func (e *encoder) value(typ uint16, v []byte) {
-	n := e.nest(typ)
-	e.attr(unix.NFTA_DATA_VALUE, v)
-	e.endNest(n)
+	n := e.Nest(typ)
+	e.Attr(unix.NFTA_DATA_VALUE, v)
+	e.EndNest(n)
 }
 
 // metaLoad: [ meta load <key> => reg <dreg> ]
 func (e *encoder) metaLoad(key, dreg uint32) {
 	el, d := e.beginExpr("meta")
-	e.u32(unix.NFTA_META_KEY, key)
-	e.u32(unix.NFTA_META_DREG, dreg)
+	e.BE32(unix.NFTA_META_KEY, key)
+	e.BE32(unix.NFTA_META_DREG, dreg)
 	e.endExpr(el, d)
 }
 
 // metaSet: [ meta set <key> with reg <sreg> ]
 func (e *encoder) metaSet(key, sreg uint32) {
 	el, d := e.beginExpr("meta")
-	e.u32(unix.NFTA_META_KEY, key)
-	e.u32(unix.NFTA_META_SREG, sreg)
+	e.BE32(unix.NFTA_META_KEY, key)
+	e.BE32(unix.NFTA_META_SREG, sreg)
 	e.endExpr(el, d)
 }
 
 // ctLoad: [ ct load <key> => reg <dreg> ]
 func (e *encoder) ctLoad(key, dreg uint32) {
 	el, d := e.beginExpr("ct")
-	e.u32(unix.NFTA_CT_KEY, key)
-	e.u32(unix.NFTA_CT_DREG, dreg)
+	e.BE32(unix.NFTA_CT_KEY, key)
+	e.BE32(unix.NFTA_CT_DREG, dreg)
 	e.endExpr(el, d)
 }
 
 // payloadLoad: [ payload load <n>b @ <base> header + <offset> => reg <dreg> ]
 func (e *encoder) payloadLoad(base, offset, n, dreg uint32) {
 	el, d := e.beginExpr("payload")
-	e.u32(unix.NFTA_PAYLOAD_DREG, dreg)
-	e.u32(unix.NFTA_PAYLOAD_BASE, base)
-	e.u32(unix.NFTA_PAYLOAD_OFFSET, offset)
-	e.u32(unix.NFTA_PAYLOAD_LEN, n)
+	e.BE32(unix.NFTA_PAYLOAD_DREG, dreg)
+	e.BE32(unix.NFTA_PAYLOAD_BASE, base)
+	e.BE32(unix.NFTA_PAYLOAD_OFFSET, offset)
+	e.BE32(unix.NFTA_PAYLOAD_LEN, n)
 	e.endExpr(el, d)
 }
 
 // cmp: [ cmp <op> reg <sreg> <data> ]
 func (e *encoder) cmp(op, sreg uint32, data []byte) {
 	el, d := e.beginExpr("cmp")
-	e.u32(unix.NFTA_CMP_SREG, sreg)
-	e.u32(unix.NFTA_CMP_OP, op)
+	e.BE32(unix.NFTA_CMP_SREG, sreg)
+	e.BE32(unix.NFTA_CMP_OP, op)
 	e.value(unix.NFTA_CMP_DATA, data)
 	e.endExpr(el, d)
 }
@@ -91,12 +92,12 @@ func (e *encoder) cmp(op, sreg uint32, data []byte) {
 // mask; the kernel treats a missing op as the same operation.
 func (e *encoder) bitwise(sreg, dreg uint32, mask, xor []byte, withOp bool) {
 	el, d := e.beginExpr("bitwise")
-	e.u32(unix.NFTA_BITWISE_SREG, sreg)
-	e.u32(unix.NFTA_BITWISE_DREG, dreg)
+	e.BE32(unix.NFTA_BITWISE_SREG, sreg)
+	e.BE32(unix.NFTA_BITWISE_DREG, dreg)
 	if withOp {
-		e.u32(nftaBitwiseOp, unix.NFT_BITWISE_BOOL)
+		e.BE32(nftaBitwiseOp, unix.NFT_BITWISE_BOOL)
 	}
-	e.u32(unix.NFTA_BITWISE_LEN, uint32(len(mask)))
+	e.BE32(unix.NFTA_BITWISE_LEN, uint32(len(mask)))
 	e.value(unix.NFTA_BITWISE_MASK, mask)
 	e.value(unix.NFTA_BITWISE_XOR, xor)
 	e.endExpr(el, d)
@@ -107,14 +108,14 @@ func (e *encoder) bitwise(sreg, dreg uint32, mask, xor []byte, withOp bool) {
 // setID names a set created in the same batch, 0 for an existing one.
 func (e *encoder) lookup(sreg uint32, set string, setID uint32, vmap, invert bool) {
 	el, d := e.beginExpr("lookup")
-	e.u32(unix.NFTA_LOOKUP_SREG, sreg)
+	e.BE32(unix.NFTA_LOOKUP_SREG, sreg)
 	if vmap {
-		e.u32(unix.NFTA_LOOKUP_DREG, unix.NFT_REG_VERDICT)
+		e.BE32(unix.NFTA_LOOKUP_DREG, unix.NFT_REG_VERDICT)
 	}
-	e.str(unix.NFTA_LOOKUP_SET, set)
-	e.u32(unix.NFTA_LOOKUP_SET_ID, setID)
+	e.Str(unix.NFTA_LOOKUP_SET, set)
+	e.BE32(unix.NFTA_LOOKUP_SET_ID, setID)
 	if invert {
-		e.u32(unix.NFTA_LOOKUP_FLAGS, unix.NFT_LOOKUP_F_INV)
+		e.BE32(unix.NFTA_LOOKUP_FLAGS, unix.NFT_LOOKUP_F_INV)
 	}
 	e.endExpr(el, d)
 }
@@ -122,7 +123,7 @@ func (e *encoder) lookup(sreg uint32, set string, setID uint32, vmap, invert boo
 // immediate: [ immediate reg <dreg> <data> ]
 func (e *encoder) immediate(dreg uint32, data []byte) {
 	el, d := e.beginExpr("immediate")
-	e.u32(unix.NFTA_IMMEDIATE_DREG, dreg)
+	e.BE32(unix.NFTA_IMMEDIATE_DREG, dreg)
 	e.value(unix.NFTA_IMMEDIATE_DATA, data)
 	e.endExpr(el, d)
 }
@@ -130,22 +131,22 @@ func (e *encoder) immediate(dreg uint32, data []byte) {
 // immediateVerdict: [ immediate reg 0 <verdict> [-> <chain>] ]
 func (e *encoder) immediateVerdict(v nft.Verdict) {
 	el, d := e.beginExpr("immediate")
-	e.u32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
-	data := e.nest(unix.NFTA_IMMEDIATE_DATA)
+	e.BE32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
+	data := e.Nest(unix.NFTA_IMMEDIATE_DATA)
 	e.verdict(v)
-	e.endNest(data)
+	e.EndNest(data)
 	e.endExpr(el, d)
 }
 
 // verdict writes an NFTA_DATA_VERDICT nest: the code and, for jump and goto,
 // the chain.
 func (e *encoder) verdict(v nft.Verdict) {
-	n := e.nest(unix.NFTA_DATA_VERDICT)
-	e.u32(unix.NFTA_VERDICT_CODE, verdictCode(v.Kind))
+	n := e.Nest(unix.NFTA_DATA_VERDICT)
+	e.BE32(unix.NFTA_VERDICT_CODE, verdictCode(v.Kind))
 	if v.Chain != "" {
-		e.str(unix.NFTA_VERDICT_CHAIN, v.Chain)
+		e.Str(unix.NFTA_VERDICT_CHAIN, v.Chain)
 	}
-	e.endNest(n)
+	e.EndNest(n)
 }
 
 // numgenRandom: [ numgen reg <dreg> = random mod <mod> ] (offset 0, which
@@ -155,10 +156,10 @@ func (e *encoder) numgenRandom(dreg, mod uint32) { e.numgenRandomOffset(dreg, mo
 // numgenRandomOffset: [ numgen reg <dreg> = random mod <mod> offset <offset> ].
 func (e *encoder) numgenRandomOffset(dreg, mod, offset uint32) {
 	el, d := e.beginExpr("numgen")
-	e.u32(unix.NFTA_NG_DREG, dreg)
-	e.u32(unix.NFTA_NG_MODULUS, mod)
-	e.u32(unix.NFTA_NG_TYPE, unix.NFT_NG_RANDOM)
-	e.u32(unix.NFTA_NG_OFFSET, offset)
+	e.BE32(unix.NFTA_NG_DREG, dreg)
+	e.BE32(unix.NFTA_NG_MODULUS, mod)
+	e.BE32(unix.NFTA_NG_TYPE, unix.NFT_NG_RANDOM)
+	e.BE32(unix.NFTA_NG_OFFSET, offset)
 	e.endExpr(el, d)
 }
 
@@ -166,12 +167,12 @@ func (e *encoder) numgenRandomOffset(dreg, mod, offset uint32) {
 // without flags if 0.
 func (e *encoder) dnat(family, addrReg, protoReg, flags uint32) {
 	el, d := e.beginExpr("nat")
-	e.u32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_DNAT)
-	e.u32(unix.NFTA_NAT_FAMILY, family)
-	e.u32(unix.NFTA_NAT_REG_ADDR_MIN, addrReg)
-	e.u32(unix.NFTA_NAT_REG_PROTO_MIN, protoReg)
+	e.BE32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_DNAT)
+	e.BE32(unix.NFTA_NAT_FAMILY, family)
+	e.BE32(unix.NFTA_NAT_REG_ADDR_MIN, addrReg)
+	e.BE32(unix.NFTA_NAT_REG_PROTO_MIN, protoReg)
 	if flags != 0 {
-		e.u32(unix.NFTA_NAT_FLAGS, flags)
+		e.BE32(unix.NFTA_NAT_FLAGS, flags)
 	}
 	e.endExpr(el, d)
 }
@@ -180,10 +181,10 @@ func (e *encoder) dnat(family, addrReg, protoReg, flags uint32) {
 // data map, whose value lands in dreg.
 func (e *encoder) lookupData(sreg, dreg uint32, set string, setID uint32) {
 	el, d := e.beginExpr("lookup")
-	e.u32(unix.NFTA_LOOKUP_SREG, sreg)
-	e.u32(unix.NFTA_LOOKUP_DREG, dreg)
-	e.str(unix.NFTA_LOOKUP_SET, set)
-	e.u32(unix.NFTA_LOOKUP_SET_ID, setID)
+	e.BE32(unix.NFTA_LOOKUP_SREG, sreg)
+	e.BE32(unix.NFTA_LOOKUP_DREG, dreg)
+	e.Str(unix.NFTA_LOOKUP_SET, set)
+	e.BE32(unix.NFTA_LOOKUP_SET_ID, setID)
 	e.endExpr(el, d)
 }
 
@@ -191,44 +192,44 @@ func (e *encoder) lookupData(sreg, dreg uint32, set string, setID uint32) {
 // n bytes of size-byte words from host to network byte order.
 func (e *encoder) byteorderHton(sreg, dreg, size, n uint32) {
 	el, d := e.beginExpr("byteorder")
-	e.u32(unix.NFTA_BYTEORDER_SREG, sreg)
-	e.u32(unix.NFTA_BYTEORDER_DREG, dreg)
-	e.u32(unix.NFTA_BYTEORDER_OP, unix.NFT_BYTEORDER_HTON)
-	e.u32(unix.NFTA_BYTEORDER_LEN, n)
-	e.u32(unix.NFTA_BYTEORDER_SIZE, size)
+	e.BE32(unix.NFTA_BYTEORDER_SREG, sreg)
+	e.BE32(unix.NFTA_BYTEORDER_DREG, dreg)
+	e.BE32(unix.NFTA_BYTEORDER_OP, unix.NFT_BYTEORDER_HTON)
+	e.BE32(unix.NFTA_BYTEORDER_LEN, n)
+	e.BE32(unix.NFTA_BYTEORDER_SIZE, size)
 	e.endExpr(el, d)
 }
 
 // masq: [ masq flags <flags> ]
 func (e *encoder) masq(flags uint32) {
 	el, d := e.beginExpr("masq")
-	e.u32(unix.NFTA_MASQ_FLAGS, flags)
+	e.BE32(unix.NFTA_MASQ_FLAGS, flags)
 	e.endExpr(el, d)
 }
 
 // reject: [ reject type <typ> code <code> ]; the code is one byte.
 func (e *encoder) reject(typ uint32, code uint8) {
 	el, d := e.beginExpr("reject")
-	e.u32(unix.NFTA_REJECT_TYPE, typ)
-	e.attr(unix.NFTA_REJECT_ICMP_CODE, []byte{code})
+	e.BE32(unix.NFTA_REJECT_TYPE, typ)
+	e.Attr(unix.NFTA_REJECT_ICMP_CODE, []byte{code})
 	e.endExpr(el, d)
 }
 
 // fib: [ fib <daddr|saddr> <result> => reg <dreg> ]
 func (e *encoder) fib(flags, result, dreg uint32) {
 	el, d := e.beginExpr("fib")
-	e.u32(unix.NFTA_FIB_FLAGS, flags)
-	e.u32(unix.NFTA_FIB_RESULT, result)
-	e.u32(unix.NFTA_FIB_DREG, dreg)
+	e.BE32(unix.NFTA_FIB_FLAGS, flags)
+	e.BE32(unix.NFTA_FIB_RESULT, result)
+	e.BE32(unix.NFTA_FIB_DREG, dreg)
 	e.endExpr(el, d)
 }
 
 // dynsetUpdate: [ dynset update reg_key <sreg> set <set> ]
 func (e *encoder) dynsetUpdate(sreg uint32, set string, setID uint32) {
 	el, d := e.beginExpr("dynset")
-	e.u32(unix.NFTA_DYNSET_SREG_KEY, sreg)
-	e.u32(unix.NFTA_DYNSET_OP, unix.NFT_DYNSET_OP_UPDATE)
-	e.str(unix.NFTA_DYNSET_SET_NAME, set)
-	e.u32(unix.NFTA_DYNSET_SET_ID, setID)
+	e.BE32(unix.NFTA_DYNSET_SREG_KEY, sreg)
+	e.BE32(unix.NFTA_DYNSET_OP, unix.NFT_DYNSET_OP_UPDATE)
+	e.Str(unix.NFTA_DYNSET_SET_NAME, set)
+	e.BE32(unix.NFTA_DYNSET_SET_ID, setID)
 	e.endExpr(el, d)
 }

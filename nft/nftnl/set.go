@@ -1,0 +1,340 @@
+package nftnl
+
+import (
+	"bytes"
+	"fmt"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nfnl"
+)
+
+// This file writes and reads sets and maps: NEWSET, DELSET, the flush
+// of a set, and the set dump, laid out as nft 1.0.6 writes them.
+
+// Flags and attributes golang.org/x/sys/unix does not name
+// (include/uapi/linux/netfilter/nf_tables.h, Linux 5.6/5.7+).
+const (
+	nftSetConcat      = 0x80 // NFT_SET_CONCAT
+	nftaSetDescConcat = 2    // NFTA_SET_DESC_CONCAT
+	nftaSetFieldLen   = 1    // NFTA_SET_FIELD_LEN
+	nftaSetElemKeyEnd = 10   // NFTA_SET_ELEM_KEY_END
+)
+
+func (b *batch) delSet(name string) {
+	m := b.begin(unix.NFT_MSG_DELSET, 0)
+	b.enc.Str(unix.NFTA_SET_TABLE, b.table)
+	b.enc.Str(unix.NFTA_SET_NAME, name)
+	b.end(m)
+	delete(b.setIDs, name)
+}
+
+// newSet writes NEWSET with a fresh set ID, which later messages of the
+// batch use to find the set. Attribute order and userdata follow nft 1.0.6
+// (src/mnl.c mnl_nft_set_add). For a concatenated key nft 1.0.6 sends
+// neither the NFT_SET_CONCAT flag nor NFTA_SET_DESC_CONCAT (both only
+// matter for interval sets, which pick the pipapo backend), and lists such
+// sets fine from the key type and the userdata; so neither do we.
+//
+// An endpoints map is an interval map with a single integer key: the
+// kernel keeps it in an rbtree.
+func (b *batch) newSet(s *nft.Set) error {
+	if len(s.Key) == 0 {
+		return fmt.Errorf("set has no key type")
+	}
+	if s.Endpoints != 0 {
+		if err := nft.CheckEndpointsMap(b.family, s); err != nil {
+			return err
+		}
+	}
+	ud, err := setUserdata(b.family, s)
+	if err != nil {
+		return err
+	}
+	b.lastSetID++
+	id := b.lastSetID
+	timeout := s.Timeout.Milliseconds()
+	var flags uint32
+	if s.IsMap() {
+		flags |= unix.NFT_SET_MAP
+	}
+	if timeout > 0 {
+		flags |= unix.NFT_SET_TIMEOUT
+	}
+	if s.Dynamic {
+		flags |= unix.NFT_SET_EVAL
+	}
+	if s.Endpoints != 0 {
+		flags |= unix.NFT_SET_INTERVAL
+	}
+	m := b.begin(unix.NFT_MSG_NEWSET, flagCreate)
+	b.enc.Str(unix.NFTA_SET_TABLE, b.table)
+	b.enc.Str(unix.NFTA_SET_NAME, s.Name)
+	b.enc.BE32(unix.NFTA_SET_FLAGS, flags)
+	b.enc.BE32(unix.NFTA_SET_KEY_TYPE, typeMagic(s.Key))
+	b.enc.BE32(unix.NFTA_SET_KEY_LEN, uint32(tupleLen(s.Key)))
+	if s.IsVerdictMap() {
+		b.enc.BE32(unix.NFTA_SET_DATA_TYPE, unix.NFT_DATA_VERDICT)
+		b.enc.BE32(unix.NFTA_SET_DATA_LEN, 0)
+	} else if s.IsMap() {
+		b.enc.BE32(unix.NFTA_SET_DATA_TYPE, typeMagic(s.Data))
+		b.enc.BE32(unix.NFTA_SET_DATA_LEN, uint32(tupleLen(s.Data)))
+	}
+	b.enc.BE32(unix.NFTA_SET_ID, id)
+	if s.Size > 0 {
+		d := b.enc.Nest(unix.NFTA_SET_DESC)
+		b.enc.BE32(unix.NFTA_SET_DESC_SIZE, s.Size)
+		b.enc.EndNest(d)
+	}
+	if timeout > 0 {
+		b.enc.BE64(unix.NFTA_SET_TIMEOUT, uint64(timeout))
+	}
+	b.enc.Attr(unix.NFTA_SET_USERDATA, ud)
+	b.end(m)
+	b.setIDs[s.Name] = id
+	return nil
+}
+
+// flushSet writes DELSETELEM without elements: every element of the set
+// is deleted (`nft flush set`, whose attribute order this is).
+func (b *batch) flushSet(name string) {
+	m := b.begin(unix.NFT_MSG_DELSETELEM, 0)
+	b.enc.Str(unix.NFTA_SET_ELEM_LIST_SET, name)
+	b.enc.Str(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
+	b.end(m)
+}
+
+// setUserdata is the NEWSET userdata nft 1.0.6 writes for a set declared
+// with `type …` (captured with `nft --debug=mnl`):
+//
+//	key byte order; data byte order (maps); for a concatenated key, a
+//	KEY_TYPEOF nest saying "concatenation" with no fields; data interval 0
+//	(maps); the comment.
+//
+// An endpoints map is declared with `typeof` (endpointsUserdata).
+func setUserdata(f nft.Family, s *nft.Set) ([]byte, error) {
+	var ud []byte
+	if s.Endpoints != 0 {
+		ud = endpointsUserdata(f, s.Endpoints)
+	} else {
+		ud = udataU32(nil, udataSetKeyByteorder, byteorder(s.Key))
+		if s.IsMap() {
+			ud = udataU32(ud, udataSetDataByteorder, byteorder(s.Data))
+		}
+		if len(s.Key) > 1 {
+			var typeof []byte
+			typeof = udataU32(typeof, udataTypeofExpr, exprConcat)
+			typeof = udataTLV(typeof, udataTypeofData, nil)
+			ud = udataTLV(ud, udataSetKeyTypeof, typeof)
+		}
+		if s.IsMap() {
+			ud = udataU32(ud, udataSetDataInterval, 0)
+		}
+	}
+	if s.Comment != "" {
+		c, err := udataString(udataSetComment, s.Comment)
+		if err != nil {
+			return nil, err
+		}
+		ud = append(ud, c...)
+	}
+	return ud, nil
+}
+
+// byteorder is the byte order nft records for a key or data type: none for
+// a concatenation or a verdict, host order for marks and integers, network
+// order otherwise.
+func byteorder(ts []nft.DataType) uint32 {
+	if len(ts) != 1 {
+		return byteorderInvalid
+	}
+	switch ts[0] {
+	case nft.TypeVerdict:
+		return byteorderInvalid
+	case nft.TypeMark, nft.TypeInteger:
+		return byteorderHost
+	}
+	return byteorderBig
+}
+
+// setFlagsKnown are the set flags nftproxy writes (newSet); a set with
+// others was written by someone else.
+const setFlagsKnown = unix.NFT_SET_MAP | unix.NFT_SET_TIMEOUT | unix.NFT_SET_EVAL
+
+// NFTA_SET_EXPR and NFTA_SET_EXPRESSIONS (Linux 5.12/5.13) are not in
+// golang.org/x/sys/unix.
+const (
+	nftaSetExpr        = 17
+	nftaSetExpressions = 18
+)
+
+// setAttrs are the attributes of a NEWSET of a set dump.
+type setAttrs struct {
+	table, name, desc, ud                     []byte
+	flags, keyType, keyLen, dataType, dataLen uint32
+	timeout                                   time.Duration
+	foreign                                   bool // attributes nftproxy never writes
+}
+
+func decodeSetAttrs(d *nfnl.Decoder, attrs []byte) setAttrs {
+	var a setAttrs
+	d.Attrs(attrs, func(t uint16, data []byte) {
+		switch t {
+		case unix.NFTA_SET_TABLE:
+			a.table = data
+		case unix.NFTA_SET_NAME:
+			a.name = data
+		case unix.NFTA_SET_FLAGS:
+			a.flags = d.BE32(data)
+		case unix.NFTA_SET_KEY_TYPE:
+			a.keyType = d.BE32(data)
+		case unix.NFTA_SET_KEY_LEN:
+			a.keyLen = d.BE32(data)
+		case unix.NFTA_SET_DATA_TYPE:
+			a.dataType = d.BE32(data)
+		case unix.NFTA_SET_DATA_LEN:
+			a.dataLen = d.BE32(data)
+		case unix.NFTA_SET_TIMEOUT:
+			a.timeout = time.Duration(d.BE64(data)) * time.Millisecond
+		case unix.NFTA_SET_DESC:
+			a.desc = data
+		case unix.NFTA_SET_USERDATA:
+			a.ud = data
+		case unix.NFTA_SET_OBJ_TYPE, nftaSetExpr, nftaSetExpressions:
+			a.foreign = true
+		}
+	})
+	return a
+}
+
+// ours reports a named set of table nftproxy. An anonymous set belongs to
+// the (foreign) rule that uses it and goes with it when its chain is
+// rewritten.
+func (a *setAttrs) ours() bool {
+	return string(nfnl.StringBytes(a.table)) == nft.TableName && a.flags&unix.NFT_SET_ANONYMOUS == 0
+}
+
+// decodeSet decodes a NEWSET of a set dump; nil if it is not a named set
+// of our table. A set nftproxy could not have written (flags, types or
+// attributes it never uses) comes back with a nil Key: it equals no set
+// nftproxy wants.
+func decodeSet(d *nfnl.Decoder, f nft.Family, attrs []byte) *nft.Set {
+	a := decodeSetAttrs(d, attrs)
+	if !a.ours() {
+		return nil
+	}
+	return a.set(d, f)
+}
+
+func (a *setAttrs) set(d *nfnl.Decoder, f nft.Family) *nft.Set {
+	s := &nft.Set{Name: nfnl.String(a.name), Dynamic: a.flags&unix.NFT_SET_EVAL != 0, Timeout: a.timeout,
+		Comment: setComment(a.ud)}
+	d.Attrs(a.desc, func(t uint16, data []byte) {
+		if t == unix.NFTA_SET_DESC_SIZE {
+			s.Size = d.BE32(data)
+		}
+	})
+	switch {
+	case a.foreign:
+	case a.flags&(unix.NFT_SET_INTERVAL|nftSetConcat) != 0:
+		// Only an endpoints map has either; the kernel reports no
+		// NFT_SET_CONCAT for nft's own concatenated interval sets, but
+		// NFTA_SET_DESC_CONCAT, which decodeEndpointsMap refuses.
+		a.endpointsMap(d, f, s)
+	case a.flags&^setFlagsKnown == 0:
+		s.Key, s.Data = a.types()
+	}
+	return s
+}
+
+// types returns the key and data types, or a nil key if they are not
+// types nftproxy writes.
+func (a *setAttrs) types() (key, data []nft.DataType) {
+	key, ok := decodeTypes(a.keyType, a.keyLen)
+	if !ok || a.flags&unix.NFT_SET_MAP == 0 {
+		return key, nil
+	}
+	if a.dataType == unix.NFT_DATA_VERDICT {
+		return key, []nft.DataType{nft.TypeVerdict}
+	}
+	if data, ok = decodeTypes(a.dataType, a.dataLen); !ok {
+		return nil, nil
+	}
+	return key, data
+}
+
+// endpointsMap makes s the endpoints map the attributes describe, if they
+// are exactly what newSet writes for one; else s keeps a nil Key.
+func (a *setAttrs) endpointsMap(d *nfnl.Decoder, f nft.Family, s *nft.Set) {
+	if a.flags != unix.NFT_SET_MAP|unix.NFT_SET_INTERVAL {
+		return
+	}
+	concat := false
+	d.Attrs(a.desc, func(t uint16, _ []byte) {
+		if t == nftaSetDescConcat {
+			concat = true
+		}
+	})
+	if concat {
+		return
+	}
+	// The userdata without its comment names the protocol.
+	var rest []byte
+	for b := a.ud; len(b) >= 2 && 2+int(b[1]) <= len(b); b = b[2+int(b[1]):] {
+		if b[0] != udataSetComment {
+			rest = append(rest, b[:2+int(b[1])]...)
+		}
+	}
+	for _, proto := range []uint8{nft.ProtoTCP, nft.ProtoUDP, nft.ProtoSCTP} {
+		if !bytes.Equal(rest, endpointsUserdata(f, proto)) {
+			continue
+		}
+		want := nft.NewEndpointsMap(f, s.Name, proto)
+		if a.keyType == typeMagic(want.Key) && a.keyLen == uint32(tupleLen(want.Key)) &&
+			a.dataType == typeMagic(want.Data) && a.dataLen == uint32(tupleLen(want.Data)) {
+			s.Key, s.Data, s.Endpoints = want.Key, want.Data, proto
+		}
+		return
+	}
+}
+
+// setComment returns the comment of a set's userdata (see setUserdata).
+func setComment(ud []byte) string {
+	for len(ud) >= 2 && 2+int(ud[1]) <= len(ud) {
+		if n := int(ud[1]); ud[0] == udataSetComment && n > 0 {
+			return nfnl.String(ud[2 : 2+n])
+		}
+		ud = ud[2+int(ud[1]):]
+	}
+	return ""
+}
+
+// knownTypes are the data types a set key or data field may have.
+var knownTypes = []nft.DataType{nft.TypeInteger, nft.TypeIPv4Addr, nft.TypeIPv6Addr, nft.TypeInetProto, nft.TypeInetService, nft.TypeMark}
+
+// decodeTypes inverts typeMagic: one type, or a concatenation of types
+// concatTypeBits apiece; ok only if the length matches.
+func decodeTypes(magic, length uint32) ([]nft.DataType, bool) {
+	var fields []uint32
+	for m := magic; m != 0; m >>= concatTypeBits {
+		fields = append([]uint32{m & (1<<concatTypeBits - 1)}, fields...)
+	}
+	if len(fields) == 0 {
+		return nil, false
+	}
+	ts := make([]nft.DataType, len(fields))
+	for i, m := range fields {
+		found := false
+		for _, t := range knownTypes {
+			if t.Magic == m {
+				ts[i], found = t, true
+			}
+		}
+		if !found {
+			return nil, false
+		}
+	}
+	return ts, tupleLen(ts) == int(length)
+}
