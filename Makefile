@@ -91,6 +91,12 @@ bench-plots:
 	cd e2e/benchplot && $(GO) run . --out $(abspath $(BENCH_PLOTS)) $(abspath $(BENCH_DATA))
 	@echo "plots drawn from $(BENCH_DATA)/*.json into $(BENCH_PLOTS)/*.svg (shown by docs/benchmarks.md)"
 
+# The kernel's cost of ruleset shapes, batch by batch (root; fresh namespaces;
+# docs/design-measurements.md). NFTPROXY_BENCH_SIZES=10000x5,100000x10 for more.
+.PHONY: bench-kernel
+bench-kernel:
+	$(GO) test ./nft/nftnl -run '^$$' -bench Kernel -benchtime 5x -timeout 3h
+
 # deploy/ on a real kubelet and containerd, one node of the bed
 # (docs/kubelet-e2e.md). Not part of `make test`: it builds kubelet,
 # kube-controller-manager and kube-scheduler too, and runs a container runtime.

@@ -38,7 +38,7 @@ import (
 // slots, but an interval map with a concatenated key is either pipapo,
 // which rebuilds its lookup tables on every change — milliseconds per
 // change at 10,000 Services — or an rbtree nft 1.0.6 crashes listing; see
-// netlink_cost_shard_test.go.) The map is declared as nft 1.0.6 declares
+// docs/design-measurements.md.) The map is declared as nft 1.0.6 declares
 // this `typeof` map (key byte order host, the typeof userdata), captured
 // with `nft --debug=mnl`.
 //

@@ -429,8 +429,14 @@ func checkRule(rs *nft.Ruleset, f nft.Family, r nft.Rule) error {
 			if !ok {
 				return opErr(unix.ENOENT, "map %q", p.Map)
 			}
-			if s.Endpoints != p.Proto {
-				return opErr(unix.EINVAL, "map %q is not an endpoints map for %s", p.Map, nft.ProtoName(p.Proto))
+			// The kernel checks only that the map has data, and that
+			// the data is not a verdict: it takes another protocol's
+			// endpoints map, as it cannot tell.
+			if !s.IsMap() {
+				return opErr(unix.EINVAL, "set %q is not a map", p.Map)
+			}
+			if s.IsVerdictMap() {
+				return opErr(unix.ENODATA, "map %q holds verdicts", p.Map)
 			}
 			if p.Slot >= nft.EndpointsSlots {
 				// The kernel would take it, but its last range's end

@@ -9,17 +9,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
-	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// Helpers for netlink_cost_test.go: hand-written batches for shapes the
+// Helpers for the kernel cost benchmarks: hand-written batches for shapes the
 // Transaction model cannot express yet (interval maps, data lookups, the
 // byteorder expression), and timing.
 
@@ -32,41 +28,6 @@ const (
 	costSetElemKeyEnd = 10   // NFTA_SET_ELEM_KEY_END
 	costBuckets       = 1 << 16
 )
-
-// costGuard skips unless NFTPROXY_COST=1: these tests build tables of tens
-// of thousands of Services and take minutes.
-func costGuard(t *testing.T) {
-	t.Helper()
-	if os.Getenv("NFTPROXY_COST") != "1" {
-		t.Skip("commit cost measurements: set NFTPROXY_COST=1")
-	}
-}
-
-// costSizes reads a comma-separated list of sizes from env, or def.
-func costSizes(t *testing.T, env, def string) []int {
-	t.Helper()
-	s := os.Getenv(env)
-	if s == "" {
-		s = def
-	}
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		v, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil {
-			t.Fatalf("%s=%q: %v", env, s, err)
-		}
-		out = append(out, v)
-	}
-	return out
-}
-
-// costReps is the number of timed repetitions per case (NFTPROXY_COST_REPS, default 7).
-func costReps() int {
-	if v, err := strconv.Atoi(os.Getenv("NFTPROXY_COST_REPS")); err == nil && v > 0 {
-		return v
-	}
-	return 7
-}
 
 // costRaw sends one batch whose messages fill writes, exactly as Apply sends
 // a transaction (one sendmsg, BATCH_END ACKed, GETGEN sentinel), and returns
@@ -115,71 +76,6 @@ func costTx(n *Netlink, tx *nft.Transaction) (time.Duration, error) {
 	defer cancel()
 	err := n.Apply(ctx, tx)
 	return n.LastBatch().Kernel, err
-}
-
-// costMedian returns the median of ds.
-func costMedian(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func costMs(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d.Microseconds())/1000) }
-
-// costResult is one line of the results table.
-type costResult struct {
-	shape, name string
-	size        int
-	fwd, back   time.Duration // medians; back 0: none
-}
-
-// costReport logs results and appends them to $NFTPROXY_COST_OUT, if set.
-func costReport(t *testing.T, rs ...costResult) {
-	t.Helper()
-	var sb strings.Builder
-	for _, r := range rs {
-		back := "-"
-		if r.back > 0 {
-			back = costMs(r.back)
-		}
-		fmt.Fprintf(&sb, "%s\t%d\t%s\t%s\t%s\n", r.shape, r.size, r.name, costMs(r.fwd), back)
-	}
-	t.Logf("shape\tsize\tcase\tms\tundo ms\n%s", sb.String())
-	if p := os.Getenv("NFTPROXY_COST_OUT"); p != "" {
-		f, err := os.OpenFile(p, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		f.WriteString(sb.String())
-	}
-}
-
-// costPair times reps rounds of do then undo (each one batch) and returns
-// the medians.
-func costPair(t *testing.T, reps int, do, undo func() (time.Duration, error)) (time.Duration, time.Duration) {
-	t.Helper()
-	var fwd, back []time.Duration
-	for range reps {
-		d, err := do()
-		if err != nil {
-			t.Fatal(err)
-		}
-		fwd = append(fwd, d)
-		if undo == nil {
-			continue
-		}
-		u, err := undo()
-		if err != nil {
-			t.Fatal(err)
-		}
-		back = append(back, u)
-	}
-	var b time.Duration
-	if len(back) > 0 {
-		b = costMedian(back)
-	}
-	return costMedian(fwd), b
 }
 
 // --- raw messages ---
@@ -293,24 +189,6 @@ func (b *batch) costRule(chain string, exprs func(e *encoder)) {
 	exprs(&b.enc)
 	b.enc.EndNest(list)
 	b.end(m)
-}
-
-// costPerServiceRule is the fixed rule of design g, which nft writes for
-//
-//	meta l4proto tcp dnat ip to numgen random mod 65536 map @<set>
-//
-// as [ meta load l4proto => reg 1 ] [ cmp eq reg 1 6 ]
-// [ numgen reg 1 = random mod 65536 ] [ byteorder reg 1 = hton(reg 1, 4, 4) ]
-// [ lookup reg 1 set <set> dreg 1 ] [ nat dnat ip addr_min reg 1 proto_min reg 9 ].
-func costPerServiceRule(set string, setID uint32) func(e *encoder) {
-	return func(e *encoder) {
-		e.metaLoad(unix.NFT_META_L4PROTO, reg1)
-		e.cmp(unix.NFT_CMP_EQ, reg1, []byte{nft.ProtoTCP})
-		e.numgenRandom(reg1, costBuckets)
-		e.byteorderHton(reg1, reg1, 4, 4)
-		e.lookupData(reg1, reg1, set, setID)
-		e.dnat(uint32(nft.IPv4), reg1, slotReg(1), unix.NF_NAT_RANGE_PROTO_SPECIFIED)
-	}
 }
 
 // costGlobalRule is the one rule of design h: the Service's address,

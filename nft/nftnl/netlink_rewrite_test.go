@@ -251,44 +251,46 @@ func underTraffic(t *testing.T, ns *testNS, target netip.AddrPort, rewrite func(
 	return res
 }
 
-// TestNetlinkCostRewrite measures each shape of a rewrite of a table of
-// the rewrite tests' shape (NFTPROXY_COST_SIZES Services, default 1000
-// and 10000): the medians of the kernel's time (and its CPU), the
-// listing's time, the batches' messages and bytes. No traffic.
-func TestNetlinkCostRewrite(t *testing.T) {
-	costGuard(t)
+// BenchmarkKernelRewrite times each shape of a rewrite of a table of the
+// rewrite tests' shape (NFTPROXY_BENCH_SIZES Services): the kernel's time
+// and CPU, the listing's time, the batches, messages and bytes. No
+// traffic. Each iteration rewrites the table into the other of two
+// rulesets.
+func BenchmarkKernelRewrite(b *testing.B) {
 	f := nft.IPv4
-	for _, size := range costSizes(t, "NFTPROXY_COST_SIZES", "1000,10000") {
-		rulesets := rewriteRulesetsOf(f, size)
-		for _, shape := range []string{"add, delete, add", "in place", "handover"} {
-			ns := newTestNS(t)
-			apply(t, ns.netlink(t), nft.FullRewrite(rulesets[0]))
-			var kernel, cpu, list []time.Duration
-			var last BatchStats
-			for i := range costReps() {
-				n, err := NewNetlink(NetlinkOptions{NetNSFd: ns.Fd, OwnTable: shape == "handover" && i%2 == 0})
-				if err != nil {
-					t.Fatal(err)
+	for _, sz := range benchSizes(b) {
+		rulesets := rewriteRulesetsOf(f, sz.services)
+		for _, shape := range []string{"add-delete-add", "in-place", "handover"} {
+			b.Run(fmt.Sprintf("%d/%s", sz.services, shape), func(b *testing.B) {
+				ns := newTestNS(b)
+				apply(b, ns.netlink(b), nft.FullRewrite(rulesets[0]))
+				var kernel, cpu, list []time.Duration
+				var last BatchStats
+				i := 0
+				for b.Loop() {
+					n, err := NewNetlink(NetlinkOptions{NetNSFd: ns.Fd, OwnTable: shape == "handover" && i%2 == 0})
+					if err != nil {
+						b.Fatal(err)
+					}
+					n.recreate = shape == "add-delete-add"
+					i++
+					err = n.Apply(context.Background(), nft.FullRewrite(rulesets[i%2]))
+					last = n.LastBatch()
+					n.Close()
+					if err != nil {
+						b.Fatal(err)
+					}
+					kernel, cpu, list = append(kernel, last.Kernel), append(cpu, last.KernelCPU), append(list, last.List)
 				}
-				n.recreate = shape == "add, delete, add"
-				err = n.Apply(context.Background(), nft.FullRewrite(rulesets[(i+1)%2]))
-				last = n.LastBatch()
-				n.Close()
-				if err != nil {
-					t.Fatal(err)
-				}
-				kernel, cpu, list = append(kernel, last.Kernel), append(cpu, last.KernelCPU), append(list, last.List)
-			}
-			t.Logf("%d Services, %s: kernel %v (CPU %v), listing %v; %d batches, %d messages, %d bytes",
-				size, shape, medianOf(kernel), medianOf(cpu), medianOf(list), last.Batches, last.Messages, last.Bytes)
+				reportKernel(b, kernel, "kernel-ms")
+				reportKernel(b, cpu, "kernel-cpu-ms")
+				reportKernel(b, list, "list-ms")
+				b.ReportMetric(float64(last.Batches), "batches")
+				b.ReportMetric(float64(last.Messages), "messages")
+				b.ReportMetric(float64(last.Bytes), "bytes")
+			})
 		}
 	}
-}
-
-func medianOf(ds []time.Duration) time.Duration {
-	s := append([]time.Duration(nil), ds...)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // TestNetlinkClearingMatchesNft: the messages of a clearing in place are
