@@ -16,5 +16,6 @@
 // TCP flows are left alone but for one kind: a connection attempt that
 // went past a frontend before its rules existed and was never answered
 // (Stale says why it must go). ApplySysctls (sysctl.go) runs once at
-// startup. The package imports neither proxier/ nor nft/ nor k8s.io/api.
+// startup. The package imports neither proxier/ nor the nft model nor
+// k8s.io/api; it speaks netlink through nft/nfnl.
 package conntrack

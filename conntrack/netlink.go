@@ -19,32 +19,24 @@ import (
 // Netlink reconciles the kernel's conntrack table over ctnetlink.
 //
 // It is our own ctnetlink code on mdlayher/netlink (the stack nft/ already
-// uses), not github.com/vishvananda/netlink v1.3.1 (upstream kube-proxy's).
-// Measured on this machine (kernel 6.18, 2 CPUs) on one namespace's table
-// of 101,000 flows, 91,000 of them UDP, with a throw-away program that ran
-// both libraries on the same table (2026-11-22):
+// uses), not github.com/vishvananda/netlink v1.3.1 (upstream kube-proxy's),
+// which was measured against it on the same table (docs/code-figures.md):
 //
-//   - vishvananda's ConntrackTableList: 725–790 ms, 66.7 allocations per
-//     flow (a *ConntrackFlow with net.IP slices). Our Dump: 280–330 ms,
-//     0.03 allocations per flow (flows are decoded in place);
-//   - vishvananda's ConntrackDeleteFilters, which upstream uses to delete,
-//     dumps the whole table again and sends one delete per request,
-//     waiting for each ACK: 1,000 deletions took 756–1,307 ms. Our delete
-//     sends 512 per sendmsg and reads the ACKs back: 3.8–5 ms for 1,000.
-//     Upstream's reconcile (a dump to decide, then that) costs two dumps;
-//     ours one;
-//   - vishvananda cannot ask the kernel to filter a dump (CTA_FILTER).
-//     With it, flows of other protocols are walked but never serialized
-//     or copied: a dump matching none of 99,000 flows takes 30–55 ms
-//     instead of 250–300 ms (TestReconcile100k), so a node's TCP flows
-//     cost little. The kernel walks its whole hash table (all namespaces,
-//     262,144 buckets here) for every dump: ~8 ms on an empty table.
+//   - its ConntrackTableList allocates a *ConntrackFlow with net.IP slices
+//     per flow; our Dump decodes flows in place;
+//   - its ConntrackDeleteFilters, which upstream uses to delete, dumps the
+//     whole table again and sends one delete per request, waiting for
+//     each ACK. Our delete sends a batch per sendmsg and reads the ACKs
+//     back; our reconcile costs one dump, upstream's two;
+//   - it cannot ask the kernel to filter a dump (CTA_FILTER). With it,
+//     flows of other protocols are walked but never serialized or copied,
+//     so a node's TCP flows cost little. The kernel walks its whole hash
+//     table (all namespaces) for every dump all the same.
 //
-// TestReconcile100k, 100,000 flows (90,100 UDP), 1,000 stale: dump
-// 211–265 ms, decide 15–18 ms, delete 3–5 ms. A CPU profile puts most of
-// the dump in recvfrom (the kernel serializing flows), not in decoding.
+// Most of a dump is recvfrom (the kernel serializing flows), not decoding
+// (TestReconcile100k).
 //
-// Every Reconcile opens its own socket (0.2 ms when opened in another
+// Every Reconcile opens its own socket (cheap, also when opened in another
 // namespace, as tests do), so that the IPv4 and IPv6 reconciles may run
 // at the same time and a cancelled dump never leaves half a dump queued
 // for the next one.

@@ -115,9 +115,8 @@ func newBatch(tx *nft.Transaction, o batchOptions) *batch {
 }
 
 // sizeHint estimates the bytes of tx's batch, a little high for the rules
-// nftproxy writes (a cold start of 10,000 Services: 21 MiB estimated 23),
-// so that the buffer is allocated once instead of growing by a quarter at
-// a time, copying everything each time.
+// nftproxy writes, so that the buffer is allocated once instead of growing
+// by a quarter at a time, copying everything each time.
 func sizeHint(tx *nft.Transaction) int {
 	n := 2 * nfnl.HeaderLen
 	for _, op := range tx.Ops {
@@ -250,16 +249,14 @@ const offHeapBatch = 1 << 20
 // returned to the kernel before the batch is mapped: a full sync of a
 // large cluster maps its batch when the heap is fullest, and the peak RSS
 // of the process is that heap, freed garbage included, plus the batch.
-// At 100,000 Services of 10 endpoints (a 115 MiB batch) that garbage is
-// ~100 MB; releasing it costs one garbage collection (~0.5 s there, 3 % of
-// that sync). A full sync of 10,000 Services of 5 endpoints (9 MiB) stays
-// below the threshold and pays nothing.
+// Releasing it costs one garbage collection, a small share of such a sync
+// (docs/code-figures.md); smaller full syncs stay below the threshold and
+// pay nothing.
 const releaseBeforeBatch = 32 << 20
 
 // batchBuffer holds a large batch outside the Go heap, in an anonymous
 // mapping unmapped as soon as Apply is done with it. In the heap, the
-// batch of a full sync (10 MiB at 10,000 Services of 5 endpoints, 140 MiB
-// at 100,000 of 10) counted twice toward the peak: as live memory while
+// batch of a full sync counted twice toward the peak: as live memory while
 // the sync's other data is live too, and in the heap goal the collector
 // then grows to (GOGC). Nothing may keep a slice of it after Apply: the
 // batch's bytes are only sent.

@@ -51,9 +51,9 @@ func releaseAfterLargeLoad(rs *nft.Ruleset) {
 }
 
 // Load implements Loader. It reads the kernel's state of table nftproxy in
-// family f: about 0.4 s for 10,000 Services with 5 endpoints each
-// (TestNetlinkRestart10k), most of it the kernel serialising rules only to
-// count them and read the first one's digest (see loadRules). The reads
+// family f; most of its time is the kernel serialising rules only for us
+// to count them and read the first one's digest (see loadRules;
+// TestNetlinkRestart10k, docs/code-figures.md). The reads
 // are several dumps; they are repeated if the ruleset generation moved in
 // between, so the result is one consistent state.
 func (n *Netlink) Load(ctx context.Context, f nft.Family) (*nft.Ruleset, error) {

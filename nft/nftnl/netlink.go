@@ -37,8 +37,8 @@ import (
 // our sendmsg, so when it returns every reply is queued: Apply drains the
 // queue, then sends GETGEN and reads up to its reply (see readReplies).
 // Asking for an ACK per message, as google/nftables v0.3.0 does, doubled
-// the time of a 20,000-message batch and overflowed an 8 MiB receive
-// buffer at 10,000 Services (TestNetlinkAckStrategies).
+// the time of a large batch and overflowed the receive buffer
+// (TestNetlinkAckStrategies, docs/code-figures.md).
 type Netlink struct {
 	mu     sync.Mutex
 	conn   *netlink.Conn
