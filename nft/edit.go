@@ -213,7 +213,8 @@ func (e *Editor) ReserveChains(n int) {
 // The touch functions record before-images, which only an incremental
 // Transaction needs: until the first Commit, the transaction is a Diff of
 // the whole desired ruleset (against nothing or the table read back), so
-// they record nothing (about 10% of a full sync's time and memory).
+// they record nothing (a noticeable share of a full sync's time and memory:
+// docs/code-figures.md).
 
 func (e *Editor) touchSet(name string) {
 	if e.reset {
