@@ -37,8 +37,8 @@ func (r *Ruleset) dumpSet(s *Set) string {
 	if s.IsMap() {
 		kind = "map"
 	}
-	if s.Endpoints != 0 {
-		fmt.Fprintf(&b, "\t%s %s {\n\t\ttypeof %s\n", kind, s.Name, endpointsTypeofText(r.Family, s.Endpoints))
+	if s.EndpointsProto != 0 {
+		fmt.Fprintf(&b, "\t%s %s {\n\t\ttypeof %s\n", kind, s.Name, endpointsTypeofText(r.Family, s.EndpointsProto))
 	} else {
 		fmt.Fprintf(&b, "\t%s %s {\n\t\ttype %s\n", kind, s.Name, s.TypeString())
 	}
@@ -46,7 +46,7 @@ func (r *Ruleset) dumpSet(s *Set) string {
 		fmt.Fprintf(&b, "\t\tsize %d\n", s.Size)
 	}
 	var flags []string
-	if s.Endpoints != 0 {
+	if s.EndpointsProto != 0 {
 		flags = append(flags, "interval")
 	}
 	if s.Dynamic {

@@ -69,7 +69,7 @@ const EndpointsSlots = 1<<16 - 1
 func NewEndpointsMap(f Family, name string, proto uint8) *Set {
 	at := f.AddrType()
 	return &Set{Name: name, Key: []DataType{TypeInteger},
-		Data: []DataType{at, TypeInetService}, Endpoints: proto}
+		Data: []DataType{at, TypeInetService}, EndpointsProto: proto}
 }
 
 // EndpointsElements returns the elements of an endpoints map that send the
@@ -147,10 +147,10 @@ func EndpointsProtoOK(proto uint8) bool {
 // CheckEndpointsMap checks the definition of an endpoints map in a table of
 // family f.
 func CheckEndpointsMap(f Family, s *Set) error {
-	if !EndpointsProtoOK(s.Endpoints) {
-		return fmt.Errorf("endpoints map %q: protocol %s has no endpoints map", s.Name, ProtoName(s.Endpoints))
+	if !EndpointsProtoOK(s.EndpointsProto) {
+		return fmt.Errorf("endpoints map %q: protocol %s has no endpoints map", s.Name, ProtoName(s.EndpointsProto))
 	}
-	want := NewEndpointsMap(f, s.Name, s.Endpoints)
+	want := NewEndpointsMap(f, s.Name, s.EndpointsProto)
 	if !reflect.DeepEqual(s.Key, want.Key) || !reflect.DeepEqual(s.Data, want.Data) {
 		return fmt.Errorf("endpoints map %q: type %s, want %s", s.Name, s.TypeString(), want.TypeString())
 	}
@@ -163,7 +163,7 @@ func CheckEndpointsMap(f Family, s *Set) error {
 // CheckRange checks an element's range of buckets: in an endpoints map,
 // within one slot.
 func CheckRange(s *Set, e Element) error {
-	if s.Endpoints == 0 {
+	if s.EndpointsProto == 0 {
 		if e.End != 0 {
 			return fmt.Errorf("element %s of set %q has a range end", s.KeyString(e.Key), s.Name)
 		}

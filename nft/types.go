@@ -156,12 +156,12 @@ type Set struct {
 	Dynamic bool          // updated from the packet path (flags dynamic)
 	Size    uint32        // 0: no size
 	Comment string
-	// Endpoints, when not zero, makes the set the endpoints map of the
+	// EndpointsProto, when not zero, makes the set the endpoints map of the
 	// DNATMap phrases for this transport protocol (see NewEndpointsMap):
 	// its elements are ranges of random buckets, and Key and Data must be
 	// as NewEndpointsMap sets them.
-	Endpoints uint8
-	Elements  Elements
+	EndpointsProto uint8
+	Elements       Elements
 }
 
 // IsMap reports whether the set maps keys to data.
@@ -309,7 +309,7 @@ func (s *Set) KeyString(key []Datum) string { return elementKey(s, key) }
 // endpoints map the range of keys, "131072-163839".
 func (s *Set) ElementKeyText(e Element) string {
 	t := s.KeyString(e.Key)
-	if s.Endpoints != 0 && len(e.Key) > 0 && e.End != e.Key[len(e.Key)-1].Int {
+	if s.EndpointsProto != 0 && len(e.Key) > 0 && e.End != e.Key[len(e.Key)-1].Int {
 		t += fmt.Sprintf("-%d", e.End)
 	}
 	return t

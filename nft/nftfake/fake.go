@@ -236,7 +236,7 @@ func addSet(rs *nft.Ruleset, f nft.Family, set *nft.Set) error {
 		}
 		return nil
 	}
-	if set.Endpoints != 0 {
+	if set.EndpointsProto != 0 {
 		if err := nft.CheckEndpointsMap(f, set); err != nil {
 			return opErr(unix.EINVAL, "%v", err)
 		}
@@ -308,7 +308,7 @@ func addElements(rs *nft.Ruleset, f nft.Family, op nft.Op) error {
 		return opErr(unix.ENOENT, "set %q", op.Set.Name)
 	}
 	var ranges map[uint32][]nft.Element // endpoints maps: elements by slot
-	if s.Endpoints != 0 {
+	if s.EndpointsProto != 0 {
 		ranges = serviceRanges(s)
 	}
 	for e := range op.AllOf() {

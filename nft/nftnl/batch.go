@@ -128,7 +128,7 @@ func sizeHint(tx *nft.Transaction) int {
 			}
 		case nft.OpAddElements, nft.OpDeleteElements:
 			per := 48 + tupleLen(op.Set.Key) + tupleLen(op.Set.Data)
-			if op.Set.Endpoints != 0 {
+			if op.Set.EndpointsProto != 0 {
 				per += 40 // the range's end: an element of its own
 			}
 			n += per * op.ElementCount()

@@ -54,7 +54,7 @@ func encodeTuple(f nft.Family, ts []nft.DataType, ds []nft.Datum) ([]byte, error
 // every field of an interval concatenation to big endian (the DNATMap
 // rule's byteorder hton), so that ranges compare as numbers.
 func encodeKey(f nft.Family, s *nft.Set, key []nft.Datum) ([]byte, error) {
-	return encodeTupleOrder(f, s.Key, key, s.Endpoints != 0)
+	return encodeTupleOrder(f, s.Key, key, s.EndpointsProto != 0)
 }
 
 func encodeTupleOrder(f nft.Family, ts []nft.DataType, ds []nft.Datum, intsBigEndian bool) ([]byte, error) {

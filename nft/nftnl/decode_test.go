@@ -64,7 +64,7 @@ func BenchmarkDecodeElements(b *testing.B) {
 		b.Run(s.Name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				into := &nft.Set{Name: s.Name, Key: s.Key, Data: s.Data, Endpoints: s.Endpoints}
+				into := &nft.Set{Name: s.Name, Key: s.Key, Data: s.Data, EndpointsProto: s.EndpointsProto}
 				var ends []uint32
 				var sc elementScratch
 				for _, m := range msgs {
@@ -96,7 +96,7 @@ func TestDecodeReportsMalformed(t *testing.T) {
 			}
 		})
 		bad = append(bad, 0, 0, 0, 0) // room for the claim to run past
-		into := &nft.Set{Name: s.Name, Key: s.Key, Data: s.Data, Endpoints: s.Endpoints}
+		into := &nft.Set{Name: s.Name, Key: s.Key, Data: s.Data, EndpointsProto: s.EndpointsProto}
 		var ends []uint32
 		var sc elementScratch
 		if err := decodeElements(nft.IPv4, into, bad, &ends, &sc); !errors.Is(err, nfnl.ErrMalformed) {

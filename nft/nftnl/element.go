@@ -32,7 +32,7 @@ func (b *batch) setElements(msgType uint16, op *nft.Op) error {
 			return false
 		}
 		w.add(v)
-		if s.Endpoints != 0 {
+		if s.EndpointsProto != 0 {
 			w.add(rangeEnd(e, b.scratch.end[:0]))
 		}
 		return true
@@ -168,7 +168,7 @@ func (b *batch) elementValue(s *nft.Set, e nft.Element, withValue bool) (elemVal
 	var v elemValue
 	var err error
 	sc := &b.scratch
-	if v.key, err = encodeTupleTo(sc.keyB[:0], b.family, s.Key, e.Key, s.Endpoints != 0); err != nil {
+	if v.key, err = encodeTupleTo(sc.keyB[:0], b.family, s.Key, e.Key, s.EndpointsProto != 0); err != nil {
 		return v, fmt.Errorf("key: %w", err)
 	}
 	sc.keyB = v.key
@@ -215,7 +215,7 @@ func (n *Netlink) loadElements(f nft.Family, s *nft.Set) error {
 	}); err != nil {
 		return fmt.Errorf("dump elements of set %s: %w", s.Name, err)
 	}
-	if s.Endpoints != 0 {
+	if s.EndpointsProto != 0 {
 		if err := closeRanges(s, ends); err != nil {
 			return fmt.Errorf("elements of set %s: %w", s.Name, err)
 		}
@@ -245,7 +245,7 @@ func decodeElements(f nft.Family, s *nft.Set, attrs []byte, ends *[]uint32, sc *
 					*ends = append(*ends, e.Key[0].Int)
 					return
 				}
-				if s.Endpoints != 0 {
+				if s.EndpointsProto != 0 {
 					e.End = openRange
 				}
 				s.Elements.Put(e)
@@ -315,11 +315,11 @@ func decodeElement(d *nfnl.Decoder, f nft.Family, s *nft.Set, attrs []byte, sc *
 			ud = v
 		}
 	})
-	ints := s.Endpoints != 0 // in network byte order, see encodeKey
+	ints := s.EndpointsProto != 0 // in network byte order, see encodeKey
 	if e.Key, err = decodeTupleOrder(sc.key[:0], f, s.Key, dataValue(d, key), ints); err != nil {
 		return e, false, fmt.Errorf("element key: %w", err)
 	}
-	if s.Endpoints != 0 && flags&unix.NFT_SET_ELEM_INTERVAL_END != 0 {
+	if s.EndpointsProto != 0 && flags&unix.NFT_SET_ELEM_INTERVAL_END != 0 {
 		return e, true, nil
 	}
 	switch {

@@ -130,7 +130,7 @@ func checkSet(t *testing.T, c *nftables.Conn, f nft.Family, s *nftables.Set, our
 	theirs := flags{s.IsMap, s.Interval, s.Concatenation, s.HasTimeout, s.Dynamic, s.Size}
 	// The kernel's concatenation flag marks interval concatenations only
 	// (nft sets it for those); key types tell the others.
-	want := flags{ours.IsMap(), ours.Endpoints != 0, len(ours.Key) > 1 && ours.Endpoints != 0, ours.Timeout > 0, ours.Dynamic, ours.Size}
+	want := flags{ours.IsMap(), ours.EndpointsProto != 0, len(ours.Key) > 1 && ours.EndpointsProto != 0, ours.Timeout > 0, ours.Dynamic, ours.Size}
 	if theirs != want {
 		t.Errorf("set %q: google/nftables %+v, Load %+v", s.Name, theirs, want)
 	}
@@ -209,13 +209,13 @@ var gnftVerdicts = map[expr.VerdictKind]string{
 func wireElements(t *testing.T, f nft.Family, s *nft.Set) (map[string]string, map[string]bool) {
 	elems, ends := map[string]string{}, map[string]bool{}
 	for e := range s.Elements.All() {
-		k := hex.EncodeToString(wireTuple(t, s.Key, e.Key, s.Endpoints != 0))
+		k := hex.EncodeToString(wireTuple(t, s.Key, e.Key, s.EndpointsProto != 0))
 		v := hex.EncodeToString(wireTuple(t, s.Data, e.Data, false))
 		if e.Verdict != nil {
 			v = string(e.Verdict.Kind) + " " + e.Verdict.Chain
 		}
 		elems[k] = v
-		if s.Endpoints != 0 {
+		if s.EndpointsProto != 0 {
 			ends[hex.EncodeToString(binary.BigEndian.AppendUint32(nil, e.End+1))] = true
 		}
 	}

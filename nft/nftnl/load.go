@@ -218,7 +218,7 @@ func loadJobs(rs *nft.Ruleset) []func(*Netlink) error {
 	for _, maps := range []bool{false, true} {
 		for _, name := range rs.SortedSetNames() {
 			s := rs.Sets[name]
-			if s.Dynamic || s.Key == nil || (s.Endpoints != 0) != maps {
+			if s.Dynamic || s.Key == nil || (s.EndpointsProto != 0) != maps {
 				continue // filled by the packet path, not ours to read, or not in this pass
 			}
 			jobs = append(jobs, func(on *Netlink) error { return on.loadElements(f, s) })

@@ -75,7 +75,7 @@ func TestSetUserdataMatchesNft(t *testing.T) {
 				"0014000407000000010c00040d0000000104090000000114000407000000010c00040a000000010402000000060400000000"},
 	} {
 		family := nft.IPv4
-		if tc.set.Endpoints != 0 && tc.set.Data[0] == v6 {
+		if tc.set.EndpointsProto != 0 && tc.set.Data[0] == v6 {
 			family = nft.IPv6
 		}
 		got, err := setUserdata(family, &tc.set)

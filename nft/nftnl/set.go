@@ -44,7 +44,7 @@ func (b *batch) newSet(s *nft.Set) error {
 	if len(s.Key) == 0 {
 		return fmt.Errorf("set has no key type")
 	}
-	if s.Endpoints != 0 {
+	if s.EndpointsProto != 0 {
 		if err := nft.CheckEndpointsMap(b.family, s); err != nil {
 			return err
 		}
@@ -66,7 +66,7 @@ func (b *batch) newSet(s *nft.Set) error {
 	if s.Dynamic {
 		flags |= unix.NFT_SET_EVAL
 	}
-	if s.Endpoints != 0 {
+	if s.EndpointsProto != 0 {
 		flags |= unix.NFT_SET_INTERVAL
 	}
 	m := b.begin(unix.NFT_MSG_NEWSET, flagCreate)
@@ -116,8 +116,8 @@ func (b *batch) flushSet(name string) {
 // An endpoints map is declared with `typeof` (endpointsUserdata).
 func setUserdata(f nft.Family, s *nft.Set) ([]byte, error) {
 	var ud []byte
-	if s.Endpoints != 0 {
-		ud = endpointsUserdata(f, s.Endpoints)
+	if s.EndpointsProto != 0 {
+		ud = endpointsUserdata(f, s.EndpointsProto)
 	} else {
 		ud = udataU32(nil, udataSetKeyByteorder, byteorder(s.Key))
 		if s.IsMap() {
@@ -294,7 +294,7 @@ func (a *setAttrs) endpointsMap(d *nfnl.Decoder, f nft.Family, s *nft.Set) {
 		want := nft.NewEndpointsMap(f, s.Name, proto)
 		if a.keyType == typeMagic(want.Key) && a.keyLen == uint32(tupleLen(want.Key)) &&
 			a.dataType == typeMagic(want.Data) && a.dataLen == uint32(tupleLen(want.Data)) {
-			s.Key, s.Data, s.Endpoints = want.Key, want.Data, proto
+			s.Key, s.Data, s.EndpointsProto = want.Key, want.Data, proto
 		}
 		return
 	}

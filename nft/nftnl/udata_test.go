@@ -66,7 +66,7 @@ func TestDecodeInvertsEncode(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					got, err := decodeTupleOrder(nil, f, s.Key, b, s.Endpoints != 0)
+					got, err := decodeTupleOrder(nil, f, s.Key, b, s.EndpointsProto != 0)
 					if err != nil || s.KeyString(got) != s.KeyString(e.Key) {
 						t.Errorf("%s: key %s decoded as %v (%v)", s.Name, s.KeyString(e.Key), got, err)
 					}

@@ -274,7 +274,7 @@ func CanonicalSlots(rs *nft.Ruleset) *nft.Ruleset {
 		endpoints[i] = nft.SlotEndpoints(out.Sets[u.d.Map], u.d.Slot)
 	}
 	for name, s := range out.Sets {
-		if s.Endpoints != 0 {
+		if s.EndpointsProto != 0 {
 			delete(out.Sets, name)
 		}
 	}
