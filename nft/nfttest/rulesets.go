@@ -53,9 +53,17 @@ var (
 // writes, with upstream kube-proxy's object names.
 func EveryPhraseRuleset(f nft.Family) *nft.Ruleset {
 	rs := nft.NewRuleset(f)
+	everyPhraseSets(rs, f)
+	everyPhraseBaseRules(rs, f)
+	everyPhrasePrefixRules(rs, f)
+	everyPhraseDNAT(rs, f)
+	everyPhraseElements(rs, f)
+	return rs
+}
+
+// everyPhraseSets adds the sets and maps of every shape but endpoints maps.
+func everyPhraseSets(rs *nft.Ruleset, f nft.Family) {
 	at := f.AddrType()
-	svcIP := Addr(f, "10.96.0.10", "fd00:96::10")
-	svcIP2 := Addr(f, "10.96.0.11", "fd00:96::11")
 	rs.AddSet(&nft.Set{Name: "service-ips", Key: []nft.DataType{at, nft.TypeInetProto, nft.TypeInetService},
 		Data: []nft.DataType{nft.TypeVerdict}, Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"})
 	rs.AddSet(&nft.Set{Name: "service-nodeports", Key: []nft.DataType{nft.TypeInetProto, nft.TypeInetService},
@@ -65,7 +73,11 @@ func EveryPhraseRuleset(f nft.Family) *nft.Ruleset {
 	rs.AddSet(&nft.Set{Name: "hairpin-connections", Key: []nft.DataType{at, at, nft.TypeInetProto, nft.TypeInetService},
 		Comment: "service hairpin connections"})
 	rs.AddSet(&nft.Set{Name: "affinity-ABC", Key: []nft.DataType{at}, Timeout: 10 * time.Minute, Dynamic: true, Size: 65535})
+}
 
+// everyPhraseBaseRules adds the base chains, the regular ones and their
+// rules but those of "prefixes".
+func everyPhraseBaseRules(rs *nft.Ruleset, f nft.Family) {
 	rs.AddChain(&nft.Chain{Name: "nat-prerouting", Base: &nft.BaseChain{Type: nft.ChainNAT, Hook: nft.HookPrerouting, Priority: nft.PriorityDstNAT}})
 	rs.AddChain(&nft.Chain{Name: "nat-output", Base: &nft.BaseChain{Type: nft.ChainNAT, Hook: nft.HookOutput, Priority: nft.PriorityDstNAT}})
 	rs.AddChain(&nft.Chain{Name: "nat-postrouting", Base: &nft.BaseChain{Type: nft.ChainNAT, Hook: nft.HookPostrouting, Priority: nft.PrioritySrcNAT}})
@@ -103,6 +115,10 @@ func EveryPhraseRuleset(f nft.Family) *nft.Ruleset {
 	rs.Append("cluster-ips-check", nft.Rule{Phrases: []nft.Phrase{
 		nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: Prefix(f, "10.96.0.0/12", "fd00:96::/108")}, nft.Drop()},
 		Comment: "Drop traffic to unallocated ClusterIPs"})
+}
+
+// everyPhrasePrefixRules adds the rules of "prefixes": every match.
+func everyPhrasePrefixRules(rs *nft.Ruleset, f nft.Family) {
 	rs.Append("prefixes", nft.Rule{Phrases: []nft.Phrase{
 		nft.MatchPrefix{Field: nft.FieldSrcAddr, Prefix: Prefix(f, "10.0.0.1/32", "fd00::1/128"), Negate: true},
 		nft.VerdictPhrase{Verdict: nft.Verdict{Kind: nft.VerdictAccept}}}})
@@ -122,6 +138,11 @@ func EveryPhraseRuleset(f nft.Family) *nft.Ruleset {
 	rs.Append("prefixes", nft.Rule{Phrases: []nft.Phrase{nft.MatchIifname{Name: "cbr0"}, nft.Goto("svc-a")}})
 	rs.Append("prefixes", nft.Rule{Phrases: []nft.Phrase{nft.MatchIifname{Name: "veth", Prefix: true}, nft.Goto("svc-a")}})
 	rs.Append("prefixes", nft.Rule{Phrases: []nft.Phrase{nft.MatchIifname{Name: "veth", Prefix: true, Negate: true}, nft.SetMarkBits{Bits: 0x4000}}})
+}
+
+// everyPhraseDNAT adds the DNAT cascades and the endpoints maps with their
+// DNATMap rules and elements.
+func everyPhraseDNAT(rs *nft.Ruleset, f nft.Family) {
 	// Cascades of 2, 1 and 12 Backends: the last rule of each is an
 	// unguarded DNAT, svc-b has only that one.
 	rs.Chains["svc-a"].Rules = DNATCascade(nft.ProtoTCP, Backends(f, 1, 2, 8080))
@@ -160,7 +181,12 @@ func EveryPhraseRuleset(f nft.Family) *nft.Ruleset {
 		Data: []nft.Datum{nft.Addr(Backends(f, 7, 1, 1)[0].Addr()), nft.Int(1)}})
 	rs.AddElement(epMap(nft.ProtoSCTP), nft.Element{Key: []nft.Datum{nft.Int(last + 65535)}, End: last + 65535,
 		Data: []nft.Datum{nft.Addr(Backends(f, 7, 2, 2)[1].Addr()), nft.Int(2)}})
+}
 
+// everyPhraseElements adds the elements of the sets and maps.
+func everyPhraseElements(rs *nft.Ruleset, f nft.Family) {
+	svcIP := Addr(f, "10.96.0.10", "fd00:96::10")
+	svcIP2 := Addr(f, "10.96.0.11", "fd00:96::11")
 	rs.AddElement("service-ips", nft.Element{Key: []nft.Datum{nft.Addr(svcIP), TCP, nft.Int(80)},
 		Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: "svc-a"}, Comment: "default/web:http"})
 	rs.AddElement("service-ips", nft.Element{Key: []nft.Datum{nft.Addr(svcIP), UDP, nft.Int(53)},
@@ -174,7 +200,6 @@ func EveryPhraseRuleset(f nft.Family) *nft.Ruleset {
 	rs.AddElement("nodeport-ips", nft.Element{Key: []nft.Datum{nft.Addr(Addr(f, "10.10.0.58", "fd00:10::58"))}})
 	be := Backends(f, 1, 1, 8080)[0]
 	rs.AddElement("hairpin-connections", nft.Element{Key: []nft.Datum{nft.Addr(be.Addr()), nft.Addr(be.Addr()), TCP, nft.Int(8080)}})
-	return rs
 }
 
 // Service is one Service port of RealisticRuleset.
