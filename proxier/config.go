@@ -78,21 +78,29 @@ type LocalDetect struct {
 // as last seen.
 func (p *Proxier) rulesetConfig(f nft.Family) (ruleset.Config, model.Node) {
 	p.mu.Lock()
-	serviceCIDRs := p.cfg.ServiceCIDRs
-	if len(p.apiServiceCIDRs) > 0 {
-		serviceCIDRs = p.apiServiceCIDRs
-	}
-	node := p.node
+	apiServiceCIDRs, node := p.apiServiceCIDRs, p.node
 	p.mu.Unlock()
+	return rulesetConfig(p.cfg, f, node, apiServiceCIDRs)
+}
+
+// rulesetConfig is the builder's configuration for family f on the node
+// whose object is node (zero: not seen), with the service CIDRs of the
+// ServiceCIDR objects (none: cfg's), and the node the model is derived
+// with.
+func rulesetConfig(c Config, f nft.Family, node model.Node, apiServiceCIDRs []netip.Prefix) (ruleset.Config, model.Node) {
+	serviceCIDRs := c.ServiceCIDRs
+	if len(apiServiceCIDRs) > 0 {
+		serviceCIDRs = apiServiceCIDRs
+	}
 	if node.Name == "" {
-		node.Name = p.cfg.NodeName // endpoints are local by name before the Node is seen
+		node.Name = c.NodeName // endpoints are local by name before the Node is seen
 	}
 	cfg := ruleset.Config{
 		ServiceCIDRs:   ofFamily(f, serviceCIDRs),
-		MasqueradeMark: 1 << p.cfg.MasqueradeBit,
-		MasqueradeAll:  p.cfg.MasqueradeAll,
+		MasqueradeMark: 1 << c.MasqueradeBit,
+		MasqueradeAll:  c.MasqueradeAll,
 	}
-	switch d := p.cfg.LocalDetect; d.Mode {
+	switch d := c.LocalDetect; d.Mode {
 	case DetectNodeCIDR:
 		cfg.LocalTraffic.CIDRs = ofFamily(f, node.PodCIDRs)
 	case DetectBridgeInterface:
@@ -100,10 +108,10 @@ func (p *Proxier) rulesetConfig(f nft.Family) (ruleset.Config, model.Node) {
 	case DetectInterfaceNamePrefix:
 		cfg.LocalTraffic.Interface, cfg.LocalTraffic.InterfacePrefix = d.InterfaceNamePrefix, true
 	default:
-		cfg.LocalTraffic.CIDRs = ofFamily(f, p.cfg.ClusterCIDRs)
+		cfg.LocalTraffic.CIDRs = ofFamily(f, c.ClusterCIDRs)
 	}
-	if len(p.cfg.NodePortCIDRs) > 0 {
-		cfg.NodePorts.CIDRs = ofFamily(f, p.cfg.NodePortCIDRs)
+	if len(c.NodePortCIDRs) > 0 {
+		cfg.NodePorts.CIDRs = ofFamily(f, c.NodePortCIDRs)
 	} else {
 		for _, a := range node.Addresses {
 			if f.Contains(a) {

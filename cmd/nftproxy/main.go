@@ -36,7 +36,7 @@ func main() {
 	if p, ok := gcPercent(os.Getenv); ok {
 		debug.SetGCPercent(p)
 	}
-	env := environment{readFile: os.ReadFile, hostname: os.Hostname, stdout: os.Stdout, stderr: os.Stderr}
+	env := environment{readFile: os.ReadFile, hostname: os.Hostname, stdout: os.Stdout, stderr: os.Stderr, stdin: os.Stdin}
 	// SIGTERM is how kubelet stops the pod; both signals end run cleanly.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code := execute(ctx, os.Args[1:], env)
@@ -48,8 +48,11 @@ func main() {
 // status: 0 on success (--help, --version and --write-config-to too), 2
 // for a command line or configuration that is not valid, 1 when running
 // failed (including the --config file changing on disk, so that the pod
-// restarts with it).
+// restarts with it). `nftproxy dump` is a command of its own (dump.go).
 func execute(ctx context.Context, args []string, env environment) int {
+	if len(args) > 0 && args[0] == "dump" {
+		return executeDump(ctx, args[1:], env)
+	}
 	o, err := parseOptions(args, env)
 	if errors.Is(err, pflag.ErrHelp) {
 		return 0

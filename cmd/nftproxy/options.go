@@ -92,6 +92,7 @@ type environment struct {
 	hostname func() (string, error)
 	stdout   io.Writer // --help, --version; JSON info logs with split streams
 	stderr   io.Writer // errors; JSON logs
+	stdin    io.Reader // nftproxy dump --from-file -
 }
 
 // parseOptions turns the command line (without the program name) into
@@ -100,12 +101,21 @@ type environment struct {
 // logging flags, --hostname-override and the flags that have no field in
 // it (--master, the commands, nftproxy's own flags).
 func parseOptions(args []string, env environment) (*options, error) {
+	return parseCommandOptions("nftproxy", args, env, nil)
+}
+
+// parseCommandOptions is parseOptions for command name, a subcommand
+// (nftproxy dump) if extra (not nil) declares flags of its own.
+func parseCommandOptions(name string, args []string, env environment, extra func(*pflag.FlagSet)) (*options, error) {
 	fv := newFlagValues()
 	fs := fv.flagSet()
+	if extra != nil {
+		extra(fs)
+	}
 	fs.SetOutput(io.Discard) // main prints the error once, without the usage
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprintf(env.stdout, "Usage of nftproxy:\n%s", fs.FlagUsages())
+			fmt.Fprintf(env.stdout, "Usage of %s:\n%s", name, fs.FlagUsages())
 		}
 		return nil, err
 	}

@@ -160,22 +160,13 @@ func (s *serviceCIDRs) watch(ctx context.Context) (cache.InformerSynced, error) 
 			return client.NetworkingV1().ServiceCIDRs().Watch(ctx, o)
 		})
 	update := func() {
-		var out []netip.Prefix
+		var objs []*networking.ServiceCIDR
 		for _, obj := range inf.GetStore().List() {
-			sc := obj.(*networking.ServiceCIDR)
-			for _, c := range sc.Spec.CIDRs {
-				p, err := netip.ParsePrefix(c)
-				if err != nil {
-					report(s.h, []Problem{{Kind: "ServiceCIDR", Object: sc.Name, Reason: "invalid-cidr", Detail: c}})
-					continue
-				}
-				out = append(out, p.Masked())
-			}
+			objs = append(objs, obj.(*networking.ServiceCIDR))
 		}
-		// In a stable order (the store's is random): the rules follow it,
-		// and a mere reordering would rebuild every Service's rules.
-		slices.SortFunc(out, netip.Prefix.Compare)
-		s.set(slices.Compact(out))
+		cidrs, problems := ConvertServiceCIDRs(objs)
+		report(s.h, problems)
+		s.set(cidrs)
 		s.h.Changed()
 	}
 	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{

@@ -1,0 +1,46 @@
+package proxier
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/changes"
+	"github.com/nftproxy/nftproxy/proxier/model"
+	"github.com/nftproxy/nftproxy/proxier/ruleset"
+	"github.com/nftproxy/nftproxy/proxier/watch"
+)
+
+// Desired returns the table of family f that a proxier with configuration
+// cfg programs for the objects of s when it starts afresh (no table in the
+// kernel): what `nftproxy dump` prints. It takes the sync's own steps, the
+// configuration (rulesetConfig), the object store and each Service's
+// ports (model.ServicePorts), and builds them with ruleset.Build. The
+// endpoints-map slots are handed out in the order of the Services' names:
+// a fresh proxier hands out the same ones in the order it meets the
+// Services, a long-running one reuses those released by earlier changes,
+// so only the slot numbers can differ from its table.
+func Desired(cfg Config, f nft.Family, s watch.Snapshot) *nft.Ruleset {
+	rcfg, node := rulesetConfig(cfg, f, s.Node, s.ServiceCIDRs)
+	store := newObjectStore()
+	store.record(allChanged(s.Services), allChanged(s.Slices))
+	var ports []model.ServicePortState
+	for _, name := range slices.SortedFunc(maps.Keys(store.services), compareNames) {
+		ports = append(ports, model.ServicePorts(f, node, store.service(name), store.slicesOf(f, name))...)
+	}
+	return ruleset.Build(rcfg, f, ports)
+}
+
+// allChanged is a tracker's first checkout of the objects m holds.
+func allChanged[K comparable, V any](m map[K]V) changes.Snapshot[K, V] {
+	out := changes.Snapshot[K, V]{Changed: make(map[K]changes.Change[V], len(m))}
+	for k, v := range m {
+		out.Changed[k] = changes.Change[V]{Value: v}
+	}
+	return out
+}
+
+func compareNames(a, b model.ServiceName) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+}
