@@ -25,7 +25,7 @@ type dumpOptions struct {
 }
 
 func (d *dumpOptions) addFlags(fs *pflag.FlagSet) {
-	fs.StringArrayVar(&d.fromFiles, "from-file", nil, "nftproxy dump: read the objects from this file instead of the API: YAML or JSON, one object, several documents or a List, e.g. the output of `kubectl get svc,endpointslices,nodes,servicecidrs -A -o yaml`; - is standard input. Repeatable.")
+	fs.StringArrayVar(&d.fromFiles, "from-file", nil, "nftproxy dump: read the objects from `FILE` instead of the API: YAML or JSON, one object, several documents or a List, such as the output of 'kubectl get svc,endpointslices,nodes,servicecidrs -A -o yaml'; - is standard input. Repeatable.")
 }
 
 // executeDump runs `nftproxy dump [flags]` and returns its exit status

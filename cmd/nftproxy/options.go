@@ -116,6 +116,9 @@ func parseCommandOptions(name string, args []string, env environment, extra func
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprintf(env.stdout, "Usage of %s:\n%s", name, fs.FlagUsages())
+			if extra == nil {
+				fmt.Fprintf(env.stdout, "\nCommands:\n  nftproxy dump [flags]   print the tables nftproxy would program for a node (nftproxy dump --help)\n")
+			}
 		}
 		return nil, err
 	}
