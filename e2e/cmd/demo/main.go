@@ -90,6 +90,12 @@ func run(tb testbed.TB) {
 	must(tb, err)
 	fmt.Print(out)
 
+	step("What nftproxy would program, from the API alone: nftproxy dump --ip-families ipv4 (on node1)")
+	out, err = node.Exec(ctx, nftproxy, "dump", "--kubeconfig", bed.ProxyKubeconfig, "--hostname-override", node.Name,
+		"--cluster-cidr", "10.244.0.0/16", "--ip-families", "ipv4")
+	must(tb, err)
+	fmt.Print(out)
+
 	step("Sync metrics from http://127.0.0.1:10249/metrics (on node1)")
 	printMetrics(tb, node)
 
