@@ -65,9 +65,12 @@ func executeDump(ctx context.Context, args []string, env environment) int {
 // checkDumpOptions refuses the proxy's commands, which dump does not run.
 func checkDumpOptions(o *options) error {
 	var given []string
-	for flag, set := range map[string]bool{"--cleanup": o.Cleanup, "--init-only": o.InitOnly, "--write-config-to": o.WriteConfigTo != ""} {
-		if set {
-			given = append(given, flag)
+	for _, c := range []struct {
+		flag string
+		set  bool
+	}{{"--cleanup", o.Cleanup}, {"--init-only", o.InitOnly}, {"--write-config-to", o.WriteConfigTo != ""}} {
+		if c.set {
+			given = append(given, c.flag)
 		}
 	}
 	if len(given) > 0 {

@@ -266,3 +266,17 @@ func TestDumpLoadsInNft(t *testing.T) {
 		}
 	}
 }
+
+// TestDumpRefusesProxyCommands: dump runs none of the proxy's commands,
+// and says so rather than ignore them; a file that does not decode fails.
+func TestDumpRefusesProxyCommands(t *testing.T) {
+	for _, args := range [][]string{{"dump", "--cleanup"}, {"dump", "--init-only"}, {"dump", "--write-config-to", "x"}} {
+		if code, _, stderr := executeForTest(t, nil, args...); code != 2 || !strings.Contains(stderr, "not a dump option") {
+			t.Errorf("%v: exit %d, stderr %q; want 2, not a dump option", args, code, stderr)
+		}
+	}
+	files := map[string]string{"bad.yaml": "kind: Service\n"}
+	if code, stdout, stderr := executeForTest(t, files, "dump", "--from-file", "bad.yaml"); code != 1 || stdout != "" || !strings.Contains(stderr, "bad.yaml") {
+		t.Errorf("a file without apiVersion: exit %d, stdout %q, stderr %q; want 1, nothing, the file named", code, stdout, stderr)
+	}
+}

@@ -41,8 +41,7 @@ func List(ctx context.Context, client kubernetes.Interface, nodeName string) (Ob
 	}
 	node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 	switch {
-	case apierrors.IsNotFound(err):
-		klog.InfoS("No Node object of that name; NodePorts on its primary IPs are left out", "node", nodeName)
+	case apierrors.IsNotFound(err): // the caller sees that Objects holds no Node
 	case err != nil:
 		return objs, fmt.Errorf("get Node %s: %w", nodeName, err)
 	default:
