@@ -91,8 +91,11 @@ func (n *Netlink) Load(ctx context.Context, f nft.Family) (*nft.Ruleset, error) 
 // dormant table (or one with flags we never set) is not what incremental
 // transactions expect, and a table to be owned must be persistent to be
 // claimed (the kernel never adds the flag to a table that exists). Other
-// tables are rewritten.
+// tables are rewritten. A read-only socket reads any table.
 func (n *Netlink) buildsOn(flags uint32) bool {
+	if n.opts.ReadOnly {
+		return true
+	}
 	if n.owning {
 		return flags&tablePersist != 0 && flags&^ownedFlags == 0
 	}

@@ -75,6 +75,12 @@ type NetlinkOptions struct {
 	// next nftproxy claims it. On an older kernel the table is written
 	// without flags (Owning reports it).
 	OwnTable bool
+	// ReadOnly opens the socket for reading only, as `nftproxy diff`
+	// does beside a running proxy: Apply refuses every transaction, and
+	// Load reads the table whatever its flags (a table another nftproxy
+	// owns, or a dormant one), where a proxy reads only a table it can
+	// build on.
+	ReadOnly bool
 }
 
 // BatchStats describes the last batch Apply sent, or the batches of the
@@ -137,7 +143,7 @@ func NewNetlink(opts NetlinkOptions) (*Netlink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open nftables netlink socket: %w", err)
 	}
-	return &Netlink{conn: conn, opts: opts, owning: opts.OwnTable, sndbuf: initialSndbuf}, nil
+	return &Netlink{conn: conn, opts: opts, owning: opts.OwnTable && !opts.ReadOnly, sndbuf: initialSndbuf}, nil
 }
 
 // Close closes the socket.
@@ -179,12 +185,18 @@ func (n *Netlink) LastBatch() BatchStats {
 	return n.last
 }
 
+// errReadOnly is Apply's answer on a socket opened ReadOnly.
+var errReadOnly = errors.New("netlink socket opened read-only")
+
 // Apply implements Interface.
 func (n *Netlink) Apply(ctx context.Context, tx *nft.Transaction) error {
 	if tx.Empty() {
 		return nil
 	}
 	wrap := func(err error) error { return fmt.Errorf("apply transaction (%d ops): %w", len(tx.Ops), err) }
+	if n.opts.ReadOnly {
+		return wrap(errReadOnly)
+	}
 	if err := ctx.Err(); err != nil {
 		return wrap(err)
 	}

@@ -188,3 +188,34 @@ func TestNetlinkClaimsRaceNothing(t *testing.T) {
 		v6.Close()
 	}
 }
+
+// TestNetlinkReadOnly: a read-only socket reads back a table another
+// socket owns (which a proxy's socket would not build on), as it is, and
+// never writes: its Apply is refused and the owner keeps the table.
+func TestNetlinkReadOnly(t *testing.T) {
+	ns := newTestNS(t)
+	f := nft.IPv4
+	desired := nfttest.RealisticRuleset(f, nfttest.MakeServices(f, 5, 2))
+	owner := ns.ownedNetlink(t)
+	apply(t, owner, nft.FullRewrite(desired))
+	ro, err := NewNetlink(NetlinkOptions{NetNSFd: ns.Fd, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	got := loadOn(t, ro, f)
+	if got == nil {
+		t.Fatal("read-only socket read no table")
+	}
+	if tx := nft.Diff(got, desired); !tx.Empty() {
+		t.Errorf("table read back read-only differs from the one applied: %d ops", len(tx.Ops))
+	}
+	before := ns.list(t, f)
+	if err := ro.Apply(context.Background(), nft.FullRewrite(desired)); !errors.Is(err, errReadOnly) {
+		t.Errorf("read-only Apply: %v", err)
+	}
+	if after := ns.list(t, f); after != before {
+		t.Errorf("read-only socket changed the table:\n%s", after)
+	}
+	apply(t, owner, nft.Diff(loadOn(t, owner, f), desired))
+}
