@@ -22,6 +22,17 @@ import (
 // Services, a long-running one reuses those released by earlier changes,
 // so only the slot numbers can differ from its table.
 func Desired(cfg Config, f nft.Family, s watch.Snapshot) *nft.Ruleset {
+	return DesiredOn(cfg, f, s, nil)
+}
+
+// DesiredOn is Desired on top of loaded, the family's table read back from
+// the kernel (nft.Loader; nil for none), as a proxier that restarts
+// programs it: the chains keep the endpoints-map slots they hold there
+// (seedSlots), so that a table a proxier keeps up compares equal to it.
+// Endpoints maps loaded has beyond those the slots need are kept, empty,
+// as a running proxier keeps the maps it once needed; their elements, if
+// any, are not desired.
+func DesiredOn(cfg Config, f nft.Family, s watch.Snapshot, loaded *nft.Ruleset) *nft.Ruleset {
 	rcfg, node := rulesetConfig(cfg, f, s.Node, s.ServiceCIDRs)
 	store := newObjectStore()
 	store.record(allChanged(s.Services), allChanged(s.Slices))
@@ -29,7 +40,17 @@ func Desired(cfg Config, f nft.Family, s watch.Snapshot) *nft.Ruleset {
 	for _, name := range slices.SortedFunc(maps.Keys(store.services), compareNames) {
 		ports = append(ports, model.ServicePorts(f, node, store.service(name), store.slicesOf(f, name))...)
 	}
-	return ruleset.Build(rcfg, f, ports)
+	rs := ruleset.BuildSlots(rcfg, f, ports, seedSlots(f, loaded))
+	if loaded != nil {
+		for name := range loaded.Sets {
+			if _, ok := rs.Sets[name]; !ok {
+				if m, ours := ruleset.EndpointsMap(f, name); ours {
+					rs.AddSet(m)
+				}
+			}
+		}
+	}
+	return rs
 }
 
 // allChanged is a tracker's first checkout of the objects m holds.

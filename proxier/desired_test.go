@@ -3,6 +3,7 @@ package proxier
 import (
 	"context"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,5 +72,69 @@ func TestDesiredIsWhatAFreshProxierPrograms(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDesiredOnAKeptTable: a proxier that ran a while hands slots out in
+// another order than Desired (it reuses those of deleted Services) and
+// keeps an endpoints map it no longer needs; DesiredOn its table read
+// back compares equal to that table (nft.CompareLoaded), where Desired
+// does not, and still names a chain and an element the kernel lost.
+func TestDesiredOnAKeptTable(t *testing.T) {
+	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour,
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
+	fk := nftfake.New()
+	p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: fk}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 250 Services need two endpoints maps; deleting the first 200 and
+	// adding 5 more reuses their slots, and the second map stays.
+	svcs, slices := testServices(255, 0)
+	setAll(p, svcs[:250], slices[:250])
+	syncOK(t, p)
+	for _, svc := range svcs[:200] {
+		p.trackers.Services.Delete(svc.Name)
+	}
+	setAll(p, svcs[250:], slices[250:])
+	syncOK(t, p)
+	snap := watch.Snapshot{Services: map[model.ServiceName]*model.Service{}, Slices: map[model.SliceKey]*model.EndpointSlice{}}
+	for i, svc := range svcs[200:] {
+		snap.Services[svc.Name] = svc
+		snap.Slices[model.SliceKey{Namespace: svc.Name.Namespace, Name: slices[200+i].Name}] = slices[200+i]
+	}
+	loaded, err := fk.Load(context.Background(), nft.IPv4)
+	if err != nil || loaded == nil {
+		t.Fatalf("load: %v", err)
+	}
+	if _, kept := loaded.Sets[ruleset.EndpointsMapName(nft.ProtoTCP, 1)]; !kept {
+		t.Fatalf("the proxier no longer keeps the second endpoints map: the test needs another history")
+	}
+	if d := nft.CompareLoaded(loaded, Desired(cfg, nft.IPv4, snap)); d.Empty() {
+		t.Errorf("Desired, slots handed out afresh, equals the kept table: the test shows nothing")
+	}
+	if d := nft.CompareLoaded(loaded, DesiredOn(cfg, nft.IPv4, snap, loaded)); !d.Empty() {
+		t.Errorf("DesiredOn the kept table differs from it:\n%s", d.Text())
+	}
+	// A changed Service chain and a lost ClusterIP are still named.
+	var chain string
+	for name := range loaded.Chains {
+		if strings.Contains(name, "ns/svc-210/") {
+			chain = name
+		}
+	}
+	loaded.Chains[chain].Loaded.Count++
+	loaded.Sets["cluster-ips"].Elements.Delete([]nft.Datum{nft.Addr(svcs[210].ClusterIPs[0])})
+	d := nft.CompareLoaded(loaded, DesiredOn(cfg, nft.IPv4, snap, loaded))
+	if len(d.Chains) != 1 || d.Chains[0].Name != chain || d.Chains[0].Kind != nft.DriftContent ||
+		len(d.Sets) != 1 || len(d.Sets[0].Missing) != 1 || d.Sets[0].Missing[0] != svcs[210].ClusterIPs[0].String() {
+		t.Errorf("tampered table (a rule more in chain %s, ClusterIP %s gone):\n%s", chain, svcs[210].ClusterIPs[0], d.Text())
+	}
+}
+
+func syncOK(t *testing.T, p *Proxier) {
+	t.Helper()
+	if err := p.sync(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -169,6 +169,17 @@ func (s *Slots) Seed(chain string, es nft.EndpointsSlot) bool {
 	return true
 }
 
+// EndpointsMap returns, empty, endpoints map name as a Slots with
+// SlotsPerMap slots per map defines it, and false for a name that is not
+// one EndpointsMapName makes.
+func EndpointsMap(f nft.Family, name string) (*nft.Set, bool) {
+	proto, i, ok := parseMapName(name)
+	if !ok {
+		return nil, false
+	}
+	return NewSlots().endpointsMap(f, proto, i), true
+}
+
 // parseMapName inverts EndpointsMapName.
 func parseMapName(name string) (proto uint8, i int, ok bool) {
 	for _, p := range []uint8{nft.ProtoTCP, nft.ProtoUDP, nft.ProtoSCTP} {
