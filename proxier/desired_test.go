@@ -88,27 +88,31 @@ func TestDesiredOnAKeptTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 250 Services need two endpoints maps; deleting the first 200 and
-	// adding 5 more reuses their slots, and the second map stays.
+	// 250 Services need several endpoints maps; when they are deleted
+	// and 5 more added, those take the first map's slots (in the order
+	// the proxier meets them) and the other maps stay, empty.
 	svcs, slices := testServices(255, 0)
 	setAll(p, svcs[:250], slices[:250])
 	syncOK(t, p)
-	for _, svc := range svcs[:200] {
+	for _, svc := range svcs[:250] {
 		p.trackers.Services.Delete(svc.Name)
 	}
+	syncOK(t, p) // releases their slots
 	setAll(p, svcs[250:], slices[250:])
 	syncOK(t, p)
 	snap := watch.Snapshot{Services: map[model.ServiceName]*model.Service{}, Slices: map[model.SliceKey]*model.EndpointSlice{}}
-	for i, svc := range svcs[200:] {
-		snap.Services[svc.Name] = svc
-		snap.Slices[model.SliceKey{Namespace: svc.Name.Namespace, Name: slices[200+i].Name}] = slices[200+i]
+	for i, svc := range svcs {
+		if i >= 250 {
+			snap.Services[svc.Name] = svc
+			snap.Slices[model.SliceKey{Namespace: svc.Name.Namespace, Name: slices[i].Name}] = slices[i]
+		}
 	}
 	loaded, err := fk.Load(context.Background(), nft.IPv4)
 	if err != nil || loaded == nil {
 		t.Fatalf("load: %v", err)
 	}
 	if _, kept := loaded.Sets[ruleset.EndpointsMapName(nft.ProtoTCP, 1)]; !kept {
-		t.Fatalf("the proxier no longer keeps the second endpoints map: the test needs another history")
+		t.Fatalf("the proxier no longer keeps an endpoints map it no longer needs: the test needs another history")
 	}
 	if d := nft.CompareLoaded(loaded, Desired(cfg, nft.IPv4, snap)); d.Empty() {
 		t.Errorf("Desired, slots handed out afresh, equals the kept table: the test shows nothing")
@@ -119,16 +123,16 @@ func TestDesiredOnAKeptTable(t *testing.T) {
 	// A changed Service chain and a lost ClusterIP are still named.
 	var chain string
 	for name := range loaded.Chains {
-		if strings.Contains(name, "ns/svc-210/") {
+		if strings.Contains(name, "ns/svc-251/") {
 			chain = name
 		}
 	}
 	loaded.Chains[chain].Loaded.Count++
-	loaded.Sets["cluster-ips"].Elements.Delete([]nft.Datum{nft.Addr(svcs[210].ClusterIPs[0])})
+	loaded.Sets["cluster-ips"].Elements.Delete([]nft.Datum{nft.Addr(svcs[251].ClusterIPs[0])})
 	d := nft.CompareLoaded(loaded, DesiredOn(cfg, nft.IPv4, snap, loaded))
 	if len(d.Chains) != 1 || d.Chains[0].Name != chain || d.Chains[0].Kind != nft.DriftContent ||
-		len(d.Sets) != 1 || len(d.Sets[0].Missing) != 1 || d.Sets[0].Missing[0] != svcs[210].ClusterIPs[0].String() {
-		t.Errorf("tampered table (a rule more in chain %s, ClusterIP %s gone):\n%s", chain, svcs[210].ClusterIPs[0], d.Text())
+		len(d.Sets) != 1 || len(d.Sets[0].Missing) != 1 || d.Sets[0].Missing[0] != svcs[251].ClusterIPs[0].String() {
+		t.Errorf("tampered table (a rule more in chain %s, ClusterIP %s gone):\n%s", chain, svcs[251].ClusterIPs[0], d.Text())
 	}
 }
 
