@@ -41,7 +41,7 @@ func executeDump(ctx context.Context, args []string, env environment) int {
 		return 0
 	}
 	if err == nil {
-		err = checkDumpOptions(o)
+		err = checkCommandOptions("dump", o)
 	}
 	if err != nil {
 		fmt.Fprintf(env.stderr, "nftproxy dump: %v\n", err)
@@ -62,8 +62,9 @@ func executeDump(ctx context.Context, args []string, env environment) int {
 	return 0
 }
 
-// checkDumpOptions refuses the proxy's commands, which dump does not run.
-func checkDumpOptions(o *options) error {
+// checkCommandOptions refuses the proxy's commands, which command (dump,
+// diff) does not run.
+func checkCommandOptions(command string, o *options) error {
 	var given []string
 	for _, c := range []struct {
 		flag string
@@ -74,7 +75,7 @@ func checkDumpOptions(o *options) error {
 		}
 	}
 	if len(given) > 0 {
-		return fmt.Errorf("%s: not a dump option", strings.Join(given, ", "))
+		return fmt.Errorf("%s: not a %s option", strings.Join(given, ", "), command)
 	}
 	return nil
 }

@@ -117,7 +117,7 @@ func parseCommandOptions(name string, args []string, env environment, extra func
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprintf(env.stdout, "Usage of %s:\n%s", name, fs.FlagUsages())
 			if extra == nil {
-				fmt.Fprintf(env.stdout, "\nCommands:\n  nftproxy dump [flags]   print the tables nftproxy would program for a node (nftproxy dump --help)\n")
+				fmt.Fprintf(env.stdout, "\nCommands:\n  nftproxy dump [flags]   print the tables nftproxy would program for a node (nftproxy dump --help)\n  nftproxy diff [flags]   compare the node's tables with those (nftproxy diff --help)\n")
 			}
 		}
 		return nil, err
