@@ -1,0 +1,108 @@
+package scenarios
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/nftproxy/nftproxy/e2e/testbed"
+)
+
+// TestDiff: once the proxies synced Services of several kinds, `nftproxy
+// diff` with each node's own command line exits 0 and prints nothing, on
+// n2 while its proxy owns the tables. With n1's proxy stopped (SIGSTOP;
+// its tables not owned), another process deletes a ClusterIP from
+// cluster-ips, adds a foreign one and adds a rule to a Service chain:
+// diff exits 1 and names exactly those three; continued, the proxy
+// repairs them and diff is clean again.
+func TestDiff(t *testing.T) {
+	c := newCluster(t)
+	n1 := c.nodes[0]
+	c.restartProxy(n1, withArgs(c.args[n1.Name], "--own-tables=false"))
+	a, b := c.backend(0, "a"), c.backend(1, "b")
+	ips := c.service("web", 80, true, v1.ProtocolTCP, v1.ProtocolUDP)
+	c.endpoints("web", backendPort, a, b)
+	c.extCreate("lb", v1.ServiceTypeLoadBalancer, true, func(s *v1.Service) {
+		s.Spec.LoadBalancerSourceRanges = []string{"192.0.2.0/24", "2001:db8::/64"}
+		s.Spec.ExternalIPs = []string{"203.0.113.7"}
+	})
+	c.endpoints("lb", backendPort, a, b)
+	c.extCreate("sticky", v1.ServiceTypeNodePort, false, func(s *v1.Service) {
+		timeout := int32(300)
+		s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+		s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: &timeout}}
+	})
+	c.endpoints("sticky", backendPort, a)
+	c.service("empty", 80, false, v1.ProtocolTCP)
+
+	for _, n := range c.nodes {
+		c.awaitDumpEqualsKernel(n) // the proxy synced them all
+		if code, out := c.diff(n); code != 0 || out != "" {
+			t.Fatalf("%s: diff of a synced node: exit %d:\n%s", n.Name, code, out)
+		}
+	}
+
+	chain := c.serviceChain(n1, "web", "tcp")
+	proxy := c.proxy[n1.Name]
+	if err := proxy.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	continued := false
+	defer func() {
+		if !continued {
+			proxy.Signal(syscall.SIGCONT)
+		}
+	}()
+	n1.MustExec(t, "nft", fmt.Sprintf("delete element ip nftproxy cluster-ips { %s }; "+
+		"add element ip nftproxy cluster-ips { 10.96.255.254 }; add rule ip nftproxy %s counter", ips[0], chain))
+	code, out := c.diff(n1)
+	t.Logf("diff of the tampered table:\n%s", out)
+	want := []string{
+		"table ip nftproxy: cluster-ips elements differ: 1 missing, 1 extra\n" +
+			"\t- element 10.96.255.254\n\t+ element " + ips[0].String() + "\n",
+		"table ip nftproxy: chain " + chain + " rules differ: the kernel has 2 rules, 1 rule desired; desired:\n",
+	}
+	if code != 1 || !strings.HasPrefix(out, want[0]) || !strings.Contains(out, want[1]) || strings.Count(out, "table ") != 2 {
+		t.Errorf("diff of the tampered table: exit %d, want 1 and exactly:\n%s%s\t+ <the rule desired>", code, want[0], want[1])
+	}
+	continued = true
+	if err := proxy.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		code, out := c.diff(n1)
+		if code == 0 && out == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy did not repair the table within 10 s: exit %d:\n%s", code, out)
+		}
+	}
+}
+
+// diff runs `nftproxy diff` in n with its proxy's command line and returns
+// the exit status (1 is no error: the tables differ) and standard output.
+func (c *cluster) diff(n *testbed.Node) (int, string) {
+	c.t.Helper()
+	args := c.args[n.Name]
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := n.Exec(ctx, slices.Concat(args[:1], []string{"diff"}, args[1:])...)
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, out
+	case errors.As(err, &exit) && exit.ExitCode() == 1:
+		return 1, out
+	}
+	c.t.Fatalf("%s: nftproxy diff: %v\n%s", n.Name, err, out)
+	return 2, out
+}
