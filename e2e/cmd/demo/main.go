@@ -96,6 +96,13 @@ func run(tb testbed.TB) {
 	must(tb, err)
 	fmt.Print(out)
 
+	step("The kernel's table against what nftproxy would program now: nftproxy diff --ip-families ipv4 (on node1)")
+	// Exit status 0 and no output: the same, while the proxy owns the table.
+	out, err = node.Exec(ctx, nftproxy, "diff", "--kubeconfig", bed.ProxyKubeconfig, "--hostname-override", node.Name,
+		"--cluster-cidr", "10.244.0.0/16", "--ip-families", "ipv4")
+	must(tb, err)
+	fmt.Printf("%s  exit status 0: no differences\n", out)
+
 	step("Sync metrics from http://127.0.0.1:10249/metrics (on node1)")
 	printMetrics(tb, node)
 
