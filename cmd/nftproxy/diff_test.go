@@ -127,3 +127,22 @@ func serviceChain(t *testing.T, ns *netnstest.NS, port string) string {
 	t.Fatalf("no chain of %s:\n%s", port, listing)
 	return ""
 }
+
+// TestDiffRefusesBadOptions: diff runs none of the proxy's commands and
+// knows two output formats; either mistake is exit status 2, as an error
+// is (1 would say the tables differ).
+func TestDiffRefusesBadOptions(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"diff", "--cleanup"}, "--cleanup: not a diff option"},
+		{[]string{"diff", "-o", "yaml"}, `--output "yaml": not text or json`},
+		{[]string{"diff", "--init-only"}, "--init-only: not a diff option"},
+		{[]string{"diff", "stray", "arg"}, "unexpected arguments"},
+	} {
+		if code, _, stderr := executeForTest(t, nil, tc.args...); code != 2 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2, %q", tc.args, code, stderr, tc.want)
+		}
+	}
+}
