@@ -13,7 +13,8 @@ import (
 // changed definition makes Diff rewrite the whole table, Drift names the
 // set or chain whose definition differs and compares the rest as usual.
 type Drift struct {
-	Family Family
+	Family   Family `json:"-"`
+	IPFamily string // Family as Kubernetes names it, for JSON
 	// NoTable: the kernel has no table of this family (or one Load
 	// cannot read); everything desired is missing.
 	NoTable bool
@@ -67,7 +68,7 @@ func (d *Drift) Empty() bool { return !d.NoTable && len(d.Sets) == 0 && len(d.Ch
 // CompareLoaded returns how kernel, a table Load read back (nil: no
 // table), differs from desired.
 func CompareLoaded(kernel, desired *Ruleset) *Drift {
-	d := &Drift{Family: desired.Family}
+	d := &Drift{Family: desired.Family, IPFamily: desired.Family.IPFamily()}
 	if kernel == nil {
 		d.NoTable = true
 		kernel = NewRuleset(desired.Family)

@@ -105,7 +105,7 @@ func TestDiffAgainstKernel(t *testing.T) {
 	}
 	code, out = runDiffCommand(t, ns, client, "-o", "json")
 	var drifts []nft.Drift
-	if err := json.Unmarshal([]byte(out), &drifts); err != nil || code != 1 || len(drifts) != 2 || len(drifts[0].Sets) != 1 ||
+	if err := json.Unmarshal([]byte(out), &drifts); err != nil || code != 1 || len(drifts) != 2 || drifts[0].IPFamily != "IPv4" || len(drifts[0].Sets) != 1 ||
 		len(drifts[0].Chains) != 1 || drifts[0].Chains[0].Name != chain || !drifts[1].Empty() {
 		t.Errorf("tampered, JSON: exit %d, %v:\n%s", code, err, out)
 	}
