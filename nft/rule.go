@@ -304,7 +304,18 @@ func (u UpdateSet) Text(f Family) string {
 	return fmt.Sprintf("update @%s { %s }", u.Set, u.Field.Text(f))
 }
 
+// Opaque stands for kernel expressions that are no phrase of nftproxy's,
+// found in a rule read back from the kernel (a `counter` someone added, a
+// match nftproxy never writes). It names the expressions; nftproxy cannot
+// write it, and the tracer assumes it lets the packet through:
+//
+//	[counter]
+type Opaque struct{ Exprs []string }
+
+func (o Opaque) Text(Family) string { return "[" + strings.Join(o.Exprs, " ") + "]" }
+
 func (MatchPrefix) phrase()       {}
+func (Opaque) phrase()            {}
 func (UpdateSet) phrase()         {}
 func (MatchFibLocal) phrase()     {}
 func (MatchIifname) phrase()      {}

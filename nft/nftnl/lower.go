@@ -171,11 +171,15 @@ func setMark(e *encoder, mask, xor uint32) {
 // ([ reject type 0 code 3 ]), in an ip6 table ICMPv6 port unreachable
 // ([ reject type 0 code 4 ]); type 0 is NFT_REJECT_ICMP_UNREACH.
 func lowerReject(e *encoder, f nft.Family) {
-	code := uint8(3) // ICMP_PORT_UNREACH
+	e.reject(unix.NFT_REJECT_ICMP_UNREACH, rejectCode(f))
+}
+
+// rejectCode is the port unreachable code of the family's ICMP.
+func rejectCode(f nft.Family) uint8 {
 	if f == nft.IPv6 {
-		code = 4 // ICMPV6_PORT_UNREACH
+		return 4 // ICMPV6_PORT_UNREACH
 	}
-	e.reject(unix.NFT_REJECT_ICMP_UNREACH, code)
+	return 3 // ICMP_PORT_UNREACH
 }
 
 // addrOffset is the offset of the source or destination address in the

@@ -81,6 +81,10 @@ type NetlinkOptions struct {
 	// owns, or a dormant one), where a proxy reads only a table it can
 	// build on.
 	ReadOnly bool
+	// Rules makes Load decode every rule it reads into Chain.Rules (see
+	// raise.go), beside the count and digest a proxy needs, for the
+	// tools that show the kernel's rules.
+	Rules bool
 }
 
 // BatchStats describes the last batch Apply sent, or the batches of the

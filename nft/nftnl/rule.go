@@ -82,6 +82,21 @@ func ruleDigest(ud []byte) (nft.RulesDigest, bool) {
 	return d, false
 }
 
+// ruleComment returns the comment a rule's userdata carries, if any.
+func ruleComment(ud []byte) string {
+	for len(ud) >= 2 {
+		typ, n := ud[0], int(ud[1])
+		if 2+n > len(ud) {
+			break
+		}
+		if typ == udataRuleComment {
+			return nfnl.String(ud[2 : 2+n])
+		}
+		ud = ud[2+n:]
+	}
+	return ""
+}
+
 // loadRules counts the rules of chain c and takes the digest from the
 // first, with a dump of its own. A dump of the whole table costs the
 // kernel O(rules²): every resumed dump callback walks the table's rules
@@ -95,17 +110,29 @@ func (n *Netlink) loadRules(f nft.Family, c *nft.Chain) error {
 	if err := n.dump(unix.NFT_MSG_GETRULE, f, req, func(attrs []byte) error {
 		first := c.Loaded.Count == 0
 		var d nfnl.Decoder
+		var r nft.Rule
 		d.Attrs(attrs, func(typ uint16, data []byte) {
 			switch {
-			case typ == unix.NFTA_RULE_USERDATA && first:
-				c.Loaded.Digest, c.Loaded.HasDigest = ruleDigest(data)
+			case typ == unix.NFTA_RULE_USERDATA:
+				if first {
+					c.Loaded.Digest, c.Loaded.HasDigest = ruleDigest(data)
+				}
+				if n.opts.Rules {
+					r.Comment = ruleComment(data)
+				}
 			case typ == unix.NFTA_RULE_EXPRESSIONS:
 				if s, ok := exprsSlot(&d, data); ok {
 					c.Loaded.Slots = append(c.Loaded.Slots, s)
 				}
+				if n.opts.Rules {
+					r.Phrases = raiseRule(f, decodeExprs(&d, data))
+				}
 			}
 		})
 		c.Loaded.Count++
+		if n.opts.Rules {
+			c.Rules = append(c.Rules, r)
+		}
 		return d.Err()
 	}); err != nil {
 		if errors.Is(err, unix.ENOENT) {
