@@ -10,6 +10,7 @@ import (
 
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -34,9 +35,51 @@ type Result struct {
 	// targets of a random cascade, in rule order, or all endpoints of a
 	// DNATMap's slot, in bucket order); empty if not NATed.
 	// Tracer.Pick chooses which one the traced packet continues to.
-	DNAT       []netip.AddrPort
+	DNAT []netip.AddrPort
+	// To is the backend the traced packet was sent to (invalid if not
+	// NATed), and Share the probability of the random choices that sent
+	// it there (1 if there were none).
+	To         netip.AddrPort
+	Share      float64
 	Masquerade bool
-	Log        []string // chains and rules taken, for failure messages
+	// Service is the comment of the last verdict map element the packet
+	// matched: the Service port it belongs to ("default/web:http").
+	Service string
+	// Reason says why a packet was dropped or rejected: the comment of
+	// the rule that did it, or of the map whose element sent it there.
+	Reason string
+	Path   Path
+	// Warnings name the rules the tracer could not evaluate exactly
+	// (nft.Opaque phrases, which it lets the packet through).
+	Warnings []string
+}
+
+// Step is one step of a traced packet: a chain entered (Rule empty), or
+// a rule that took a verdict or changed the packet.
+type Step struct {
+	Chain string
+	Rule  string // the rule's text, with its comment
+	// Key is the key looked up in a map, and Element the comment of the
+	// element found.
+	Key, Element string
+}
+
+// Path is the steps of a traced packet, in order.
+type Path []Step
+
+func (p Path) String() string {
+	var b strings.Builder
+	for _, s := range p {
+		switch {
+		case s.Rule == "":
+			fmt.Fprintf(&b, "chain %s\n", s.Chain)
+		case s.Key != "":
+			fmt.Fprintf(&b, "  %s: %s %s\n", s.Rule, s.Key, s.Element)
+		default:
+			fmt.Fprintf(&b, "  %s\n", s.Rule)
+		}
+	}
+	return b.String()
 }
 
 // VerdictReject is the tracer's verdict for a rejected packet.
@@ -65,12 +108,19 @@ func New(rulesets map[nft.Family]*nft.Ruleset, local ...netip.Addr) *Tracer {
 }
 
 type traceState struct {
-	f     nft.Family
-	pkt   Packet
-	dnat  bool
-	res   Result
-	depth int
-	draws int // random matches evaluated so far
+	f       nft.Family
+	pkt     Packet
+	dnat    bool
+	res     Result
+	depth   int
+	draws   int    // random matches evaluated so far
+	chain   string // the chain being evaluated
+	mapNote string // the comment of the last verdict map that matched
+}
+
+// step records a rule of the current chain.
+func (st *traceState) step(r nft.Rule, key, element string) {
+	st.res.Path = append(st.res.Path, Step{Chain: st.chain, Rule: r.Text(st.f), Key: key, Element: element})
 }
 
 // Trace sends p through the rulesets.
@@ -79,7 +129,7 @@ func (t *Tracer) Trace(p Packet) Result {
 	if p.Dst.Is6() && !p.Dst.Is4In6() {
 		f = nft.IPv6
 	}
-	st := &traceState{f: f, pkt: p, res: Result{Verdict: nft.VerdictAccept}}
+	st := &traceState{f: f, pkt: p, res: Result{Verdict: nft.VerdictAccept, Share: 1}}
 	rs := t.Rulesets[f]
 	first := nft.HookPrerouting
 	if p.FromNode {
@@ -99,6 +149,9 @@ func (t *Tracer) Trace(p Packet) Result {
 			st.res.Verdict = v
 			return st.res
 		}
+	}
+	if st.dnat {
+		st.res.To = netip.AddrPortFrom(st.pkt.Dst, st.pkt.DPort)
 	}
 	return st.res
 }
@@ -139,12 +192,14 @@ func (t *Tracer) runHook(rs *nft.Ruleset, h nft.Hook, st *traceState) nft.Verdic
 // runChain evaluates a chain; "" means the chain ended without a verdict.
 func (t *Tracer) runChain(rs *nft.Ruleset, c *nft.Chain, st *traceState) nft.VerdictKind {
 	st.depth++
-	defer func() { st.depth-- }()
+	outer := st.chain
+	defer func() { st.depth--; st.chain = outer }()
 	if st.depth > 16 {
-		st.res.Log = append(st.res.Log, "loop at chain "+c.Name)
+		st.res.Warnings = append(st.res.Warnings, "loop at chain "+c.Name)
 		return nft.VerdictDrop
 	}
-	st.res.Log = append(st.res.Log, "chain "+c.Name)
+	st.chain = c.Name
+	st.res.Path = append(st.res.Path, Step{Chain: c.Name})
 	for i, r := range c.Rules {
 		if v, done := t.runRule(rs, r, st); done {
 			if st.draws > 0 {
@@ -167,35 +222,19 @@ func (t *Tracer) runRule(rs *nft.Ruleset, r nft.Rule, st *traceState) (nft.Verdi
 	for _, p := range r.Phrases {
 		switch p := p.(type) {
 		case nft.VerdictPhrase:
-			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
-			return t.applyVerdict(rs, p.Verdict, st)
+			st.step(r, "", "")
+			return t.applyVerdict(rs, r, p.Verdict, st)
 		case nft.VmapLookup:
-			s := rs.Sets[p.Map]
-			fields := st.fields(p.Fields)
-			key := s.KeyString(fields)
-			e, ok := s.Elements.Get(fields)
-			if !ok {
-				return "", false
-			}
-			st.res.Log = append(st.res.Log, fmt.Sprintf("  %s: %s", r.Text(st.f), key))
-			return t.applyVerdict(rs, *e.Verdict, st)
+			return t.vmap(rs, r, p, st)
 		case nft.RejectTCPReset:
 			if st.pkt.Proto != nft.ProtoTCP {
 				return "", false
 			}
-			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
-			return VerdictReject, true
+			return st.final(r, VerdictReject)
 		case nft.Reject:
-			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
-			return VerdictReject, true
+			return st.final(r, VerdictReject)
 		case nft.MatchRandom:
-			// Every backend of a random cascade is a possible outcome:
-			// note this rule's target, then take it only on the Pick-th draw.
-			st.draws++
-			if st.draws-1 != t.Pick {
-				if to, ok := dnatTarget(r); ok {
-					st.res.DNAT = append(st.res.DNAT, to)
-				}
+			if !t.draw(r, p, st) {
 				return "", false
 			}
 		case nft.DNATMap:
@@ -203,11 +242,11 @@ func (t *Tracer) runRule(rs *nft.Ruleset, r nft.Rule, st *traceState) (nft.Verdi
 		case nft.DNAT:
 			st.res.DNAT = append(st.res.DNAT, p.To)
 			st.pkt.Dst, st.pkt.DPort, st.dnat = p.To.Addr(), p.To.Port(), true
-			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
+			st.step(r, "", "")
 			return nft.VerdictAccept, true
 		case nft.Masquerade:
 			st.res.Masquerade = true
-			st.res.Log = append(st.res.Log, "  "+r.Text(st.f))
+			st.step(r, "", "")
 			return nft.VerdictAccept, true
 		case nft.MatchFibLocal:
 			a := st.pkt.Dst
@@ -224,6 +263,9 @@ func (t *Tracer) runRule(rs *nft.Ruleset, r nft.Rule, st *traceState) (nft.Verdi
 			st.pkt.Mark |= p.Bits
 		case nft.ToggleMarkBits:
 			st.pkt.Mark ^= p.Bits
+		case nft.Opaque:
+			st.res.Warnings = append(st.res.Warnings, fmt.Sprintf(
+				"chain %s: rule %q has expressions nftproxy does not decode; assumed to let the packet through", st.chain, r.Text(st.f)))
 		default:
 			if !st.match(rs, p) {
 				return "", false
@@ -233,6 +275,53 @@ func (t *Tracer) runRule(rs *nft.Ruleset, r nft.Rule, st *traceState) (nft.Verdi
 	return "", false
 }
 
+// final ends the packet's way with rule r's verdict.
+func (st *traceState) final(r nft.Rule, v nft.VerdictKind) (nft.VerdictKind, bool) {
+	st.step(r, "", "")
+	st.res.Reason = r.Comment
+	if st.res.Reason == "" {
+		st.res.Reason = st.mapNote
+	}
+	return v, true
+}
+
+// draw evaluates a random match of a cascade. Every backend of a cascade
+// is a possible outcome: the rule's target is noted, and the rule taken
+// only on the Pick-th draw; Share follows the odds.
+func (t *Tracer) draw(r nft.Rule, p nft.MatchRandom, st *traceState) bool {
+	st.draws++
+	odds := 1 / float64(max(p.Mod, 1))
+	if st.draws-1 != t.Pick {
+		if to, ok := dnatTarget(r); ok {
+			st.res.DNAT = append(st.res.DNAT, to)
+		}
+		st.res.Share *= 1 - odds
+		return false
+	}
+	st.res.Share *= odds
+	return true
+}
+
+// vmap looks the packet up in a verdict map and applies what it finds.
+func (t *Tracer) vmap(rs *nft.Ruleset, r nft.Rule, p nft.VmapLookup, st *traceState) (nft.VerdictKind, bool) {
+	s := rs.Sets[p.Map]
+	if s == nil {
+		st.res.Warnings = append(st.res.Warnings, fmt.Sprintf("chain %s: map %s does not exist", st.chain, p.Map))
+		return "", false
+	}
+	fields := st.fields(p.Fields)
+	e, ok := s.Elements.Get(fields)
+	if !ok || e.Verdict == nil {
+		return "", false
+	}
+	st.step(r, s.KeyString(fields), e.Comment)
+	if e.Comment != "" {
+		st.res.Service = e.Comment
+	}
+	st.mapNote = s.Comment
+	return t.applyVerdict(rs, r, *e.Verdict, st)
+}
+
 // dnatMap runs a DNATMap phrase of rule r. Every endpoint of the Service
 // is a possible outcome, as in a cascade; the traced packet takes the
 // Pick-th range.
@@ -240,15 +329,34 @@ func (t *Tracer) dnatMap(rs *nft.Ruleset, r nft.Rule, p nft.DNATMap, st *traceSt
 	if st.pkt.Proto != p.Proto {
 		return "", false
 	}
-	targets := nft.SlotEndpoints(rs.Sets[p.Map], p.Slot)
+	targets, shares := slotShares(rs.Sets[p.Map], p.Slot)
 	if len(targets) == 0 {
 		return "", false
 	}
-	to := targets[min(t.Pick, len(targets)-1)]
+	i := min(t.Pick, len(targets)-1)
+	to := targets[i]
 	st.res.DNAT = append(st.res.DNAT, targets...)
+	st.res.Share *= shares[i]
 	st.pkt.Dst, st.pkt.DPort, st.dnat = to.Addr(), to.Port(), true
-	st.res.Log = append(st.res.Log, fmt.Sprintf("  %s: %v of %v", r.Text(st.f), to, targets))
+	st.step(r, fmt.Sprintf("%v of %v", to, targets), "")
 	return nft.VerdictAccept, true
+}
+
+// slotShares returns the endpoints of a slot of an endpoints map in bucket
+// order, each with the share of the slot's buckets it holds.
+func slotShares(s *nft.Set, slot uint16) ([]netip.AddrPort, []float64) {
+	targets := nft.SlotEndpoints(s, slot)
+	shares := make([]float64, len(targets))
+	for e := range s.Elements.All() {
+		if nft.ElementSlot(e) != uint32(slot) {
+			continue
+		}
+		to := netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int))
+		if i := slices.Index(targets, to); i >= 0 {
+			shares[i] += float64(max(e.End, e.Key[0].Int)-e.Key[0].Int+1) / nft.EndpointBuckets
+		}
+	}
+	return targets, shares
 }
 
 // dnatTarget is the destination of the rule's DNAT phrase, if it has one.
@@ -261,7 +369,20 @@ func dnatTarget(r nft.Rule) (netip.AddrPort, bool) {
 	return netip.AddrPort{}, false
 }
 
-func (t *Tracer) applyVerdict(rs *nft.Ruleset, v nft.Verdict, st *traceState) (nft.VerdictKind, bool) {
+func (t *Tracer) applyVerdict(rs *nft.Ruleset, r nft.Rule, v nft.Verdict, st *traceState) (nft.VerdictKind, bool) {
+	switch v.Kind {
+	case nft.VerdictDrop:
+		st.res.Reason = r.Comment
+		if st.res.Reason == "" {
+			st.res.Reason = st.mapNote
+		}
+		return v.Kind, true
+	case nft.VerdictJump, nft.VerdictGoto:
+		if rs.Chains[v.Chain] == nil {
+			st.res.Warnings = append(st.res.Warnings, fmt.Sprintf("chain %s: %s to chain %s, which does not exist", st.chain, v.Kind, v.Chain))
+			return "", false
+		}
+	}
 	switch v.Kind {
 	case nft.VerdictJump:
 		if r := t.runChain(rs, rs.Chains[v.Chain], st); r != "" {
@@ -317,4 +438,27 @@ func (st *traceState) match(rs *nft.Ruleset, p nft.Phrase) bool {
 		return ok != p.Negate
 	}
 	panic(fmt.Sprintf("nft: tracer cannot evaluate %T", p))
+}
+
+// maxOutcomes bounds Outcomes: a Service has at most this many endpoints
+// in a random choice before the tracer gives up listing them.
+const maxOutcomes = 4096
+
+// Outcomes traces p once per way its random choices can go, and returns
+// each distinct outcome with its probability in Share (their shares add
+// up to 1). A packet that meets no random choice has one outcome.
+func (t *Tracer) Outcomes(p Packet) []Result {
+	pick := t.Pick
+	defer func() { t.Pick = pick }()
+	var out []Result
+	total := 0.0
+	for t.Pick = 0; t.Pick < maxOutcomes && total < 1-1e-9; t.Pick++ {
+		res := t.Trace(p)
+		if len(out) > 0 && res.To == out[len(out)-1].To {
+			break // Pick beyond the last choice repeats it
+		}
+		out = append(out, res)
+		total += res.Share
+	}
+	return out
 }

@@ -50,7 +50,7 @@ func TestTraceDNATMap(t *testing.T) {
 				tr.Pick = tc.pick
 				res := tr.Trace(tc.pkt)
 				if !slices.Equal(res.DNAT, tc.want) || res.Verdict != nft.VerdictAccept {
-					t.Errorf("%v pick %d: %s, DNAT %v, want %v\n%v", tc.pkt, tc.pick, res.Verdict, res.DNAT, tc.want, res.Log)
+					t.Errorf("%v pick %d: %s, DNAT %v, want %v\n%v", tc.pkt, tc.pick, res.Verdict, res.DNAT, tc.want, res.Path)
 				}
 			}
 

@@ -94,7 +94,7 @@ func TestFlows(t *testing.T) {
 			res := tr.Trace(tc.pkt)
 			if res.Verdict != tc.verdict || !slices.Equal(res.DNAT, tc.dnat) || res.Masquerade != tc.masquerade {
 				t.Errorf("got verdict %s dnat %v masquerade %v; want %s %v %v\ntrace:\n%v",
-					res.Verdict, res.DNAT, res.Masquerade, tc.verdict, tc.dnat, tc.masquerade, res.Log)
+					res.Verdict, res.DNAT, res.Masquerade, tc.verdict, tc.dnat, tc.masquerade, res.Path)
 			}
 		})
 	}

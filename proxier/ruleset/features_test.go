@@ -105,7 +105,7 @@ func TestFeatureFlows(t *testing.T) {
 			res := tr.Trace(tc.pkt)
 			if res.Verdict != tc.verdict || !slices.Equal(res.DNAT, tc.dnat) || res.Masquerade != tc.masquerade {
 				t.Errorf("got verdict %s dnat %v masquerade %v; want %s %v %v\ntrace:\n%v",
-					res.Verdict, res.DNAT, res.Masquerade, tc.verdict, tc.dnat, tc.masquerade, res.Log)
+					res.Verdict, res.DNAT, res.Masquerade, tc.verdict, tc.dnat, tc.masquerade, res.Path)
 			}
 		})
 	}
@@ -143,7 +143,7 @@ func TestNodePortAddresses(t *testing.T) {
 			}
 			res := tr.Trace(trace.Packet{Src: src, Dst: ip(tc.dst), Proto: nft.ProtoTCP, DPort: 30080, FromNode: tc.fromNode})
 			if got := len(res.DNAT) > 0; got != tc.served {
-				t.Errorf("served %v, want %v\n%v", got, tc.served, res.Log)
+				t.Errorf("served %v, want %v\n%v", got, tc.served, res.Path)
 			}
 		})
 	}
@@ -176,7 +176,58 @@ func TestLocalDetectors(t *testing.T) {
 			p.Dst, p.Proto, p.DPort = ip("10.96.1.1"), nft.ProtoTCP, 80
 			res := trace.New(fk.Rulesets(), nodeIP).Trace(p)
 			if len(res.DNAT) == 0 || res.Masquerade != tc.masq {
-				t.Errorf("dnat %v masquerade %v, want masquerade %v\n%v", res.DNAT, res.Masquerade, tc.masq, res.Log)
+				t.Errorf("dnat %v masquerade %v, want masquerade %v\n%v", res.DNAT, res.Masquerade, tc.masq, res.Path)
+			}
+		})
+	}
+}
+
+// TestFeatureOutcomes: for the packets an operator asks about, the tracer
+// names the Service port, each backend with its odds, and why a packet is
+// dropped or rejected.
+func TestFeatureOutcomes(t *testing.T) {
+	fk := nftfake.New()
+	apply(t, fk, nil, Build(featureConfig(), nft.IPv4, featureState()))
+	tr := trace.New(fk.Rulesets(), nodeIP)
+	pod, outside := ip("10.244.1.5"), ip("10.10.0.99")
+	pkt := func(src netip.Addr, dst string, port uint16) trace.Packet {
+		return trace.Packet{Src: src, Dst: ip(dst), Proto: nft.ProtoTCP, DPort: port}
+	}
+	tests := []struct {
+		name    string
+		pkt     trace.Packet
+		service string
+		reason  string
+		to      []netip.AddrPort
+		shares  []float64
+	}{
+		{"ClusterIP: two endpoints, half each", pkt(pod, "10.96.1.1", 80), "default/nodeport:http", "", both, []float64{0.5, 0.5}},
+		{"affinity cascade: half each", pkt(pod, "10.96.1.8", 80), "default/affinity:http", "", both, []float64{0.5, 0.5}},
+		{"iTP Local: the local endpoint", pkt(pod, "10.96.1.5", 80), "default/itp-local:http", "", []netip.AddrPort{localEP}, []float64{1}},
+		{"no endpoints", pkt(outside, "10.10.0.11", 30083), "default/nodeport-empty:http",
+			"NodePorts with no endpoints: reject", nil, []float64{1}},
+		{"source range", pkt(outside, "10.10.0.202", 80), "default/lb-local:http", "source outside loadBalancerSourceRanges", nil, []float64{1}},
+		{"unallocated ClusterIP", pkt(pod, "10.96.9.9", 80), "", "drop traffic to unallocated ClusterIPs", nil, []float64{1}},
+		{"wrong port of a ClusterIP", pkt(pod, "10.96.1.1", 81), "", "reject traffic to invalid ports of ClusterIPs", nil, []float64{1}},
+		{"iTP Local without local endpoint", pkt(pod, "10.96.1.6", 80), "default/itp-none:http",
+			"services with no endpoints: reject, or drop when only a Local policy has none", nil, []float64{1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			outs := tr.Outcomes(tc.pkt)
+			var to []netip.AddrPort
+			var shares []float64
+			for _, o := range outs {
+				if o.To.IsValid() {
+					to = append(to, o.To)
+				}
+				shares = append(shares, float64(int(o.Share*1000+0.5))/1000)
+				if o.Service != tc.service || o.Reason != tc.reason {
+					t.Errorf("service %q reason %q, want %q %q\n%v", o.Service, o.Reason, tc.service, tc.reason, o.Path)
+				}
+			}
+			if !slices.Equal(to, tc.to) || !slices.Equal(shares, tc.shares) {
+				t.Errorf("outcomes %v shares %v, want %v %v", to, shares, tc.to, tc.shares)
 			}
 		})
 	}

@@ -223,14 +223,14 @@ func traceFrontend(t *testing.T, tr *trace.Tracer, sp *model.ServicePortState, f
 		res = tr.Trace(pkt)
 		if res.Verdict != verdict {
 			t.Fatalf("%s via %v:%d from %v: %s, want %s\n%s", sp.Name, fe.dst, fe.port, src, res.Verdict, verdict,
-				strings.Join(res.Log, "\n"))
+				res.Path.String())
 		}
 		got = append(got, res.DNAT...)
 	}
 	slices.SortFunc(got, netip.AddrPort.Compare)
 	if got = slices.Compact(got); !slices.Equal(got, want) {
 		t.Fatalf("%s via %v:%d from %v: DNAT to %v, want %v\n%s", sp.Name, fe.dst, fe.port, src, got, want,
-			strings.Join(res.Log, "\n"))
+			res.Path.String())
 	}
 }
 
