@@ -48,14 +48,17 @@ func main() {
 // status: 0 on success (--help, --version and --write-config-to too), 2
 // for a command line or configuration that is not valid, 1 when running
 // failed (including the --config file changing on disk, so that the pod
-// restarts with it). `nftproxy dump` and `nftproxy diff` are commands of their own (dump.go,
-// diff.go).
+// restarts with it). `nftproxy dump`, `diff` and `explain` are commands of their own
+// (dump.go, diff.go, explain.go).
 func execute(ctx context.Context, args []string, env environment) int {
 	if len(args) > 0 && args[0] == "dump" {
 		return executeDump(ctx, args[1:], env)
 	}
 	if len(args) > 0 && args[0] == "diff" {
 		return executeDiff(ctx, args[1:], env)
+	}
+	if len(args) > 0 && args[0] == "explain" {
+		return executeExplain(ctx, args[1:], env)
 	}
 	o, err := parseOptions(args, env)
 	if errors.Is(err, pflag.ErrHelp) {

@@ -17,15 +17,16 @@ import (
 
 // Packet is the first packet of a connection, as the tracer sees it.
 type Packet struct {
-	Src, Dst netip.Addr
-	Proto    uint8
-	DPort    uint16
-	Mark     uint32
+	Src   netip.Addr `json:"src"`
+	Dst   netip.Addr `json:"dst"`
+	Proto uint8      `json:"proto"`
+	DPort uint16     `json:"dport"`
+	Mark  uint32     `json:"mark,omitempty"`
 	// Iif is the input interface's name (empty for packets from the node).
-	Iif string
+	Iif string `json:"iif,omitempty"`
 	// FromNode: the packet is sent by a process on the node itself (output
 	// hook) instead of arriving on an interface (prerouting hook).
-	FromNode bool
+	FromNode bool `json:"fromNode,omitempty"`
 }
 
 // Result is what happened to a traced packet.
@@ -57,11 +58,12 @@ type Result struct {
 // Step is one step of a traced packet: a chain entered (Rule empty), or
 // a rule that took a verdict or changed the packet.
 type Step struct {
-	Chain string
-	Rule  string // the rule's text, with its comment
+	Chain string `json:"chain"`
+	Rule  string `json:"rule,omitempty"` // the rule's text, with its comment
 	// Key is the key looked up in a map, and Element the comment of the
 	// element found.
-	Key, Element string
+	Key     string `json:"key,omitempty"`
+	Element string `json:"element,omitempty"`
 }
 
 // Path is the steps of a traced packet, in order.
@@ -69,12 +71,19 @@ type Path []Step
 
 func (p Path) String() string {
 	var b strings.Builder
+	in := ""
 	for _, s := range p {
+		if s.Rule == "" || s.Chain != in {
+			// A chain entered, or the one a jump returned to.
+			fmt.Fprintf(&b, "chain %s\n", s.Chain)
+			in = s.Chain
+		}
 		switch {
 		case s.Rule == "":
-			fmt.Fprintf(&b, "chain %s\n", s.Chain)
+		case s.Element != "":
+			fmt.Fprintf(&b, "  %s: %s (%s)\n", s.Rule, s.Key, s.Element)
 		case s.Key != "":
-			fmt.Fprintf(&b, "  %s: %s %s\n", s.Rule, s.Key, s.Element)
+			fmt.Fprintf(&b, "  %s: %s\n", s.Rule, s.Key)
 		default:
 			fmt.Fprintf(&b, "  %s\n", s.Rule)
 		}
