@@ -28,8 +28,10 @@ type cluster struct {
 	nodes  []*testbed.Node
 	proxy  map[string]*testbed.Process
 	args   map[string][]string // each node's nftproxy command line
-	probe  string
-	ns     string
+	// servers are the pods of probe servers named otherwise than their pod.
+	servers map[string]*testbed.Pod
+	probe   string
+	ns      string
 }
 
 const backendPort = 8080
@@ -45,7 +47,7 @@ func newClusterWith(t *testing.T, prepare func(*testbed.Node)) *cluster {
 	testbed.RequirePrivileges(t)
 	bin := testbed.GoBuild(t, "github.com/nftproxy/nftproxy/cmd/nftproxy")
 	c := &cluster{t: t, bed: testbed.Start(t, testbed.Options{}), probe: testbed.ProbePath(t),
-		proxy: map[string]*testbed.Process{}, args: map[string][]string{}, ns: "e2e"}
+		proxy: map[string]*testbed.Process{}, args: map[string][]string{}, servers: map[string]*testbed.Pod{}, ns: "e2e"}
 	c.client = c.bed.Client()
 	if _, err := c.client.CoreV1().Namespaces().Create(context.Background(),
 		&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.ns}}, metav1.CreateOptions{}); err != nil {

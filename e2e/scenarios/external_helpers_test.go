@@ -105,6 +105,7 @@ func (c *cluster) extAwait(from testbed.Netns, proto string, addr netip.AddrPort
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if lines = c.dial(from, proto, addr, count); check(lines) {
 			c.t.Logf("%s %s from %s: %s: %s", proto, addr, strings.TrimPrefix(from.NS, c.bed.Prefix+"-"), what, summarize(lines))
+			c.explained(from, proto, addr, lines)
 			return lines
 		}
 	}

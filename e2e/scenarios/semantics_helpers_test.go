@@ -48,6 +48,7 @@ func (c *cluster) semServe(p *testbed.Pod, name string, port int, protos ...stri
 		args = append(args, "--"+proto)
 	}
 	p.Start(args...)
+	c.servers[name] = p
 }
 
 func semPort(name string, port int32, proto v1.Protocol) v1.ServicePort {
@@ -196,6 +197,7 @@ func (c *cluster) semAwait(node *testbed.Node, from testbed.Netns, proto string,
 	var lines []string
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if lines = c.dial(from, proto, addr, count); check(lines) {
+			c.explained(from, proto, addr, lines)
 			return lines
 		}
 	}
