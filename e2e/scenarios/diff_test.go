@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
@@ -20,7 +21,7 @@ import (
 // diff` with each node's own command line exits 0 and prints nothing, on
 // n2 while its proxy owns the tables. With n1's proxy stopped (SIGSTOP;
 // its tables not owned), another process deletes a ClusterIP from
-// cluster-ips, adds a foreign one and adds a rule to a Service chain:
+// cluster-ips, adds a foreign one and puts a rule first in a Service chain:
 // diff exits 1 and names exactly those three; continued, the proxy
 // repairs them and diff is clean again.
 func TestDiff(t *testing.T) {
@@ -62,7 +63,7 @@ func TestDiff(t *testing.T) {
 		}
 	}()
 	n1.MustExec(t, "nft", fmt.Sprintf("delete element ip nftproxy cluster-ips { %s }; "+
-		"add element ip nftproxy cluster-ips { 10.96.255.254 }; add rule ip nftproxy %s counter", ips[0], chain))
+		"add element ip nftproxy cluster-ips { 10.96.255.254 }; insert rule ip nftproxy %s counter", ips[0], chain))
 	code, out := c.diff(n1)
 	t.Logf("diff of the tampered table:\n%s", out)
 	want := []string{
@@ -73,6 +74,23 @@ func TestDiff(t *testing.T) {
 	if code != 1 || !strings.HasPrefix(out, want[0]) || !strings.Contains(out, want[1]) || strings.Count(out, "table ") != 2 {
 		t.Errorf("diff of the tampered table: exit %d, want 1 and exactly:\n%s%s\t+ <the rule desired>", code, want[0], want[1])
 	}
+	// explain follows the tampered table: the rule added to the Service's
+	// chain is on the path, named as what nftproxy cannot decode. Then a
+	// rule dropping the ClusterIP, put first in chain services, takes over.
+	vip := netip.AddrPortFrom(ips[0], 80)
+	outcomes, text := c.explainOn(n1, a.IPv4.String(), "tcp", vip)
+	if len(outcomes) != 2 || !strings.Contains(text, "warning: chain "+chain+": rule \"[counter]\"") {
+		t.Errorf("explain of the tampered Service: %+v\n%s", outcomes, text)
+	}
+	n1.MustExec(t, "nft", "insert", "rule", "ip", "nftproxy", "services", "ip", "daddr", ips[0].String(), "drop", "comment", `"tampered"`)
+	outcomes, text = c.explainOn(n1, a.IPv4.String(), "tcp", vip)
+	if len(outcomes) != 1 || outcomes[0].Verdict != "drop" || outcomes[0].Reason != "tampered" {
+		t.Errorf("explain after a drop rule was inserted: %+v\n%s", outcomes, text)
+	}
+	if lines := c.dial(a.Netns, "tcp", vip, 2); !slices.Equal(lines, []string{"timeout", "timeout"}) {
+		t.Errorf("a connection through the tampered table: %q, want it dropped (timeout)", lines)
+	}
+	t.Logf("explain of the tampered table:\n%s", text)
 	continued = true
 	if err := proxy.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
