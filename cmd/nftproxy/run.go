@@ -144,7 +144,11 @@ func proxyTasks(o *options, health *healthz.ProxyHealth, p *proxier.Proxier) []f
 			return serveForever(ctx, "healthz", o.HealthzBindAddress, healthz.HealthMux(health), o.BindAddressHardFail, bindRetryInterval)
 		},
 		func(ctx context.Context) error {
-			return serveForever(ctx, "metrics", o.MetricsBindAddress, healthz.MetricsMux(metrics.Handler(), o.EnableProfiling), o.BindAddressHardFail, bindRetryInterval)
+			mux := healthz.MetricsMux(metrics.Handler(), o.EnableProfiling)
+			if o.EnableProfiling {
+				installDebug(mux, o)
+			}
+			return serveForever(ctx, "metrics", o.MetricsBindAddress, mux, o.BindAddressHardFail, bindRetryInterval)
 		},
 		func(ctx context.Context) error {
 			err := p.Run(ctx)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os/exec"
 	"slices"
@@ -27,7 +28,7 @@ import (
 func TestDiff(t *testing.T) {
 	c := newCluster(t)
 	n1 := c.nodes[0]
-	c.restartProxy(n1, withArgs(c.args[n1.Name], "--own-tables=false"))
+	c.restartProxy(n1, withArgs(c.args[n1.Name], "--own-tables=false", "--profiling"))
 	a, b := c.backend(0, "a"), c.backend(1, "b")
 	ips := c.service("web", 80, true, v1.ProtocolTCP, v1.ProtocolUDP)
 	c.endpoints("web", backendPort, a, b)
@@ -50,6 +51,8 @@ func TestDiff(t *testing.T) {
 			t.Fatalf("%s: diff of a synced node: exit %d:\n%s", n.Name, code, out)
 		}
 	}
+
+	c.debugEqualsCommands(n1, a, netip.AddrPortFrom(ips[0], 80))
 
 	chain := c.serviceChain(n1, "web", "tcp")
 	proxy := c.proxy[n1.Name]
@@ -123,4 +126,31 @@ func (c *cluster) diff(n *testbed.Node) (int, string) {
 	}
 	c.t.Fatalf("%s: nftproxy diff: %v\n%s", n.Name, err, out)
 	return 2, out
+}
+
+// debugEqualsCommands: node n's running proxy (with --profiling) answers
+// /debug/nftproxy/dump, diff and explain on its metrics server as the
+// commands of the same names do from the node.
+func (c *cluster) debugEqualsCommands(n *testbed.Node, client *testbed.Pod, vip netip.AddrPort) {
+	c.t.Helper()
+	get := func(path string) string {
+		code, body, err := extHTTPGet(n.Netns, "http://127.0.0.1:10249/debug/nftproxy/"+path)
+		if err != nil || code != http.StatusOK {
+			c.t.Fatalf("%s: GET /debug/nftproxy/%s: %d %v\n%s", n.Name, path, code, err, body)
+		}
+		return body
+	}
+	if got, want := get("dump"), n.MustExec(c.t, c.dumpCommand(n)...); got != want {
+		c.t.Errorf("%s: /debug/nftproxy/dump differs from nftproxy dump:\n%s", n.Name, firstDifferences(got, want, 20))
+	}
+	if got := get("diff"); got != "no differences\n" {
+		c.t.Errorf("%s: /debug/nftproxy/diff of a synced node: %q", n.Name, got)
+	}
+	_, want := c.explainOn(n, client.IPv4.String(), "tcp", vip)
+	if got := get("explain?from=" + client.IPv4.String() + "&to=" + vip.String()); got != want {
+		c.t.Errorf("%s: /debug/nftproxy/explain:\n%s\nnftproxy explain:\n%s", n.Name, got, want)
+	}
+	if code, body, _ := extHTTPGet(n.Netns, "http://127.0.0.1:10249/debug/nftproxy/explain?to=nowhere"); code != http.StatusBadRequest {
+		c.t.Errorf("%s: /debug/nftproxy/explain?to=nowhere: %d %q, want 400", n.Name, code, body)
+	}
 }
