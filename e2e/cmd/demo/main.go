@@ -103,6 +103,11 @@ func run(tb testbed.TB) {
 	must(tb, err)
 	fmt.Printf("%s  exit status 0: no differences\n", out)
 
+	step("Where a connection from the client pod to " + vip + " goes: nftproxy explain --from " + clientPod.IPv4.String() + " " + vip + " (on node1)")
+	out, err = node.Exec(ctx, nftproxy, "explain", "--from", clientPod.IPv4.String(), vip)
+	must(tb, err)
+	fmt.Print(out)
+
 	step("Sync metrics from http://127.0.0.1:10249/metrics (on node1)")
 	printMetrics(tb, node)
 
