@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -60,6 +61,9 @@ func (r *Ruleset) dumpSet(s *Set) string {
 	}
 	if s.Timeout > 0 {
 		fmt.Fprintf(&b, "\t\ttimeout %s\n", DurationText(s.Timeout))
+	}
+	if s.Counter {
+		b.WriteString("\t\tcounter\n")
 	}
 	if s.Comment != "" {
 		fmt.Fprintf(&b, "\t\tcomment %q\n", s.Comment)
@@ -210,6 +214,11 @@ func blockName(block string) string {
 	return f[1]
 }
 
+// elementCounter is the counter nft lists in each element of a set
+// declared with `counter`: its values are the packet path's, not part of
+// the table nftproxy writes (Dump lists the set's `counter` only).
+var elementCounter = regexp.MustCompile(` counter packets [0-9]+ bytes [0-9]+`)
+
 // canonicalBlock joins a block's lines, re-wrapping its elements.
 func canonicalBlock(lines []string) string {
 	var b strings.Builder
@@ -235,6 +244,7 @@ func canonicalBlock(lines []string) string {
 		var elems []string
 		for _, e := range strings.Split(body, ",") {
 			if e = strings.TrimSpace(e); e != "" {
+				e = elementCounter.ReplaceAllString(e, "")
 				elems = append(elems, e)
 			}
 		}

@@ -183,7 +183,7 @@ func TestFragmentReuse(t *testing.T) {
 				eps = append(eps, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), byte(j)}), 8080))
 			}
 			if reuse {
-				fr.AddEndpointsElements("endpoints-tcp", uint16(i), eps)
+				fr.AddEndpointsElements("endpoints-tcp", uint16(i), eps, "")
 			} else {
 				for _, e := range nft.EndpointsElements(uint16(i), eps) {
 					fr.Elements = append(fr.Elements, nft.SetElement{"endpoints-tcp", e})

@@ -88,13 +88,15 @@ func EndpointsElements(slot uint16, endpoints []netip.AddrPort) []Element {
 }
 
 // AddEndpointsElements adds to f, in set, the elements EndpointsElements
-// returns, their keys and data in f's own space (Fragment.Datums).
-func (f *Fragment) AddEndpointsElements(set string, slot uint16, endpoints []netip.AddrPort) {
+// returns, their keys and data in f's own space (Fragment.Datums), each
+// with the comment (which may be empty).
+func (f *Fragment) AddEndpointsElements(set string, slot uint16, endpoints []netip.AddrPort, comment string) {
 	n := min(len(endpoints), EndpointBuckets)
 	fields := f.Datums(3 * n)
 	for j := range n {
-		f.Elements = append(f.Elements, SetElement{Set: set,
-			Element: endpointsElement(slot, endpoints, j, fields[3*j:3*j+3:3*j+3])})
+		e := endpointsElement(slot, endpoints, j, fields[3*j:3*j+3:3*j+3])
+		e.Comment = comment
+		f.Elements = append(f.Elements, SetElement{Set: set, Element: e})
 	}
 }
 

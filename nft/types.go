@@ -156,6 +156,12 @@ type Set struct {
 	Dynamic bool          // updated from the packet path (flags dynamic)
 	Size    uint32        // 0: no size
 	Comment string
+	// Counter gives every element a counter of the packets and bytes that
+	// matched it (`counter` in the set's declaration: the kernel attaches
+	// the set's expressions to each element added without its own, Linux
+	// 5.12+). A dispatch map looked up only for a connection's first
+	// packet so counts new connections per element.
+	Counter bool
 	// EndpointsProto, when not zero, makes the set the endpoints map of the
 	// DNATMap phrases for this transport protocol (see NewEndpointsMap):
 	// its elements are ranges of random buckets, and Key and Data must be

@@ -39,6 +39,9 @@ type Config struct {
 	MasqueradeAll bool
 	// IPv4, IPv6 enable the families to program.
 	IPv4, IPv6 bool
+	// TrafficCounters says which dispatch maps count new connections
+	// (--service-traffic-metrics; see ruleset.Counters).
+	TrafficCounters ruleset.Counters
 
 	// SyncPeriod is the longest time between two syncs (default 30 s);
 	// MinSyncPeriod the shortest (0: see SyncBusyShare); FullSyncPeriod
@@ -99,6 +102,7 @@ func rulesetConfig(c Config, f nft.Family, node model.Node, apiServiceCIDRs []ne
 		ServiceCIDRs:   ofFamily(f, serviceCIDRs),
 		MasqueradeMark: 1 << c.MasqueradeBit,
 		MasqueradeAll:  c.MasqueradeAll,
+		Counters:       c.TrafficCounters,
 	}
 	switch d := c.LocalDetect; d.Mode {
 	case DetectNodeCIDR:

@@ -435,7 +435,7 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 	fs.slots = seedSlots(f, loaded)
 	fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
 	fs.noLocalInternal, fs.noLocalExternal = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
-	for _, set := range ruleset.Sets(f) {
+	for _, set := range ruleset.Sets(f, p.cfg.TrafficCounters) {
 		fs.editor.AddSet(set)
 	}
 	fs.reserve = ruleset.Counts{}
@@ -509,7 +509,7 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 			frag.Reset()
 			ruleset.AddServiceFragment(frag, fs.cfg, ports, fs.slots)
 			for _, m := range fs.slots.NewMaps(f) {
-				fs.editor.AddSet(m)
+				fs.editor.AddSet(fs.cfg.Counters.EndpointsMap(m))
 				fs.editor.Reserve(m.Name, fs.reserve.MapElements())
 			}
 		}

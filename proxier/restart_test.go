@@ -62,11 +62,18 @@ type instance struct {
 // its first sync.
 func run(t *testing.T, backend nft.Interface, objs ...runtime.Object) *instance {
 	t.Helper()
+	return runCounting(t, backend, ruleset.CountNone, objs...)
+}
+
+// runCounting is run with --service-traffic-metrics.
+func runCounting(t *testing.T, backend nft.Interface, counters ruleset.Counters, objs ...runtime.Object) *instance {
+	t.Helper()
 	in := &instance{health: healthz.NewProxyHealth(time.Minute, nil)}
 	var err error
 	in.p, err = New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute,
-		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
-		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}},
+		ClusterCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+		ServiceCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")},
+		TrafficCounters: counters},
 		Deps{Client: fake.NewClientset(objs...), NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}, Health: in.health})
 	if err != nil {
 		t.Fatal(err)
@@ -174,6 +181,38 @@ func TestRestartChanged(t *testing.T) {
 	canon := func(rs *nft.Ruleset) string { return ruleset.CanonicalSlots(rs).Dump() }
 	if got, want := canon(rec.Ruleset(nft.IPv4)), canon(fresh.Ruleset(nft.IPv4)); got != want {
 		t.Errorf("after the restart the table differs from a fresh start:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestRestartTogglesTrafficCounters: a proxier started with another
+// --service-traffic-metrics over an earlier one's table leaves it as a
+// fresh start with its own value would write it: the dispatch and
+// endpoints maps counted or not, the endpoints' elements with or without
+// their comments.
+func TestRestartTogglesTrafficCounters(t *testing.T) {
+	rec := &recorder{Fake: nftfake.New()}
+	objs := apiState(150) // three endpoints maps
+	canon := func(rs *nft.Ruleset) string { return ruleset.CanonicalSlots(rs).Dump() }
+	var want string
+	for i, counters := range []ruleset.Counters{ruleset.CountNone, ruleset.CountEndpoints, ruleset.CountServices, ruleset.CountNone} {
+		written := rec.count()
+		runCounting(t, rec, counters, objs...).stop()
+		fresh := nftfake.New()
+		runCounting(t, fresh, counters, objs...).stop()
+		got := canon(rec.Ruleset(nft.IPv4))
+		if want = canon(fresh.Ruleset(nft.IPv4)); got != want {
+			t.Errorf("restart %d with %s: the table differs from a fresh start:\n%s\nwant:\n%s", i, counters, got, want)
+		}
+		t.Logf("restart %d with %s: %v", i, counters, opKinds(rec.since(written)))
+		counted := 0
+		for _, s := range rec.Ruleset(nft.IPv4).Sets {
+			if s.Counter {
+				counted++
+			}
+		}
+		if wantCounted := map[ruleset.Counters]int{ruleset.CountServices: 2, ruleset.CountEndpoints: 5}[counters]; counted != wantCounted {
+			t.Errorf("restart %d with %s: %d counted sets, want %d", i, counters, counted, wantCounted)
+		}
 	}
 }
 

@@ -35,6 +35,7 @@ type flagValues struct {
 	ownTables                  bool
 	fullSyncPeriod             time.Duration
 	removeKubeProxyTables      bool
+	serviceTrafficMetrics      string
 
 	// Deprecated upstream flags that act on the bind addresses, only
 	// without --config (upstream's addressFromDeprecatedFlags).
@@ -96,6 +97,8 @@ func (fv *flagValues) addNFTProxyFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&fv.metricsBindAddressOverride, "metrics-bind-address-override", fv.metricsBindAddressOverride, "nftproxy: \"host:port\" or a bare IP (port 10249) for the metrics server, winning over --metrics-bind-address and the config file's metricsBindAddress. It exists so that a DaemonSet can serve metrics on the node's own IP (--metrics-bind-address-override=$(NODE_IP), from status.hostIP) for Prometheus to scrape, while kubeadm's kube-proxy ConfigMap, shared by all nodes, stays unchanged.")
 	fs.BoolVar(&fv.ownTables, "own-tables", fv.ownTables, "nftproxy: own the nftables tables (flags owner,persist; Linux 6.9): no other process can change or delete them while nftproxy runs, `nft flush ruleset` leaves them, and they keep serving after nftproxy exits until the next nftproxy claims them. On older kernels the tables are not owned. With false, another process can change them, and nftproxy repairs them at once (it hears of every change from the kernel). See docs/operations.md.")
 	fs.BoolVar(&fv.removeKubeProxyTables, "remove-kube-proxy-tables", fv.removeKubeProxyTables, "nftproxy: after the first successful sync of each IP family, delete kube-proxy's nftables table of that family ('ip kube-proxy', 'ip6 kube-proxy') in one transaction. Until then, kube-proxy's stale rules still catch the new connections nftproxy's rules do not DNAT (to Services deleted or left without endpoints since kube-proxy stopped: they go to the old endpoints) and still apply stale loadBalancerSourceRanges. iptables chains and other tables are never touched. Default false: kube-proxy's leftovers are only logged and counted (nftproxy_kube_proxy_leftovers). See docs/migrating-from-kube-proxy.md.")
+	fs.StringVar(&fv.serviceTrafficMetrics, "service-traffic-metrics", fv.serviceTrafficMetrics, "nftproxy: export new connections per Service port and frontend (nftproxy_service_new_connections_total) from kernel counters on the elements of the maps that dispatch each connection's first packet: 'services' (also what the flag alone means), 'endpoints' for new connections per endpoint as well (nftproxy_endpoint_new_connections_total), 'none' (default). Changing it rewrites the dispatch maps at the next start. See docs/operations.md for the cardinality.")
+	fs.Lookup("service-traffic-metrics").NoOptDefVal = "services"
 	fs.DurationVar(&fv.fullSyncPeriod, "full-sync-period", fv.fullSyncPeriod, "nftproxy: how often the tables are read back from the kernel and checked against what nftproxy wants there, repairing any difference, even when nothing reported a change (changes by other processes are reported by the kernel and repaired at once). 0 disables the periodic check.")
 }
 

@@ -14,6 +14,7 @@ import (
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/nftproxy/nftproxy/proxier"
+	"github.com/nftproxy/nftproxy/proxier/ruleset"
 )
 
 // options is everything the command line and the config file decide,
@@ -293,6 +294,16 @@ func (fv *flagValues) fillOptions(fs *pflag.FlagSet, o *options) {
 	})
 }
 
+// parseTrafficMetrics parses --service-traffic-metrics.
+func parseTrafficMetrics(v string) (ruleset.Counters, error) {
+	for _, c := range []ruleset.Counters{ruleset.CountNone, ruleset.CountServices, ruleset.CountEndpoints} {
+		if v == c.String() || v == "" && c == ruleset.CountNone {
+			return c, nil
+		}
+	}
+	return ruleset.CountNone, fmt.Errorf("--service-traffic-metrics %q: want none, services or endpoints", v)
+}
+
 // proxierConfig builds proxier.Config from the merged configuration.
 func (fv *flagValues) proxierConfig(env environment) (proxier.Config, error) {
 	c := fv.cfg
@@ -319,6 +330,8 @@ func (fv *flagValues) proxierConfig(env environment) (proxier.Config, error) {
 	pc.ServiceCIDRs, err = parseCIDRs(fv.serviceCIDR, "--service-cidr")
 	errs = append(errs, err)
 	pc.IPv4, pc.IPv6, err = parseIPFamilies(fv.ipFamilies)
+	errs = append(errs, err)
+	pc.TrafficCounters, err = parseTrafficMetrics(fv.serviceTrafficMetrics)
 	errs = append(errs, err)
 	if fv.fullSyncPeriod < 0 {
 		errs = append(errs, fmt.Errorf("--full-sync-period %v: must not be negative", fv.fullSyncPeriod))

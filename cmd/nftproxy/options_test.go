@@ -16,6 +16,7 @@ import (
 	logsapi "k8s.io/component-base/logs/api/v1"
 
 	"github.com/nftproxy/nftproxy/proxier"
+	"github.com/nftproxy/nftproxy/proxier/ruleset"
 )
 
 // testEnv serves files from a map and reports hostname "Node-1 ".
@@ -589,6 +590,35 @@ func TestRemoveKubeProxyTables(t *testing.T) {
 		if o.RemoveKubeProxyTables != tt.want {
 			t.Errorf("%q: RemoveKubeProxyTables = %v, want %v", tt.args, o.RemoveKubeProxyTables, tt.want)
 		}
+	}
+}
+
+// TestServiceTrafficMetrics: none by default; the flag alone asks for
+// services, a value for endpoints; with or without a config file (which
+// has no such field); any other value is refused.
+func TestServiceTrafficMetrics(t *testing.T) {
+	env := testEnv(map[string]string{"c.yaml": kubeadmConfig})
+	for _, tt := range []struct {
+		args []string
+		want ruleset.Counters
+	}{
+		{nil, ruleset.CountNone},
+		{[]string{"--service-traffic-metrics"}, ruleset.CountServices},
+		{[]string{"--service-traffic-metrics=endpoints"}, ruleset.CountEndpoints},
+		{[]string{"--service-traffic-metrics=none"}, ruleset.CountNone},
+		{[]string{"--config=c.yaml", "--service-traffic-metrics=services"}, ruleset.CountServices},
+	} {
+		o, err := parseOptions(tt.args, env)
+		if err != nil {
+			t.Fatalf("%q: %v", tt.args, err)
+		}
+		if o.Proxier.TrafficCounters != tt.want {
+			t.Errorf("%q: TrafficCounters = %v, want %v", tt.args, o.Proxier.TrafficCounters, tt.want)
+		}
+	}
+	if _, err := parseOptions([]string{"--service-traffic-metrics=packets"}, env); err == nil ||
+		!strings.Contains(err.Error(), "--service-traffic-metrics") {
+		t.Errorf("--service-traffic-metrics=packets: err = %v, want it refused", err)
 	}
 }
 

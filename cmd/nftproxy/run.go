@@ -27,6 +27,8 @@ import (
 	"github.com/nftproxy/nftproxy/proxier/healthcheck"
 	"github.com/nftproxy/nftproxy/proxier/healthz"
 	"github.com/nftproxy/nftproxy/proxier/leftovers"
+	"github.com/nftproxy/nftproxy/proxier/ruleset"
+	"github.com/nftproxy/nftproxy/proxier/traffic"
 )
 
 // bindRetryInterval is how long to wait before retrying a server that
@@ -119,7 +121,35 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 	if err != nil {
 		return fmt.Errorf("create proxier: %w", err)
 	}
+	closeTraffic, err := registerTrafficMetrics(o.Proxier)
+	if err != nil {
+		return err
+	}
+	defer closeTraffic()
 	return runAll(ctx, proxyTasks(o, health, p)...)
+}
+
+// registerTrafficMetrics registers, with --service-traffic-metrics, the
+// collector that reads the kernel's counters at each scrape, on a
+// read-only socket of its own (the sync loop's is busy with its
+// transactions).
+func registerTrafficMetrics(cfg proxier.Config) (func(), error) {
+	if cfg.TrafficCounters == ruleset.CountNone {
+		return func() {}, nil
+	}
+	n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("traffic metrics: %w", err)
+	}
+	c := traffic.NewCollector(n, enabledFamilies(cfg))
+	if err := metrics.Registry.Register(c); err != nil {
+		n.Close()
+		return nil, fmt.Errorf("traffic metrics: %w", err)
+	}
+	return func() {
+		metrics.Registry.Unregister(c)
+		n.Close()
+	}, nil
 }
 
 // checkLeftovers reports what kube-proxy left in the kernel, before the

@@ -92,10 +92,27 @@ func (b *batch) newSet(s *nft.Set) error {
 		b.enc.BE64(unix.NFTA_SET_TIMEOUT, uint64(timeout))
 	}
 	b.enc.Attr(unix.NFTA_SET_USERDATA, ud)
+	if s.Counter {
+		b.enc.setCounter()
+	}
 	b.end(m)
 	b.setIDs[s.Name] = id
 	return nil
 }
+
+// setCounter writes the `counter` of a set's declaration as nft 1.0.6 does
+// for a set with one statement: NFTA_SET_EXPR holding a counter expression
+// without attributes (its values start at zero), after the userdata. The
+// kernel copies it to each element added without expressions of its own.
+func (e *encoder) setCounter() {
+	x := e.Nest(nftaSetExpr)
+	e.Str(unix.NFTA_EXPR_NAME, exprCounter)
+	e.EndNest(e.Nest(unix.NFTA_EXPR_DATA))
+	e.EndNest(x)
+}
+
+// exprCounter is the name of the counter expression (net/netfilter/nft_counter.c).
+const exprCounter = "counter"
 
 // flushSet writes DELSETELEM without elements: every element of the set
 // is deleted (`nft flush set`, whose attribute order this is).
@@ -175,6 +192,7 @@ type setAttrs struct {
 	table, name, desc, ud                     []byte
 	flags, keyType, keyLen, dataType, dataLen uint32
 	timeout                                   time.Duration
+	counter                                   bool // NFTA_SET_EXPR is a counter (setCounter)
 	foreign                                   bool // attributes nftproxy never writes
 }
 
@@ -202,11 +220,28 @@ func decodeSetAttrs(d *nfnl.Decoder, attrs []byte) setAttrs {
 			a.desc = data
 		case unix.NFTA_SET_USERDATA:
 			a.ud = data
-		case unix.NFTA_SET_OBJ_TYPE, nftaSetExpr, nftaSetExpressions:
+		case nftaSetExpr:
+			if exprName(d, data) == exprCounter {
+				a.counter = true
+			} else {
+				a.foreign = true
+			}
+		case unix.NFTA_SET_OBJ_TYPE, nftaSetExpressions:
 			a.foreign = true
 		}
 	})
 	return a
+}
+
+// exprName is the NFTA_EXPR_NAME of an expression's attributes.
+func exprName(d *nfnl.Decoder, attrs []byte) string {
+	var name string
+	d.Attrs(attrs, func(t uint16, data []byte) {
+		if t == unix.NFTA_EXPR_NAME {
+			name = nfnl.String(data)
+		}
+	})
+	return name
 }
 
 // ours reports a named set of table nftproxy. An anonymous set belongs to
@@ -230,7 +265,7 @@ func decodeSet(d *nfnl.Decoder, f nft.Family, attrs []byte) *nft.Set {
 
 func (a *setAttrs) set(d *nfnl.Decoder, f nft.Family) *nft.Set {
 	s := &nft.Set{Name: nfnl.String(a.name), Dynamic: a.flags&unix.NFT_SET_EVAL != 0, Timeout: a.timeout,
-		Comment: setComment(a.ud)}
+		Comment: setComment(a.ud), Counter: a.counter}
 	d.Attrs(a.desc, func(t uint16, data []byte) {
 		if t == unix.NFTA_SET_DESC_SIZE {
 			s.Size = d.BE32(data)

@@ -67,7 +67,7 @@ func everyPhraseSets(rs *nft.Ruleset, f nft.Family) {
 	rs.AddSet(&nft.Set{Name: "service-ips", Key: []nft.DataType{at, nft.TypeInetProto, nft.TypeInetService},
 		Data: []nft.DataType{nft.TypeVerdict}, Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"})
 	rs.AddSet(&nft.Set{Name: "service-nodeports", Key: []nft.DataType{nft.TypeInetProto, nft.TypeInetService},
-		Data: []nft.DataType{nft.TypeVerdict}, Comment: "NodePort traffic"})
+		Data: []nft.DataType{nft.TypeVerdict}, Comment: "NodePort traffic", Counter: true})
 	rs.AddSet(&nft.Set{Name: "cluster-ips", Key: []nft.DataType{at}, Comment: "Active ClusterIPs"})
 	rs.AddSet(&nft.Set{Name: "nodeport-ips", Key: []nft.DataType{at}})
 	rs.AddSet(&nft.Set{Name: "hairpin-connections", Key: []nft.DataType{at, at, nft.TypeInetProto, nft.TypeInetService},
@@ -157,6 +157,7 @@ func everyPhraseDNAT(rs *nft.Ruleset, f nft.Family) {
 		m := rs.AddSet(nft.NewEndpointsMap(f, epMap(proto), proto))
 		if proto == nft.ProtoUDP {
 			m.Comment = "UDP endpoints of " + shard
+			m.Counter = true
 		}
 	}
 	rs.AddChain(&nft.Chain{Name: shard})

@@ -23,6 +23,48 @@ type Config struct {
 	MasqueradeMark uint32
 	// MasqueradeAll masquerades all ClusterIP traffic.
 	MasqueradeAll bool
+	// Counters says which dispatch maps count new connections
+	// (--service-traffic-metrics).
+	Counters Counters
+}
+
+// Counters says which maps give each element a counter (nft.Set.Counter).
+// The maps it names are looked up only for a connection's first packet
+// (nat hooks, which see only new connections), so an element's counter is
+// the number of new connections it dispatched, at no cost beyond the
+// counter's update.
+type Counters uint8
+
+const (
+	// CountNone: no counters (the default).
+	CountNone Counters = iota
+	// CountServices: service-ips and service-nodeports count the new
+	// connections of each frontend (ClusterIP, external IP, load balancer
+	// IP, NodePort) of each Service port.
+	CountServices
+	// CountEndpoints: CountServices, and the endpoints maps count the new
+	// connections to each endpoint; their elements carry the Service
+	// port's comment, as the dispatch maps' do, so that a reader of the
+	// kernel's counters can name the Service.
+	CountEndpoints
+)
+
+// String is the value of --service-traffic-metrics that asks for c.
+func (c Counters) String() string {
+	switch c {
+	case CountServices:
+		return "services"
+	case CountEndpoints:
+		return "endpoints"
+	}
+	return "none"
+}
+
+// EndpointsMap returns m, an endpoints map Slots made, counted if c
+// counts endpoints.
+func (c Counters) EndpointsMap(m *nft.Set) *nft.Set {
+	m.Counter = c == CountEndpoints
+	return m
 }
 
 // LocalDetector tells pod traffic from other traffic (--detect-local-mode).
@@ -115,12 +157,12 @@ func Build(cfg Config, f nft.Family, ports []model.ServicePortState) *nft.Rulese
 // already have one keep it.
 func BuildSlots(cfg Config, f nft.Family, ports []model.ServicePortState, slots *Slots) *nft.Ruleset {
 	ed := nft.NewEditor(f)
-	for _, s := range Sets(f) {
+	for _, s := range Sets(f, cfg.Counters) {
 		ed.AddSet(s)
 	}
 	fr := ServiceFragment(cfg, ports, slots)
 	for _, s := range slots.Maps(f) {
-		ed.AddSet(s)
+		ed.AddSet(cfg.Counters.EndpointsMap(s))
 	}
 	ed.Replace(nil, Base(cfg, f))
 	ed.Replace(nil, fr)
@@ -129,16 +171,18 @@ func BuildSlots(cfg Config, f nft.Family, ports []model.ServicePortState, slots 
 
 // Sets are the sets and maps every node has. Their definitions never
 // change while nftproxy runs. The endpoints maps come with the slots
-// handed out (Slots.Maps).
-func Sets(f nft.Family) []*nft.Set {
+// handed out (Slots.Maps, Counters.EndpointsMap).
+func Sets(f nft.Family, counters Counters) []*nft.Set {
 	addr := f.AddrType()
 	vipKey := []nft.DataType{addr, nft.TypeInetProto, nft.TypeInetService}
 	portKey := []nft.DataType{nft.TypeInetProto, nft.TypeInetService}
 	verdict := []nft.DataType{nft.TypeVerdict}
+	counted := counters != CountNone
 	return []*nft.Set{
 		{Name: setClusterIPs, Key: []nft.DataType{addr}, Comment: "Active ClusterIPs"},
-		{Name: mapServiceIPs, Key: vipKey, Data: verdict, Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
-		{Name: mapServiceNodePorts, Key: portKey, Data: verdict, Comment: "NodePort traffic"},
+		{Name: mapServiceIPs, Key: vipKey, Data: verdict, Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+			Counter: counted},
+		{Name: mapServiceNodePorts, Key: portKey, Data: verdict, Comment: "NodePort traffic", Counter: counted},
 		{Name: mapNoEndpointServices, Key: vipKey, Data: verdict,
 			Comment: "services with no endpoints: reject, or drop when only a Local policy has none"},
 		{Name: mapNoEndpointNodePorts, Key: portKey, Data: verdict, Comment: "NodePorts with no endpoints: reject"},
@@ -487,7 +531,11 @@ func (b portBuilder) pickChain(kind string, endpoints []netip.AddrPort) string {
 	}
 	proto := b.sp.Name.Protocol
 	m, slot := b.slots.Slot(name, proto)
-	b.fr.AddEndpointsElements(m, slot, endpoints)
+	var comment string
+	if b.cfg.Counters == CountEndpoints {
+		comment = Comment(b.sp.Name)
+	}
+	b.fr.AddEndpointsElements(m, slot, endpoints, comment)
 	return b.namedChain(name, rule(nft.DNATMap{Proto: proto, Map: m, Slot: slot}))
 }
 

@@ -87,7 +87,7 @@ func checkIncremental(t *testing.T, st fuzzstate.State, f nft.Family) {
 	t.Helper()
 	cfg := fuzzConfig(f)
 	fk, ed, slots := nftfake.New(), nft.NewEditor(f), NewSlots()
-	for _, s := range Sets(f) {
+	for _, s := range Sets(f, CountNone) {
 		ed.AddSet(s)
 	}
 	ed.Replace(nil, Base(cfg, f))

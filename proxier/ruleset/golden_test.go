@@ -22,6 +22,7 @@ func TestGolden(t *testing.T) {
 	}{
 		{"basic.nft", Build(testConfig, nft.IPv4, testState())},
 		{"features.nft", Build(featureConfig(), nft.IPv4, featureState())},
+		{"counters.nft", Build(countersConfig(), nft.IPv4, testState())},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			got := tc.rs.Dump()
@@ -40,4 +41,11 @@ func TestGolden(t *testing.T) {
 			}
 		})
 	}
+}
+
+// countersConfig is testConfig with --service-traffic-metrics=endpoints.
+func countersConfig() Config {
+	cfg := testConfig
+	cfg.Counters = CountEndpoints
+	return cfg
 }

@@ -27,6 +27,7 @@ func TestKernelListsGoldens(t *testing.T) {
 	for name, rs := range map[string]*nft.Ruleset{
 		"basic":    Build(testConfig, nft.IPv4, testState()),
 		"features": Build(featureConfig(), nft.IPv4, featureState()),
+		"counters": Build(countersConfig(), nft.IPv4, testState()),
 	} {
 		t.Run(name, func(t *testing.T) {
 			ns := netnstest.New(t, "nftproxy-rs", "nft")

@@ -281,11 +281,17 @@ func CanonicalSlots(rs *nft.Ruleset) *nft.Ruleset {
 	}
 	sort.Slice(users, func(i, j int) bool { return users[i].chain < users[j].chain })
 	endpoints := make([][]netip.AddrPort, len(users))
+	comments := make([]string, len(users))
 	for i, u := range users {
 		endpoints[i] = nft.SlotEndpoints(out.Sets[u.d.Map], u.d.Slot)
+		comments[i] = slotComment(out.Sets[u.d.Map], u.d.Slot)
 	}
+	counters := CountNone
 	for name, s := range out.Sets {
 		if s.EndpointsProto != 0 {
+			if s.Counter {
+				counters = CountEndpoints // a proxier counts all its endpoints maps or none
+			}
 			delete(out.Sets, name)
 		}
 	}
@@ -299,11 +305,26 @@ func CanonicalSlots(rs *nft.Ruleset) *nft.Ruleset {
 		cc.Rules = rules
 		out.Chains[u.chain] = &cc
 		for _, s := range slots.NewMaps(rs.Family) {
-			out.AddSet(s)
+			out.AddSet(counters.EndpointsMap(s))
 		}
 		for _, e := range nft.EndpointsElements(slot, endpoints[i]) {
+			e.Comment = comments[i]
 			out.AddElement(m, e)
 		}
 	}
 	return out
+}
+
+// slotComment is the comment of the elements of an endpoints map's slot
+// (they all have the Service port's, or none: see AddEndpointsElements).
+func slotComment(s *nft.Set, slot uint16) string {
+	if s == nil {
+		return ""
+	}
+	for e := range s.Elements.All() {
+		if nft.ElementSlot(e) == uint32(slot) {
+			return e.Comment
+		}
+	}
+	return ""
 }

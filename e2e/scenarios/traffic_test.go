@@ -1,0 +1,104 @@
+package scenarios
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/nftproxy/nftproxy/e2e/testbed"
+)
+
+// TestServiceTrafficMetrics: n1's proxy, restarted with
+// --service-traffic-metrics=endpoints over the table it wrote without,
+// counts on /metrics exactly the connections a client pod on n1 opened
+// through a Service's ClusterIP and through its NodePort on n1 (every one
+// answered: a retried SYN would be counted again), and the Service's
+// endpoint series sum to all of them. n2's proxy, without the flag,
+// serves no traffic series.
+func TestServiceTrafficMetrics(t *testing.T) {
+	c := newCluster(t)
+	n1, n2 := c.nodes[0], c.nodes[1]
+	a, b := c.backend(0, "a"), c.backend(1, "b")
+	client := n1.AddPod("client")
+	vipAddr, nodePort := c.ctNodePortService("web", 80, v1.ProtocolTCP)
+	c.endpoints("web", backendPort, a, b)
+	cluster := netip.AddrPortFrom(vipAddr, 80)
+	np := netip.AddrPortFrom(n1.IPv4, uint16(nodePort))
+	c.eventually(client.Netns, "tcp", cluster, 20, "a and b", onlyFrom("a", "b"))
+
+	c.restartProxy(n1, withArgs(c.args[n1.Name], "--service-traffic-metrics=endpoints"))
+	// Syncs after the restart rewrite no element: the counters keep counting.
+	c.eventually(client.Netns, "tcp", cluster, 20, "a and b", onlyFrom("a", "b"))
+	c.eventually(client.Netns, "tcp", np, 20, "a and b", onlyFrom("a", "b"))
+
+	series := func(frontend string) string {
+		return fmt.Sprintf(`nftproxy_service_new_connections_total{frontend=%q,namespace=%q,port="tcp",protocol="tcp",service="web"}`, frontend, c.ns)
+	}
+	before := scrapeMetrics(t, n1)
+	const viaClusterIP, viaNodePort = 37, 23
+	for _, d := range []struct {
+		addr netip.AddrPort
+		n    int
+	}{{cluster, viaClusterIP}, {np, viaNodePort}} {
+		if lines := c.dial(client.Netns, "tcp", d.addr, d.n); !onlyFrom("a", "b")(lines) {
+			t.Fatalf("%d connections to %s: %s, want every one answered by a or b", d.n, d.addr, summarize(lines))
+		}
+	}
+	after := scrapeMetrics(t, n1)
+	for s, want := range map[string]float64{series("cluster-ip"): viaClusterIP, series("node-port"): viaNodePort} {
+		if got := after[s] - before[s]; got != want {
+			t.Errorf("%s grew by %v, want %v", s, got, want)
+		}
+	}
+	endpoints := func(m map[string]float64) (sum float64, n int) {
+		for s, v := range m {
+			if strings.HasPrefix(s, "nftproxy_endpoint_new_connections_total{") && strings.Contains(s, `service="web"`) {
+				sum, n = sum+v, n+1
+			}
+		}
+		return sum, n
+	}
+	sumBefore, _ := endpoints(before)
+	sumAfter, n := endpoints(after)
+	if got := sumAfter - sumBefore; got != viaClusterIP+viaNodePort || n != 2 {
+		t.Errorf("the endpoint series of web (%d of them) grew by %v, want 2 growing by %d", n, got, viaClusterIP+viaNodePort)
+	}
+	for s := range after {
+		if strings.HasPrefix(s, "nftproxy_service_new_connections_total") || strings.HasPrefix(s, "nftproxy_endpoint_new_connections_total") {
+			t.Logf("%s %v", s, after[s])
+		}
+	}
+	for s := range scrapeMetrics(t, n2) {
+		if strings.Contains(s, "new_connections_total") {
+			t.Errorf("n2, without the flag, serves %s", s)
+		}
+	}
+}
+
+// scrapeMetrics returns the series of the proxy's /metrics on n.
+func scrapeMetrics(t *testing.T, n *testbed.Node) map[string]float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	body, err := n.HTTPGet(ctx, "http://127.0.0.1:10249/metrics")
+	if err != nil {
+		t.Fatalf("metrics of %s: %v", n.Name, err)
+	}
+	series := map[string]float64{}
+	for _, l := range strings.Split(body, "\n") {
+		i := strings.LastIndexByte(l, ' ')
+		if strings.HasPrefix(l, "#") || i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(l[i+1:], 64); err == nil {
+			series[l[:i]] = v
+		}
+	}
+	return series
+}

@@ -1,0 +1,178 @@
+package ruleset
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+	"github.com/nftproxy/nftproxy/proxier/model"
+)
+
+// TestKernelCountsConnections programs a table with
+// --service-traffic-metrics=endpoints into a fresh namespace whose
+// endpoints listen on its loopback, opens TCP connections through a
+// ClusterIP and a NodePort, each sending data both ways, and reads the
+// counters back (nftnl.ReadCounters): each frontend's element counted its
+// connections and nothing more (one packet each: the nat hooks see only a
+// connection's first packet), the endpoints' elements their sum. The
+// listing with its element counters loads again (`nft -c -f`).
+func TestKernelCountsConnections(t *testing.T) {
+	netnstest.Require(t, "nft", "ip")
+	ns := netnstest.New(t, "nftproxy-cnt", "nft", "ip")
+	node := ip("10.10.0.1")
+	eps := []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.1.12:8080")}
+	for _, cmd := range [][]string{
+		{"ip", "link", "set", "lo", "up"},
+		{"ip", "addr", "add", "10.10.0.1/32", "dev", "lo"},
+		{"ip", "addr", "add", "10.244.1.11/32", "dev", "lo"},
+		{"ip", "addr", "add", "10.244.1.12/32", "dev", "lo"},
+		// A route to the ClusterIP: packets to it are DNATed in output,
+		// after the routing decision.
+		{"ip", "link", "add", "svc0", "type", "veth", "peer", "name", "svc1"},
+		{"ip", "link", "set", "svc0", "up"},
+		{"ip", "link", "set", "svc1", "up"},
+		{"ip", "route", "add", "10.96.0.0/12", "dev", "svc0"},
+	} {
+		if out, err := ns.Run("", cmd...); err != nil {
+			t.Fatalf("%v: %v: %s", cmd, err, out)
+		}
+	}
+	for _, ep := range eps {
+		echoServer(t, ns.Fd, ep)
+	}
+	cfg := countersConfig()
+	cfg.NodePorts = NodePortAddresses{Addresses: []netip.Addr{node}}
+	web := spName("default", "web", "http", nft.ProtoTCP)
+	ports := []model.ServicePortState{{Name: web, ClusterIP: ip("10.96.0.10"), Port: 80, NodePort: 30080,
+		Endpoints: eps, LocalEndpoints: eps}}
+	rs := Build(cfg, nft.IPv4, ports)
+	nl, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: ns.Fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nl.Close()
+	if err := nl.Apply(context.Background(), nft.Diff(nil, rs)); err != nil {
+		t.Fatal(err)
+	}
+
+	const viaClusterIP, viaNodePort = 7, 5
+	for i := range viaClusterIP + viaNodePort {
+		to := netip.AddrPortFrom(ip("10.96.0.10"), 80)
+		if i >= viaClusterIP {
+			to = netip.AddrPortFrom(node, 30080)
+		}
+		echo(t, ns.Fd, to, fmt.Sprintf("hello %d", i))
+	}
+
+	got := map[string]nftnl.Counter{}
+	endpoints := nftnl.Counter{}
+	if err := nl.ReadCounters(context.Background(), nft.IPv4, func(s *nft.Set, e nft.Element, c nftnl.Counter) {
+		if s.EndpointsProto != 0 {
+			if e.Comment != Comment(web) {
+				t.Errorf("endpoint element %s has comment %q, want %q", s.ElementText(e), e.Comment, Comment(web))
+			}
+			endpoints.Packets += c.Packets
+			return
+		}
+		got[s.Name+" "+s.KeyString(e.Key)] = c
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]uint64{
+		"service-ips 10.96.0.10 . tcp . 80": viaClusterIP,
+		"service-nodeports tcp . 30080":     viaNodePort,
+	} {
+		if got[key].Packets != want || got[key].Bytes == 0 {
+			t.Errorf("%s: counter %+v, want %d packets", key, got[key], want)
+		}
+	}
+	if endpoints.Packets != viaClusterIP+viaNodePort {
+		t.Errorf("endpoints counted %d connections, want %d", endpoints.Packets, viaClusterIP+viaNodePort)
+	}
+	listing, err := ns.Run("", "nft", "list", "table", "ip", nft.TableName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := nft.Canonical(listing); got != rs.Dump() {
+		t.Errorf("kernel lists:\n%s\nwant:\n%s", got, rs.Dump())
+	}
+	if out, err := ns.Run(listing, "nft", "-c", "-f", "-"); err != nil {
+		t.Errorf("nft -c -f of the listing: %v: %s", err, out)
+	}
+}
+
+// inNS runs fn on a thread in the namespace: the sockets it opens stay
+// there.
+func inNS(t *testing.T, fd int, fn func()) {
+	t.Helper()
+	runtime.LockOSThread()
+	orig, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	fn()
+	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+		t.Fatalf("return to the original namespace: %v", err) // the thread stays locked and dies
+	}
+	runtime.UnlockOSThread()
+}
+
+// echoServer answers each connection to addr with what it read.
+func echoServer(t *testing.T, fd int, addr netip.AddrPort) {
+	var l net.Listener
+	var err error
+	inNS(t, fd, func() { l, err = net.Listen("tcp", addr.String()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64)
+				n, _ := c.Read(buf)
+				c.Write(buf[:n])
+			}()
+		}
+	}()
+}
+
+// echo connects to addr, sends msg and checks it comes back.
+func echo(t *testing.T, fd int, addr netip.AddrPort, msg string) {
+	t.Helper()
+	var c net.Conn
+	var err error
+	inNS(t, fd, func() { c, err = net.Dial("tcp", addr.String()) })
+	if err != nil {
+		t.Fatalf("connect to %s: %v", addr, err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	if err != nil || string(buf[:n]) != msg {
+		t.Fatalf("echo through %s: %q, %v", addr, buf[:n], err)
+	}
+}
