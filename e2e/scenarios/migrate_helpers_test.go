@@ -273,22 +273,5 @@ func (m *migrateBed) wantMetrics(t *testing.T, n *testbed.Node, want map[string]
 }
 
 func (m *migrateBed) scrape(t *testing.T, n *testbed.Node) map[string]float64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	body, err := n.HTTPGet(ctx, "http://127.0.0.1:10249/metrics")
-	if err != nil {
-		t.Fatalf("metrics of %s: %v", n.Name, err)
-	}
-	series := map[string]float64{}
-	for _, l := range strings.Split(body, "\n") {
-		i := strings.LastIndexByte(l, ' ')
-		if strings.HasPrefix(l, "#") || i < 0 {
-			continue
-		}
-		if v, err := strconv.ParseFloat(l[i+1:], 64); err == nil {
-			series[l[:i]] = v
-		}
-	}
-	return series
+	return scrapeMetrics(t, n)
 }

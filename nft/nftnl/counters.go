@@ -2,7 +2,6 @@ package nftnl
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -40,46 +39,28 @@ var ErrInterrupted = errLoadRaced
 // are left out. No table: no call and no error.
 func (n *Netlink) ReadCounters(ctx context.Context, f nft.Family, fn CountedElement) error {
 	wrap := func(err error) error { return fmt.Errorf("read counters of table %s %s: %w", f, nft.TableName, err) }
-	if err := ctx.Err(); err != nil {
-		return wrap(err)
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.conn == nil {
-		return wrap(errors.New("netlink socket closed"))
-	}
-	stop, err := nfnl.Deadline(ctx, n.conn, nfnl.Until(ctx, replyTimeout))
-	if err != nil {
-		return wrap(err)
-	}
-	defer stop()
-	found, _, err := n.tableFlags(f)
-	if err != nil || !found {
-		return wrapNil(err, wrap)
-	}
-	var counted []*nft.Set
-	if err := n.dump(unix.NFT_MSG_GETSET, f, func(e *encoder) { e.Str(unix.NFTA_SET_TABLE, nft.TableName) }, func(attrs []byte) error {
-		var d nfnl.Decoder
-		if s := decodeSet(&d, f, attrs); s != nil && s.Counter && s.Key != nil {
-			counted = append(counted, s)
+	return n.locked(ctx, wrap, func() error {
+		found, _, err := n.tableFlags(f)
+		if err != nil || !found {
+			return err
 		}
-		return d.Err()
-	}); err != nil {
-		return wrap(fmt.Errorf("dump sets: %w", err))
-	}
-	for _, s := range counted {
-		if err := n.readSetCounters(f, s, fn); err != nil {
-			return wrap(err)
+		var counted []*nft.Set
+		if err := n.dump(unix.NFT_MSG_GETSET, f, func(e *encoder) { e.Str(unix.NFTA_SET_TABLE, nft.TableName) }, func(attrs []byte) error {
+			var d nfnl.Decoder
+			if s := decodeSet(&d, f, attrs); s != nil && s.Counter && s.Key != nil {
+				counted = append(counted, s)
+			}
+			return d.Err()
+		}); err != nil {
+			return fmt.Errorf("dump sets: %w", err)
 		}
-	}
-	return nil
-}
-
-func wrapNil(err error, wrap func(error) error) error {
-	if err == nil {
+		for _, s := range counted {
+			if err := n.readSetCounters(f, s, fn); err != nil {
+				return err
+			}
+		}
 		return nil
-	}
-	return wrap(err)
+	})
 }
 
 // readSetCounters dumps the elements of s with their counters.

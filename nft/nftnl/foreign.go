@@ -64,31 +64,20 @@ func (n *Netlink) ListChains(ctx context.Context, f nft.Family) ([]ChainRef, err
 // the ruleset changed while they ran (NLM_F_DUMP_INTR).
 func (n *Netlink) foreignDump(ctx context.Context, what string, dumps func() error) error {
 	wrap := func(err error) error { return fmt.Errorf("%s: %w", what, err) }
-	if err := ctx.Err(); err != nil {
-		return wrap(err)
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.conn == nil {
-		return wrap(errors.New("netlink socket closed"))
-	}
-	stop, err := nfnl.Deadline(ctx, n.conn, nfnl.Until(ctx, replyTimeout))
-	if err != nil {
-		return wrap(err)
-	}
-	defer stop()
-	for attempt := 1; ; attempt++ {
-		err := dumps()
-		if err == nil {
-			return nil
+	return n.locked(ctx, wrap, func() error {
+		for attempt := 1; ; attempt++ {
+			err := dumps()
+			if err == nil {
+				return nil
+			}
+			if ctx.Err() != nil {
+				err = fmt.Errorf("%w: %w", err, ctx.Err())
+			}
+			if !errors.Is(err, errLoadRaced) || attempt == loadAttempts {
+				return err
+			}
 		}
-		if ctx.Err() != nil {
-			err = fmt.Errorf("%w: %w", err, ctx.Err())
-		}
-		if !errors.Is(err, errLoadRaced) || attempt == loadAttempts {
-			return wrap(err)
-		}
-	}
+	})
 }
 
 // DeleteTables deletes the named tables of family f, with everything in
@@ -108,38 +97,26 @@ func (n *Netlink) DeleteTables(ctx context.Context, f nft.Family, names []string
 			return wrap(fmt.Errorf("refusing to delete table %q", name))
 		}
 	}
-	if err := ctx.Err(); err != nil {
-		return wrap(err)
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.conn == nil {
-		return wrap(errors.New("netlink socket closed"))
-	}
-	b := encodeDeleteTables(f, names, n.seq.Next(0))
-	n.seq.Next(len(b.owners))
-	stop, err := nfnl.Deadline(ctx, n.conn, nfnl.Until(ctx, replyTimeout))
-	if err != nil {
-		return wrap(err)
-	}
-	defer stop()
-	if _, err := n.send(b.enc.Buf); err != nil {
-		return wrap(fmt.Errorf("send batch: %w", err))
-	}
-	res, err := n.readReplies(b)
-	if err != nil {
-		return wrap(err)
-	}
-	if len(res.errs) > 0 {
-		first := res.errs[0]
-		what := "commit"
-		if op := b.owners[first.index]; op >= 0 {
-			what = "table " + names[op]
+	return n.locked(ctx, wrap, func() error {
+		b := encodeDeleteTables(f, names, n.seq.Next(0))
+		n.seq.Next(len(b.owners))
+		if _, err := n.send(b.enc.Buf); err != nil {
+			return fmt.Errorf("send batch: %w", err)
 		}
-		err := fmt.Errorf("%s: %w", what, first.Err())
-		return wrap(err)
-	}
-	return nil
+		res, err := n.readReplies(b)
+		if err != nil {
+			return err
+		}
+		if len(res.errs) > 0 {
+			first := res.errs[0]
+			what := "commit"
+			if op := b.owners[first.index]; op >= 0 {
+				what = "table " + names[op]
+			}
+			return fmt.Errorf("%s: %w", what, first.Err())
+		}
+		return nil
+	})
 }
 
 // encodeDeleteTables is the batch of DeleteTables: BATCH_BEGIN, NEWTABLE

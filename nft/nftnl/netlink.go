@@ -192,6 +192,29 @@ func (n *Netlink) LastBatch() BatchStats {
 // errReadOnly is Apply's answer on a socket opened ReadOnly.
 var errReadOnly = errors.New("netlink socket opened read-only")
 
+// locked runs request holding the socket, with ctx's deadline (at most
+// replyTimeout) on it: the steps the requests that read or write on their
+// own share. wrap names the request in the errors.
+func (n *Netlink) locked(ctx context.Context, wrap func(error) error, request func() error) error {
+	if err := ctx.Err(); err != nil {
+		return wrap(err)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.conn == nil {
+		return wrap(errors.New("netlink socket closed"))
+	}
+	stop, err := nfnl.Deadline(ctx, n.conn, nfnl.Until(ctx, replyTimeout))
+	if err != nil {
+		return wrap(err)
+	}
+	defer stop()
+	if err := request(); err != nil {
+		return wrap(err)
+	}
+	return nil
+}
+
 // Apply implements Interface.
 func (n *Netlink) Apply(ctx context.Context, tx *nft.Transaction) error {
 	if tx.Empty() {
