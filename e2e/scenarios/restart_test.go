@@ -32,7 +32,8 @@ func TestRestart(t *testing.T) {
 	c.proxy[n1.Name] = n1.Start(c.args[n1.Name]...)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := c.proxy[n1.Name].WaitForLog(ctx, "Synced"); err != nil {
+	// The families sync side by side: wait for IPv4's, which may come second.
+	if err := c.proxy[n1.Name].WaitForLog(ctx, `"Synced" ipFamily="IPv4"`); err != nil {
 		t.Fatal(err)
 	}
 	synced := regexp.MustCompile(`"Synced" ipFamily="IPv4" full=true fromKernel=true .* ops=(\d+)`).FindStringSubmatch(c.proxy[n1.Name].Log())
