@@ -71,29 +71,16 @@ func (n *Netlink) readSetCounters(f nft.Family, s *nft.Set, fn CountedElement) e
 	}
 	var sc elementScratch
 	err := n.dump(unix.NFT_MSG_GETSETELEM, f, req, func(attrs []byte) error {
-		var d nfnl.Decoder
-		var err error
-		d.Attrs(attrs, func(t uint16, list []byte) {
-			if t != unix.NFTA_SET_ELEM_LIST_ELEMENTS || err != nil {
-				return
+		return walkElements(attrs, func(d *nfnl.Decoder, elem []byte) error {
+			e, end, err := decodeElement(d, f, s, elem, &sc)
+			if err != nil || end {
+				return err
 			}
-			d.Attrs(list, func(_ uint16, elem []byte) {
-				if err != nil {
-					return
-				}
-				e, end, derr := decodeElement(&d, f, s, elem, &sc)
-				if err = derr; err != nil || end {
-					return
-				}
-				if c, ok := elementCounter(&d, elem); ok {
-					fn(s, e, c)
-				}
-			})
+			if c, ok := elementCounter(d, elem); ok {
+				fn(s, e, c)
+			}
+			return nil
 		})
-		if err == nil {
-			err = d.Err()
-		}
-		return err
 	})
 	if err != nil {
 		return fmt.Errorf("dump elements of set %s: %w", s.Name, err)

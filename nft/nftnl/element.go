@@ -228,6 +228,25 @@ func (n *Netlink) loadElements(f nft.Family, s *nft.Set) error {
 // instead, and the range starts are added with the end openRange, which
 // closeRanges replaces.
 func decodeElements(f nft.Family, s *nft.Set, attrs []byte, ends *[]uint32, sc *elementScratch) error {
+	return walkElements(attrs, func(d *nfnl.Decoder, elem []byte) error {
+		e, end, err := decodeElement(d, f, s, elem, sc)
+		switch {
+		case err != nil:
+			return err
+		case end:
+			*ends = append(*ends, e.Key[0].Int)
+			return nil
+		case s.EndpointsProto != 0:
+			e.End = openRange
+		}
+		s.Elements.Put(e)
+		return nil
+	})
+}
+
+// walkElements calls fn for each element of a NEWSETELEM of an element
+// dump, until fn fails.
+func walkElements(attrs []byte, fn func(d *nfnl.Decoder, elem []byte) error) error {
 	var d nfnl.Decoder
 	var err error
 	d.Attrs(attrs, func(t uint16, list []byte) {
@@ -235,20 +254,8 @@ func decodeElements(f nft.Family, s *nft.Set, attrs []byte, ends *[]uint32, sc *
 			return
 		}
 		d.Attrs(list, func(_ uint16, elem []byte) {
-			if err != nil {
-				return
-			}
-			var e nft.Element
-			var end bool
-			if e, end, err = decodeElement(&d, f, s, elem, sc); err == nil {
-				if end {
-					*ends = append(*ends, e.Key[0].Int)
-					return
-				}
-				if s.EndpointsProto != 0 {
-					e.End = openRange
-				}
-				s.Elements.Put(e)
+			if err == nil {
+				err = fn(&d, elem)
 			}
 		})
 	})
