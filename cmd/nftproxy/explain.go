@@ -103,15 +103,14 @@ type explanation struct {
 
 // explainResult is one way the packet can go.
 type explainResult struct {
-	Verdict    string        `json:"verdict"` // accept, drop or reject
-	To         string        `json:"to,omitempty"`
-	Share      float64       `json:"share"`
-	Masquerade bool          `json:"masquerade"`
-	Service    string        `json:"service,omitempty"`
-	Reason     string        `json:"reason,omitempty"`
-	Path       []trace.Step  `json:"path"`
-	Warnings   []string      `json:"warnings,omitempty"`
-	result     *trace.Result // for the text
+	Verdict    string     `json:"verdict"` // accept, drop or reject
+	To         string     `json:"to,omitempty"`
+	Share      float64    `json:"share"`
+	Masquerade bool       `json:"masquerade"`
+	Service    string     `json:"service,omitempty"`
+	Reason     string     `json:"reason,omitempty"`
+	Path       trace.Path `json:"path"`
+	Warnings   []string   `json:"warnings,omitempty"`
 }
 
 // explain reads the table of the destination's family from the kernel and
@@ -181,12 +180,12 @@ func explainSource(dst netip.Addr, local []netip.Addr) netip.Addr {
 
 func newExplainResult(r trace.Result) explainResult {
 	out := explainResult{Verdict: string(r.Verdict), Share: r.Share, Masquerade: r.Masquerade,
-		Service: r.Service, Reason: r.Reason, Path: r.Path, Warnings: r.Warnings, result: &r}
+		Service: r.Service, Reason: r.Reason, Path: r.Path, Warnings: r.Warnings}
 	if r.To.IsValid() {
 		out.To = r.To.String()
 	}
 	if out.Path == nil {
-		out.Path = []trace.Step{}
+		out.Path = trace.Path{}
 	}
 	return out
 }
@@ -227,7 +226,7 @@ func (ex *explanation) text() string {
 	}
 	if len(ex.Outcomes) > 0 {
 		fmt.Fprintf(&b, "path%s:\n", ex.Outcomes[0].pathNote(len(ex.Outcomes)))
-		for _, line := range strings.Split(strings.TrimSuffix(ex.Outcomes[0].result.Path.String(), "\n"), "\n") {
+		for _, line := range strings.Split(strings.TrimSuffix(ex.Outcomes[0].Path.String(), "\n"), "\n") {
 			if line != "" {
 				b.WriteString("  " + line + "\n")
 			}
@@ -248,7 +247,7 @@ func (o explainResult) summary() string {
 		}
 		return s
 	case o.To == "":
-		return "not NATed by nftproxy: the packet goes on to " + "its destination unchanged"
+		return "not NATed by nftproxy: the packet goes on to its destination unchanged"
 	}
 	s := "DNAT to " + o.To
 	if o.Masquerade {

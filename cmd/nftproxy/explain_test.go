@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -98,7 +99,7 @@ func TestExplainAgainstKernel(t *testing.T) {
 					t.Errorf("service %q share %v, want %q %v", o.Service, o.Share, tc.service, tc.share)
 				}
 			}
-			if !equalOutcomes(got, tc.want) {
+			if !slices.Equal(got, tc.want) {
 				t.Errorf("outcomes %+v, want %+v\n%+v", got, tc.want, ex)
 			}
 		})
@@ -123,18 +124,6 @@ func TestExplainAgainstKernel(t *testing.T) {
 		!strings.Contains(ex.Outcomes[0].Warnings[0], "ip daddr 10.96.0.10 [counter] drop") {
 		t.Errorf("tampered table: %+v", ex.Outcomes)
 	}
-}
-
-func equalOutcomes[T comparable](a, b []T) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestExplainUsage: bad command lines are exit status 2 with a reason.
