@@ -86,6 +86,7 @@ const (
 	tagMatchIifname
 	tagUpdateSet
 	tagDNATMap
+	tagMatchCtDirection
 )
 
 // digestPhrase appends a phrase's tag and every field of it. A phrase type
@@ -105,6 +106,8 @@ func digestPhrase(b []byte, f Family, p Phrase) []byte {
 		return append(b, tagMatchCtStateNew)
 	case MatchCtStatusDNAT:
 		return append(b, tagMatchCtStatusDNAT)
+	case MatchCtDirection:
+		return append(b, tagMatchCtDirection, digestBool(p.Reply))
 	case MatchMarkBits:
 		return binary.LittleEndian.AppendUint32(append(b, tagMatchMarkBits), p.Mask)
 	case SetMarkBits:

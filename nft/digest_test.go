@@ -21,6 +21,7 @@ func phraseSamples() []nft.Phrase {
 		nft.MatchL4Proto{Proto: nft.ProtoTCP},
 		nft.MatchCtStateNew{},
 		nft.MatchCtStatusDNAT{},
+		nft.MatchCtDirection{Reply: true},
 		nft.MatchMarkBits{Mask: 0x4000},
 		nft.SetMarkBits{Bits: 0x4000},
 		nft.ToggleMarkBits{Bits: 0x4000},

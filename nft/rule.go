@@ -30,6 +30,7 @@ const (
 	FieldDstAddr              // ip daddr / ip6 daddr
 	FieldL4Proto              // meta l4proto
 	FieldDstPort              // th dport
+	FieldSrcPort              // th sport
 )
 
 // Text returns the field in nft syntax for family f.
@@ -43,6 +44,8 @@ func (fd Field) Text(f Family) string {
 		return "meta l4proto"
 	case FieldDstPort:
 		return "th dport"
+	case FieldSrcPort:
+		return "th sport"
 	}
 	return fmt.Sprintf("field(%d)", int(fd))
 }
@@ -54,7 +57,7 @@ func (fd Field) Type(f Family) DataType {
 		return f.AddrType()
 	case FieldL4Proto:
 		return TypeInetProto
-	case FieldDstPort:
+	case FieldDstPort, FieldSrcPort:
 		return TypeInetService
 	}
 	return TypeInteger
@@ -132,6 +135,20 @@ func (MatchCtStateNew) Text(Family) string { return "ct state new" }
 type MatchCtStatusDNAT struct{}
 
 func (MatchCtStatusDNAT) Text(Family) string { return "ct status dnat" }
+
+// MatchCtDirection matches the packets of one direction of a connection:
+// those of its initiator (original), or those answering them (Reply):
+//
+//	ct direction original
+//	ct direction reply
+type MatchCtDirection struct{ Reply bool }
+
+func (m MatchCtDirection) Text(Family) string {
+	if m.Reply {
+		return "ct direction reply"
+	}
+	return "ct direction original"
+}
 
 // MatchMarkBits matches packets whose mark has any bit of Mask set:
 //
@@ -323,6 +340,7 @@ func (MatchSet) phrase()          {}
 func (MatchL4Proto) phrase()      {}
 func (MatchCtStateNew) phrase()   {}
 func (MatchCtStatusDNAT) phrase() {}
+func (MatchCtDirection) phrase()  {}
 func (MatchMarkBits) phrase()     {}
 func (SetMarkBits) phrase()       {}
 func (ToggleMarkBits) phrase()    {}

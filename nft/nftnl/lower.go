@@ -41,6 +41,15 @@ const (
 	ipsDstNAT  = 1 << 5
 )
 
+// ctDirection is the value of ct direction MatchCtDirection matches:
+// IP_CT_DIR_ORIGINAL (0) or IP_CT_DIR_REPLY (1).
+func ctDirection(m nft.MatchCtDirection) byte {
+	if m.Reply {
+		return 1
+	}
+	return 0
+}
+
 // lowerRule writes the expressions of a rule, inside the rule's
 // NFTA_RULE_EXPRESSIONS nest.
 func (b *batch) lowerRule(r nft.Rule) error {
@@ -88,6 +97,11 @@ func (b *batch) lowerPhrase(p nft.Phrase) error {
 		// [ ct load status => reg 1 ] [ bitwise … & 0x00000020 … ] [ cmp neq reg 1 0 ]
 		e.ctLoad(unix.NFT_CT_STATUS, reg1)
 		bitsSet(e, ipsDstNAT, false)
+	case nft.MatchCtDirection:
+		// [ ct load direction => reg 1 ] [ cmp eq reg 1 0x00000001 ]
+		// (IP_CT_DIR_REPLY; the direction is one byte).
+		e.ctLoad(unix.NFT_CT_DIRECTION, reg1)
+		e.cmp(unix.NFT_CMP_EQ, reg1, []byte{ctDirection(p)})
 	case nft.MatchMarkBits:
 		// [ meta load mark => reg 1 ] [ bitwise … & mask … ] [ cmp neq reg 1 0 ]
 		e.metaLoad(unix.NFT_META_MARK, reg1)
@@ -203,6 +217,7 @@ func addrOffset(f nft.Family, fd nft.Field) uint32 {
 //	ip6 saddr     [ payload load 16b @ network header + 8 => reg ]
 //	meta l4proto  [ meta load l4proto => reg ]
 //	th dport      [ payload load 2b @ transport header + 2 => reg ]
+//	th sport      [ payload load 2b @ transport header + 0 => reg ]
 func loadField(e *encoder, f nft.Family, fd nft.Field, slot int) (int, error) {
 	reg := slotReg(slot)
 	switch fd {
@@ -215,6 +230,9 @@ func loadField(e *encoder, f nft.Family, fd nft.Field, slot int) (int, error) {
 		return 1, nil
 	case nft.FieldDstPort:
 		e.payloadLoad(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, reg)
+		return 1, nil
+	case nft.FieldSrcPort:
+		e.payloadLoad(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 0, 2, reg)
 		return 1, nil
 	}
 	return 0, fmt.Errorf("unknown field %d", int(fd))

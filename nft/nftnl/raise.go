@@ -109,7 +109,7 @@ type raiser struct{ f nft.Family }
 // like MatchL4Proto).
 func (r raiser) phrase(ex []kexpr) (nft.Phrase, int) {
 	for _, m := range []func([]kexpr) (nft.Phrase, int){
-		r.dnatMap, r.lookup, r.updateSet, r.prefix, r.l4proto, r.ctBits, r.mark,
+		r.dnatMap, r.lookup, r.updateSet, r.prefix, r.l4proto, r.ctBits, r.ctDirection, r.mark,
 		r.random, r.dnat, r.fibLocal, r.iifname, r.single,
 	} {
 		if p, n := m(ex); n > 0 {
@@ -138,6 +138,8 @@ func (r raiser) field(x kexpr, reg uint32) (nft.Field, int, bool) {
 			return nft.FieldDstAddr, int(n / 4), true
 		case base == unix.NFT_PAYLOAD_TRANSPORT_HEADER && off == 2 && n == 2:
 			return nft.FieldDstPort, 1, true
+		case base == unix.NFT_PAYLOAD_TRANSPORT_HEADER && off == 0 && n == 2:
+			return nft.FieldSrcPort, 1, true
 		}
 	case "meta":
 		if x.is(unix.NFTA_META_KEY, unix.NFT_META_L4PROTO) && x.is(unix.NFTA_META_DREG, reg) {
@@ -318,6 +320,19 @@ func (r raiser) ctBits(ex []kexpr) (nft.Phrase, int) {
 		return nft.MatchCtStateNew{}, 3
 	case ok && mask == ipsDstNAT && ex[0].is(unix.NFTA_CT_KEY, unix.NFT_CT_STATUS):
 		return nft.MatchCtStatusDNAT{}, 3
+	}
+	return nil, 0
+}
+
+// ctDirection: ct direction original, ct direction reply.
+func (r raiser) ctDirection(ex []kexpr) (nft.Phrase, int) {
+	if len(ex) < 2 || ex[0].name != "ct" || !ex[0].is(unix.NFTA_CT_DREG, reg1) || !ex[0].is(unix.NFTA_CT_KEY, unix.NFT_CT_DIRECTION) {
+		return nil, 0
+	}
+	for _, m := range []nft.MatchCtDirection{{}, {Reply: true}} {
+		if cmpEq(ex[1], []byte{ctDirection(m)}) {
+			return m, 2
+		}
 	}
 	return nil, 0
 }

@@ -70,6 +70,7 @@ func everyPhraseSets(rs *nft.Ruleset, f nft.Family) {
 		Data: []nft.DataType{nft.TypeVerdict}, Comment: "NodePort traffic", Counter: true})
 	rs.AddSet(&nft.Set{Name: "cluster-ips", Key: []nft.DataType{at}, Comment: "Active ClusterIPs"})
 	rs.AddSet(&nft.Set{Name: "nodeport-ips", Key: []nft.DataType{at}})
+	rs.AddSet(&nft.Set{Name: "service-traffic", Key: []nft.DataType{at, nft.TypeInetProto, nft.TypeInetService}, Counter: true})
 	rs.AddSet(&nft.Set{Name: "hairpin-connections", Key: []nft.DataType{at, at, nft.TypeInetProto, nft.TypeInetService},
 		Comment: "service hairpin connections"})
 	rs.AddSet(&nft.Set{Name: "affinity-ABC", Key: []nft.DataType{at}, Timeout: 10 * time.Minute, Dynamic: true, Size: 65535})
@@ -83,7 +84,7 @@ func everyPhraseBaseRules(rs *nft.Ruleset, f nft.Family) {
 	rs.AddChain(&nft.Chain{Name: "nat-postrouting", Base: &nft.BaseChain{Type: nft.ChainNAT, Hook: nft.HookPostrouting, Priority: nft.PrioritySrcNAT}})
 	rs.AddChain(&nft.Chain{Name: "filter-forward", Base: &nft.BaseChain{Type: nft.ChainFilter, Hook: nft.HookForward, Priority: nft.PriorityFilter}})
 	rs.AddChain(&nft.Chain{Name: "filter-output-pre-dnat", Base: &nft.BaseChain{Type: nft.ChainFilter, Hook: nft.HookOutput, Priority: nft.PriorityPreDstNATFilter}})
-	for _, name := range []string{"services", "masquerading", "cluster-ips-check", "prefixes", "svc-a", "svc-b", "svc-c"} {
+	for _, name := range []string{"services", "masquerading", "cluster-ips-check", "prefixes", "svc-a", "svc-b", "svc-c", "traffic"} {
 		rs.AddChain(&nft.Chain{Name: name})
 	}
 	rs.Append("nat-prerouting", nft.Rule{Phrases: []nft.Phrase{nft.Jump("services")}})
@@ -109,6 +110,10 @@ func everyPhraseBaseRules(rs *nft.Ruleset, f nft.Family) {
 		nft.MatchCtStatusDNAT{},
 		nft.MatchSet{Fields: []nft.Field{nft.FieldSrcAddr, nft.FieldDstAddr, nft.FieldL4Proto, nft.FieldDstPort}, Set: "hairpin-connections"},
 		nft.Masquerade{}}})
+	rs.Append("traffic", nft.Rule{Phrases: []nft.Phrase{nft.MatchCtDirection{Reply: true}, nft.MatchCtStatusDNAT{},
+		nft.MatchSet{Fields: []nft.Field{nft.FieldSrcAddr, nft.FieldL4Proto, nft.FieldSrcPort}, Set: "service-traffic"}}})
+	rs.Append("traffic", nft.Rule{Phrases: []nft.Phrase{nft.MatchCtDirection{},
+		nft.MatchSet{Fields: []nft.Field{nft.FieldDstAddr, nft.FieldL4Proto, nft.FieldDstPort}, Set: "service-traffic"}}})
 	rs.Append("cluster-ips-check", nft.Rule{Phrases: []nft.Phrase{
 		nft.MatchSet{Fields: []nft.Field{nft.FieldDstAddr}, Set: "cluster-ips"}, nft.Reject{}},
 		Comment: "Reject traffic to invalid ports of ClusterIPs"})

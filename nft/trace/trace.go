@@ -21,7 +21,10 @@ type Packet struct {
 	Dst   netip.Addr `json:"dst"`
 	Proto uint8      `json:"proto"`
 	DPort uint16     `json:"dport"`
-	Mark  uint32     `json:"mark,omitempty"`
+	// SPort is the source port (0: unknown; nothing nftproxy does with a
+	// first packet depends on it).
+	SPort uint16 `json:"sport,omitempty"`
+	Mark  uint32 `json:"mark,omitempty"`
 	// Iif is the input interface's name (empty for packets from the node).
 	Iif string `json:"iif,omitempty"`
 	// FromNode: the packet is sent by a process on the node itself (output
@@ -418,6 +421,8 @@ func (st *traceState) fields(fields []nft.Field) []nft.Datum {
 			out[i] = nft.Int(uint32(st.pkt.Proto))
 		case nft.FieldDstPort:
 			out[i] = nft.Int(uint32(st.pkt.DPort))
+		case nft.FieldSrcPort:
+			out[i] = nft.Int(uint32(st.pkt.SPort))
 		}
 	}
 	return out
@@ -440,6 +445,8 @@ func (st *traceState) match(rs *nft.Ruleset, p nft.Phrase) bool {
 		return true // the tracer follows first packets only
 	case nft.MatchCtStatusDNAT:
 		return st.dnat
+	case nft.MatchCtDirection:
+		return !p.Reply // a first packet is the connection's original direction
 	case nft.MatchMarkBits:
 		return st.pkt.Mark&p.Mask != 0
 	case nft.MatchIifname:
