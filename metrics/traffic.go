@@ -19,6 +19,18 @@ var (
 		"New connections dispatched to a Service port, by frontend (kernel counters of the service-ips and service-nodeports elements; an element replaced starts again at zero)",
 		[]string{"namespace", "service", "port", "protocol", "frontend"}, nil)
 
+	// ServicePackets and ServiceBytes: packets and bytes, both ways, of
+	// the connections to a Service port, all frontends together. Labels:
+	// namespace, service, port, protocol.
+	ServicePackets = prometheus.NewDesc(
+		prometheus.BuildFQName(nftproxyNamespace, "", "service_packets_total"),
+		"Packets of the connections to a Service port, requests and replies (kernel counters of the service-traffic and nodeport-traffic elements; an element replaced starts again at zero)",
+		[]string{"namespace", "service", "port", "protocol"}, nil)
+	ServiceBytes = prometheus.NewDesc(
+		prometheus.BuildFQName(nftproxyNamespace, "", "service_bytes_total"),
+		"Bytes (IP packet lengths) of the connections to a Service port, requests and replies (kernel counters of the service-traffic and nodeport-traffic elements; an element replaced starts again at zero)",
+		[]string{"namespace", "service", "port", "protocol"}, nil)
+
 	// EndpointNewConnections: new connections per endpoint of a Service
 	// port (--service-traffic-metrics=endpoints). Labels: namespace,
 	// service, port, protocol, endpoint ("10.244.1.11:8080").

@@ -378,3 +378,6 @@ func Goto(chain string) Phrase { return VerdictPhrase{Verdict{Kind: VerdictGoto,
 
 // Drop returns a "drop" phrase.
 func Drop() Phrase { return VerdictPhrase{Verdict{Kind: VerdictDrop}} }
+
+// Return returns a "return" phrase.
+func Return() Phrase { return VerdictPhrase{Verdict{Kind: VerdictReturn}} }

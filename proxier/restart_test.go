@@ -210,7 +210,7 @@ func TestRestartTogglesTrafficCounters(t *testing.T) {
 				counted++
 			}
 		}
-		if wantCounted := map[ruleset.Counters]int{ruleset.CountServices: 2, ruleset.CountEndpoints: 5}[counters]; counted != wantCounted {
+		if wantCounted := map[ruleset.Counters]int{ruleset.CountServices: 4, ruleset.CountEndpoints: 7}[counters]; counted != wantCounted {
 			t.Errorf("restart %d with %s: %d counted sets, want %d", i, counters, counted, wantCounted)
 		}
 	}

@@ -133,10 +133,13 @@ func ctSwitchesTo(events []ctEvent, to string, after time.Time) []ctEvent {
 	return out
 }
 
-// ctFlow is one line of `conntrack -L`: the original and the reply tuple.
+// ctFlow is one line of `conntrack -L`: the original and the reply tuple,
+// and with nf_conntrack_acct on, the packets and bytes of both directions
+// together.
 type ctFlow struct {
 	origSrc, origDst, replySrc, replyDst         string
 	origSport, origDport, replySport, replyDport string
+	packets, bytes                               uint64
 	raw                                          string
 }
 
@@ -170,6 +173,16 @@ func (c *cluster) ctList(n *testbed.Node, args ...string) ([]ctFlow, string) {
 			case "dport":
 				f.origDport, f.replyDport = ctPick(dports, f.origDport, f.replyDport, v)
 				dports++
+			case "packets", "bytes":
+				x, err := strconv.ParseUint(v, 10, 64)
+				if err != nil {
+					c.t.Fatalf("conntrack -L on %s: %q: %v", n.Name, tok, err)
+				}
+				if k == "packets" {
+					f.packets += x
+				} else {
+					f.bytes += x
+				}
 			}
 		}
 		if srcs == 2 {
@@ -223,4 +236,10 @@ func (c *cluster) ctDeleteService(name string) {
 func ctRecovery(t *testing.T, label string, d time.Duration) {
 	t.Helper()
 	t.Logf("RECOVERY %s %dms", label, d.Milliseconds())
+}
+
+// ctFlows lists every TCP flow of n's conntrack table.
+func (c *cluster) ctFlows(n *testbed.Node) []ctFlow {
+	flows, _ := c.ctList(n, "-p", "tcp")
+	return flows
 }

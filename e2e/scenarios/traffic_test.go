@@ -19,8 +19,9 @@ import (
 // counts on /metrics exactly the connections a client pod on n1 opened
 // through a Service's ClusterIP and through its NodePort on n1 (every one
 // answered: a retried SYN would be counted again), and the Service's
-// endpoint series sum to all of them. n2's proxy, without the flag,
-// serves no traffic series.
+// endpoint series sum to all of them; the Service's packets and bytes are
+// exactly what conntrack's accounting counted for those connections, both
+// ways. n2's proxy, without the flag, serves no traffic series.
 func TestServiceTrafficMetrics(t *testing.T) {
 	c := newCluster(t)
 	n1, n2 := c.nodes[0], c.nodes[1]
@@ -40,6 +41,20 @@ func TestServiceTrafficMetrics(t *testing.T) {
 	series := func(frontend string) string {
 		return fmt.Sprintf(`nftproxy_service_new_connections_total{frontend=%q,namespace=%q,port="tcp",protocol="tcp",service="web"}`, frontend, c.ns)
 	}
+	// The kernel's own accounting of these connections, to hold the
+	// packet and byte counters to: conntrack's, of flows that begin now.
+	if _, err := n1.Exec(context.Background(), "sysctl", "-qw", "net.netfilter.nf_conntrack_acct=1"); err != nil {
+		t.Fatal(err)
+	}
+	ours := func(f ctFlow) bool {
+		return (f.origDst == vipAddr.String() && f.origDport == "80") || (f.origDst == n1.IPv4.String() && f.origDport == fmt.Sprint(nodePort))
+	}
+	for _, f := range c.ctFlows(n1) {
+		if ours(f) {
+			n1.Exec(context.Background(), "conntrack", "-D", "-p", "tcp", "-s", f.origSrc, "--sport", f.origSport, "-d", f.origDst, "--dport", f.origDport)
+		}
+	}
+
 	before := scrapeMetrics(t, n1)
 	const viaClusterIP, viaNodePort = 37, 23
 	for _, d := range []struct {
@@ -64,18 +79,46 @@ func TestServiceTrafficMetrics(t *testing.T) {
 		}
 		return sum, n
 	}
+	// Packets and bytes, both ways: what conntrack counted for the flows.
+	// The last ACKs may still be on their way: both counts are read until
+	// they agree.
+	packets := fmt.Sprintf(`nftproxy_service_packets_total{namespace=%q,port="tcp",protocol="tcp",service="web"}`, c.ns)
+	bytes := fmt.Sprintf(`nftproxy_service_bytes_total{namespace=%q,port="tcp",protocol="tcp",service="web"}`, c.ns)
+	var ctPackets, ctBytes, flows uint64
+	var gotPackets, gotBytes float64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		ctPackets, ctBytes, flows = 0, 0, 0
+		for _, f := range c.ctFlows(n1) {
+			if ours(f) {
+				ctPackets, ctBytes, flows = ctPackets+f.packets, ctBytes+f.bytes, flows+1
+			}
+		}
+		m := scrapeMetrics(t, n1)
+		gotPackets, gotBytes = m[packets]-before[packets], m[bytes]-before[bytes]
+		if (gotPackets == float64(ctPackets) && gotBytes == float64(ctBytes)) || time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Logf("%d flows: %v packets, %v bytes counted; conntrack: %d packets, %d bytes", flows, gotPackets, gotBytes, ctPackets, ctBytes)
+	if flows != viaClusterIP+viaNodePort || ctPackets < 4*flows {
+		t.Errorf("conntrack has %d flows of web with %d packets, want %d flows of at least 4 packets", flows, ctPackets, viaClusterIP+viaNodePort)
+	}
+	if gotPackets != float64(ctPackets) || gotBytes != float64(ctBytes) {
+		t.Errorf("web's packets and bytes grew by %v and %v, want conntrack's %d and %d", gotPackets, gotBytes, ctPackets, ctBytes)
+	}
+
 	sumBefore, _ := endpoints(before)
 	sumAfter, n := endpoints(after)
 	if got := sumAfter - sumBefore; got != viaClusterIP+viaNodePort || n != 2 {
 		t.Errorf("the endpoint series of web (%d of them) grew by %v, want 2 growing by %d", n, got, viaClusterIP+viaNodePort)
 	}
 	for s := range after {
-		if strings.HasPrefix(s, "nftproxy_service_new_connections_total") || strings.HasPrefix(s, "nftproxy_endpoint_new_connections_total") {
+		if strings.HasPrefix(s, "nftproxy_service_") || strings.HasPrefix(s, "nftproxy_endpoint_new_connections_total") {
 			t.Logf("%s %v", s, after[s])
 		}
 	}
 	for s := range scrapeMetrics(t, n2) {
-		if strings.Contains(s, "new_connections_total") {
+		if strings.Contains(s, "new_connections_total") || strings.Contains(s, "nftproxy_service_packets_total") {
 			t.Errorf("n2, without the flag, serves %s", s)
 		}
 	}

@@ -22,6 +22,9 @@ const nftaSetElemExpressions = 11
 // added.
 type Counter struct{ Packets, Bytes uint64 }
 
+// Add returns the sum of two counters.
+func (c Counter) Add(o Counter) Counter { return Counter{c.Packets + o.Packets, c.Bytes + o.Bytes} }
+
 // CountedElement is called by ReadCounters for each element of a counted
 // set. The element (its key, value and comment) is valid only during the
 // call. In an endpoints map it is the start of a range (Key[0] is its

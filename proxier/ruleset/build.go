@@ -115,24 +115,34 @@ type NodePortAddresses struct {
 // guards returns one phrase list per rule that must match the destination
 // of NodePort traffic.
 func (n NodePortAddresses) guards(f nft.Family) [][]nft.Phrase {
+	return n.guardsOn(f, nft.FieldDstAddr)
+}
+
+// sourceGuards are guards on the source address: that of a NodePort
+// connection's replies.
+func (n NodePortAddresses) sourceGuards(f nft.Family) [][]nft.Phrase {
+	return n.guardsOn(f, nft.FieldSrcAddr)
+}
+
+func (n NodePortAddresses) guardsOn(f nft.Family, fd nft.Field) [][]nft.Phrase {
 	var out [][]nft.Phrase
 	for _, a := range n.Addresses {
 		if a.IsLoopback() {
 			continue
 		}
-		out = append(out, []nft.Phrase{nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: netip.PrefixFrom(a, a.BitLen())}})
+		out = append(out, []nft.Phrase{nft.MatchPrefix{Field: fd, Prefix: netip.PrefixFrom(a, a.BitLen())}})
 	}
 	loopback := netip.MustParsePrefix("127.0.0.0/8")
 	if f == nft.IPv6 {
 		loopback = netip.MustParsePrefix("::1/128")
 	}
 	for _, c := range n.CIDRs {
-		g := []nft.Phrase{nft.MatchFibLocal{Field: nft.FieldDstAddr}}
+		g := []nft.Phrase{nft.MatchFibLocal{Field: fd}}
 		if c.Bits() > 0 {
-			g = append(g, nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: c.Masked()})
+			g = append(g, nft.MatchPrefix{Field: fd, Prefix: c.Masked()})
 		}
 		if c.Overlaps(loopback) {
-			g = append(g, nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: loopback, Negate: true})
+			g = append(g, nft.MatchPrefix{Field: fd, Prefix: loopback, Negate: true})
 		}
 		out = append(out, g)
 	}
@@ -178,7 +188,7 @@ func Sets(f nft.Family, counters Counters) []*nft.Set {
 	portKey := []nft.DataType{nft.TypeInetProto, nft.TypeInetService}
 	verdict := []nft.DataType{nft.TypeVerdict}
 	counted := counters != CountNone
-	return []*nft.Set{
+	sets := []*nft.Set{
 		{Name: setClusterIPs, Key: []nft.DataType{addr}, Comment: "Active ClusterIPs"},
 		{Name: mapServiceIPs, Key: vipKey, Data: verdict, Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic",
 			Counter: counted},
@@ -190,6 +200,14 @@ func Sets(f nft.Family, counters Counters) []*nft.Set {
 		{Name: setHairpinConnections, Key: []nft.DataType{addr, addr, nft.TypeInetProto, nft.TypeInetService},
 			Comment: "this node's endpoints reaching themselves through their service"},
 	}
+	if counted {
+		sets = append(sets,
+			&nft.Set{Name: setServiceTraffic, Key: vipKey, Counter: true,
+				Comment: "packets and bytes of ClusterIP, ExternalIP and LoadBalancer IP traffic, both ways"},
+			&nft.Set{Name: setNodePortTraffic, Key: portKey, Counter: true,
+				Comment: "packets and bytes of NodePort traffic, both ways"})
+	}
+	return sets
 }
 
 // Counts are the sizes a full sync into an empty table reserves room for
@@ -245,6 +263,9 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 
 	guards := cfg.NodePorts.guards(f)
 	chain(chainServices, servicesRules(cfg, guards)...)
+	if cfg.Counters != CountNone {
+		trafficChains(fr, cfg, f)
+	}
 	chain(chainMasquerading,
 		rule(nft.MatchMarkBits{Mask: cfg.MasqueradeMark}, nft.ToggleMarkBits{Bits: cfg.MasqueradeMark}, nft.Masquerade{}),
 		rule(nft.MatchCtStatusDNAT{}, nft.MatchSet{Fields: hairpinKey, Set: setHairpinConnections}, nft.Masquerade{}))
@@ -276,6 +297,42 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 	// TCP gets a reset, other protocols an ICMP error: see nft.RejectTCPReset.
 	chain(chainReject, rule(nft.RejectTCPReset{}), rule(nft.Reject{}))
 	return fr
+}
+
+// trafficChains count the packets and bytes of every connection to a
+// Service frontend (service-traffic, nodeport-traffic). A request is
+// counted before DNAT, where it still carries the frontend as its
+// destination (and after the source range checks, so packets they drop
+// are not); a reply after its source was turned back into the frontend
+// (by the reverse of the DNAT, at the source NAT priority). Every packet
+// crosses prerouting or output once, and input or postrouting once, so
+// each is counted once. A frontend's elements come and go with its
+// dispatch element: connections through a Service with no endpoint, which
+// are never DNATed, are not counted.
+func trafficChains(fr *nft.Fragment, cfg Config, f nft.Family) {
+	base := func(name string, h nft.Hook, prio int32, rules ...nft.Rule) {
+		fr.Chains = append(fr.Chains, &nft.Chain{Name: name,
+			Base: &nft.BaseChain{Type: nft.ChainFilter, Hook: h, Priority: prio}, Rules: rules})
+	}
+	request := rule(nft.MatchCtDirection{}, nft.Jump(chainCountRequests))
+	reply := rule(nft.MatchCtDirection{Reply: true}, nft.MatchCtStatusDNAT{}, nft.Jump(chainCountReplies))
+	base(chainTrafficPrerouting, nft.HookPrerouting, nft.PriorityDstNAT-5, request)
+	base(chainTrafficOutput, nft.HookOutput, nft.PriorityDstNAT-5, request)
+	base(chainTrafficInput, nft.HookInput, nft.PrioritySrcNAT+10, reply)
+	base(chainTrafficPostrouting, nft.HookPostrouting, nft.PrioritySrcNAT+10, reply)
+
+	count := func(name string, addr, port nft.Field, guards [][]nft.Phrase) {
+		// A Service IP's traffic returns before the NodePort rules: a
+		// local external IP must not count again on a port that is also a
+		// NodePort.
+		rules := []nft.Rule{rule(nft.MatchSet{Fields: []nft.Field{addr, nft.FieldL4Proto, port}, Set: setServiceTraffic}, nft.Return())}
+		for _, g := range guards {
+			rules = append(rules, rule(append(g, nft.MatchSet{Fields: []nft.Field{nft.FieldL4Proto, port}, Set: setNodePortTraffic})...))
+		}
+		fr.Chains = append(fr.Chains, &nft.Chain{Name: name, Rules: rules})
+	}
+	count(chainCountRequests, nft.FieldDstAddr, nft.FieldDstPort, cfg.NodePorts.guards(f))
+	count(chainCountReplies, nft.FieldSrcAddr, nft.FieldSrcPort, cfg.NodePorts.sourceGuards(f))
 }
 
 // servicesRules mark ClusterIP traffic for masquerading, then dispatch on
@@ -356,6 +413,21 @@ func (b portBuilder) namedChain(name string, rules ...nft.Rule) string {
 	return name
 }
 
+// dispatch adds the element of a dispatch map (service-ips or
+// service-nodeports) that sends key's traffic to chain, and when traffic
+// is counted, the element of the same key that counts its packets.
+func (b portBuilder) dispatch(set string, key []nft.Datum, comment, chain string) {
+	b.element(set, nft.Element{Key: key, Comment: comment, Verdict: gotoChain(chain)})
+	if b.cfg.Counters == CountNone {
+		return
+	}
+	counter := setServiceTraffic
+	if set == mapServiceNodePorts {
+		counter = setNodePortTraffic
+	}
+	b.element(counter, nft.Element{Key: key, Comment: comment})
+}
+
 // key is addr . proto . port of the service port.
 func (b portBuilder) key(a netip.Addr, port uint16) []nft.Datum {
 	k := b.fr.Datums(3)
@@ -415,9 +487,9 @@ func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState, slot
 	// ClusterIP.
 	switch {
 	case !sp.InternalLocal:
-		b.element(mapServiceIPs, nft.Element{Key: b.key(sp.ClusterIP, sp.Port), Comment: comment, Verdict: gotoChain(cluster())})
+		b.dispatch(mapServiceIPs, b.key(sp.ClusterIP, sp.Port), comment, cluster())
 	case local() != "":
-		b.element(mapServiceIPs, nft.Element{Key: b.key(sp.ClusterIP, sp.Port), Comment: comment, Verdict: gotoChain(local())})
+		b.dispatch(mapServiceIPs, b.key(sp.ClusterIP, sp.Port), comment, local())
 	default:
 		// internalTrafficPolicy: Local with no endpoint here: drop, as
 		// upstream (the Service has endpoints, just not on this node).
@@ -430,10 +502,10 @@ func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState, slot
 	}
 	ext := b.chain(kindExternal, externalRules(b, cluster, local)...)
 	for _, a := range externalAddrs(sp) {
-		b.element(mapServiceIPs, nft.Element{Key: b.key(a, sp.Port), Comment: comment, Verdict: gotoChain(ext)})
+		b.dispatch(mapServiceIPs, b.key(a, sp.Port), comment, ext)
 	}
 	if sp.NodePort != 0 {
-		b.element(mapServiceNodePorts, nft.Element{Key: b.nodePortKey(), Comment: comment, Verdict: gotoChain(ext)})
+		b.dispatch(mapServiceNodePorts, b.nodePortKey(), comment, ext)
 	}
 	firewall(b)
 }

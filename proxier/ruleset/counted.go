@@ -6,8 +6,9 @@ import (
 	"github.com/nftproxy/nftproxy/nft"
 )
 
-// What the elements of the counted maps (Counters) say, for a reader of
-// their counters: which Service port and frontend an element dispatches.
+// What the elements of the counted sets and maps (Counters) say, for a
+// reader of their counters: which Service port and frontend an element
+// dispatches or counts.
 
 // Frontends of a Service port, as the traffic metrics name them.
 const (
@@ -37,6 +38,19 @@ func CountedFrontend(set string, e nft.Element) (frontend string, proto uint8, o
 		return FrontendClusterIP, uint8(e.Key[1].Int), true
 	}
 	return "", 0, false
+}
+
+// CountedTraffic returns the protocol of an element of service-traffic
+// or nodeport-traffic, whose counter holds the packets and bytes, both
+// ways, of a frontend of a Service port (ok false for any other set).
+func CountedTraffic(set string, e nft.Element) (proto uint8, ok bool) {
+	switch {
+	case set == setServiceTraffic && len(e.Key) == 3:
+		return uint8(e.Key[1].Int), true
+	case set == setNodePortTraffic && len(e.Key) == 2:
+		return uint8(e.Key[0].Int), true
+	}
+	return 0, false
 }
 
 // ParseComment returns the namespace, name and port name of a Service

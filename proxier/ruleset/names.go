@@ -27,6 +27,10 @@ const (
 	chainFilterForward          = "filter-forward"             // reject/drop after DNAT, forwarded
 	chainFilterOutput           = "filter-output"              // reject/drop after DNAT, from the node
 	chainFilterInput            = "filter-input"               // reject for no-endpoint services, to the node
+	chainTrafficPrerouting      = "traffic-prerouting"         // count arriving requests, before DNAT
+	chainTrafficOutput          = "traffic-output"             // count requests from the node, before DNAT
+	chainTrafficInput           = "traffic-input"              // count replies to the node, after their un-DNAT
+	chainTrafficPostrouting     = "traffic-postrouting"        // count replies leaving, after their un-DNAT
 
 	// Regular chains.
 	chainServices              = "services"                 // dispatch on VIP . proto . port, then NodePorts
@@ -36,6 +40,8 @@ const (
 	chainFirewallCheck         = "firewall-check"           // loadBalancerSourceRanges
 	chainClusterIPsCheck       = "cluster-ips-check"        // wrong port, unallocated IP
 	chainReject                = "reject-chain"             // target of no-endpoint vmap elements
+	chainCountRequests         = "count-requests"           // a request's frontend in service-traffic or nodeport-traffic
+	chainCountReplies          = "count-replies"            // a reply's frontend (its source) in the same sets
 
 	// Sets and maps.
 	setClusterIPs          = "cluster-ips"           // every active ClusterIP
@@ -45,6 +51,8 @@ const (
 	mapNoEndpointNodePorts = "no-endpoint-nodeports" // proto . port : reject or drop
 	mapFirewallIPs         = "firewall-ips"          // LB IP . proto . port : goto firewall chain
 	setHairpinConnections  = "hairpin-connections"   // endpoint . endpoint . proto . port
+	setServiceTraffic      = "service-traffic"       // VIP . proto . port, counted (--service-traffic-metrics)
+	setNodePortTraffic     = "nodeport-traffic"      // proto . port, counted (--service-traffic-metrics)
 )
 
 // Prefixes of the per-service-port chains.

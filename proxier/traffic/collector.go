@@ -1,6 +1,7 @@
 // Package traffic reports the kernel's counters of the dispatch maps
-// (--service-traffic-metrics, ruleset.Counters) as Prometheus metrics:
-// new connections per Service port and frontend, and per endpoint. It
+// and sets (--service-traffic-metrics, ruleset.Counters) as Prometheus
+// metrics: new connections per Service port and frontend, and per
+// endpoint; packets and bytes per Service port. It
 // reads the counters when it is scraped, and keeps nothing between
 // scrapes.
 package traffic
@@ -50,12 +51,18 @@ func NewCollector(r Reader, families []nft.Family) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- metrics.ServiceNewConnections
 	ch <- metrics.EndpointNewConnections
+	ch <- metrics.ServicePackets
+	ch <- metrics.ServiceBytes
 	metrics.TrafficScrapeErrors.Describe(ch)
 }
 
-// serviceKey and endpointKey are the label values of one series.
+// serviceKey, portKey and endpointKey are the label values of one series.
 type serviceKey struct {
 	namespace, service, port, protocol, frontend string
+}
+
+type portKey struct {
+	namespace, service, port, protocol string
 }
 
 type endpointKey struct {
@@ -63,10 +70,48 @@ type endpointKey struct {
 	endpoint                           netip.AddrPort
 }
 
+// owned returns k with strings of its own (see counter).
+func (k serviceKey) owned() serviceKey {
+	k.namespace, k.service, k.port = strings.Clone(k.namespace), strings.Clone(k.service), strings.Clone(k.port)
+	return k
+}
+
+func (k portKey) owned() portKey {
+	k.namespace, k.service, k.port = strings.Clone(k.namespace), strings.Clone(k.service), strings.Clone(k.port)
+	return k
+}
+
+func (k endpointKey) owned() endpointKey {
+	k.namespace, k.service, k.port = strings.Clone(k.namespace), strings.Clone(k.service), strings.Clone(k.port)
+	return k
+}
+
 // counts are the sums of one scrape.
 type counts struct {
-	services  map[serviceKey]uint64
-	endpoints map[endpointKey]uint64
+	services  map[serviceKey]*nftnl.Counter
+	endpoints map[endpointKey]*nftnl.Counter
+	traffic   map[portKey]*nftnl.Counter
+}
+
+func newCounts() counts {
+	return counts{services: map[serviceKey]*nftnl.Counter{}, endpoints: map[endpointKey]*nftnl.Counter{},
+		traffic: map[portKey]*nftnl.Counter{}}
+}
+
+// counter returns the sum of series k in m, a new one under k.owned() if
+// k is new. k's strings may live in the reader's buffer: m is only read
+// with k, since a store under a key equal to one in m would keep k's
+// strings in place of the copies (Go updates a map's string keys).
+func counter[K interface {
+	comparable
+	owned() K
+}](m map[K]*nftnl.Counter, k K) *nftnl.Counter {
+	if c := m[k]; c != nil {
+		return c
+	}
+	c := new(nftnl.Counter)
+	m[k.owned()] = c
+	return c
 }
 
 // Collect implements prometheus.Collector: it reads every family's
@@ -76,7 +121,7 @@ type counts struct {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
 	defer cancel()
-	total := counts{services: map[serviceKey]uint64{}, endpoints: map[endpointKey]uint64{}}
+	total := newCounts()
 	for _, f := range c.families {
 		if err := c.readFamily(ctx, f, total); err != nil {
 			klog.ErrorS(err, "Cannot read the traffic counters", "ipFamily", f.IPFamily())
@@ -84,12 +129,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for k, v := range total.services {
-		ch <- prometheus.MustNewConstMetric(metrics.ServiceNewConnections, prometheus.CounterValue, float64(v),
+		ch <- prometheus.MustNewConstMetric(metrics.ServiceNewConnections, prometheus.CounterValue, float64(v.Packets),
 			k.namespace, k.service, k.port, k.protocol, k.frontend)
 	}
 	for k, v := range total.endpoints {
-		ch <- prometheus.MustNewConstMetric(metrics.EndpointNewConnections, prometheus.CounterValue, float64(v),
+		ch <- prometheus.MustNewConstMetric(metrics.EndpointNewConnections, prometheus.CounterValue, float64(v.Packets),
 			k.namespace, k.service, k.port, k.protocol, k.endpoint.String())
+	}
+	for k, v := range total.traffic {
+		ch <- prometheus.MustNewConstMetric(metrics.ServicePackets, prometheus.CounterValue, float64(v.Packets),
+			k.namespace, k.service, k.port, k.protocol)
+		ch <- prometheus.MustNewConstMetric(metrics.ServiceBytes, prometheus.CounterValue, float64(v.Bytes),
+			k.namespace, k.service, k.port, k.protocol)
 	}
 	metrics.TrafficScrapeErrors.Collect(ch)
 }
@@ -99,7 +150,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 func (c *Collector) readFamily(ctx context.Context, f nft.Family, total counts) error {
 	var err error
 	for range readAttempts {
-		read := counts{services: map[serviceKey]uint64{}, endpoints: map[endpointKey]uint64{}}
+		read := newCounts()
 		if err = c.reader.ReadCounters(ctx, f, read.add); err == nil {
 			total.merge(read)
 			return nil
@@ -112,7 +163,9 @@ func (c *Collector) readFamily(ctx context.Context, f nft.Family, total counts) 
 }
 
 // add counts one element: a frontend's of service-ips or
-// service-nodeports, or an endpoint's of an endpoints map. Elements
+// service-nodeports (connections) or of service-traffic or
+// nodeport-traffic (packets and bytes), or an endpoint's of an endpoints
+// map. Elements
 // without a Service port's comment are not counted. The element's comment
 // lives in the reader's buffer: a new series' labels are copies of it.
 func (t counts) add(s *nft.Set, e nft.Element, cnt nftnl.Counter) {
@@ -120,34 +173,35 @@ func (t counts) add(s *nft.Set, e nft.Element, cnt nftnl.Counter) {
 	if !ok {
 		return
 	}
+	var c *nftnl.Counter
 	if s.EndpointsProto != 0 {
 		if len(e.Data) != 2 {
 			return
 		}
-		k := endpointKey{namespace: ns, service: name, port: port, protocol: nft.ProtoName(s.EndpointsProto),
-			endpoint: netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int))}
-		if _, seen := t.endpoints[k]; !seen {
-			k.namespace, k.service, k.port = strings.Clone(ns), strings.Clone(name), strings.Clone(port)
-		}
-		t.endpoints[k] += cnt.Packets
+		c = counter(t.endpoints, endpointKey{namespace: ns, service: name, port: port, protocol: nft.ProtoName(s.EndpointsProto),
+			endpoint: netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int))})
+	} else if proto, ok := ruleset.CountedTraffic(s.Name, e); ok {
+		c = counter(t.traffic, portKey{namespace: ns, service: name, port: port, protocol: nft.ProtoName(proto)})
+	} else if frontend, proto, ok := ruleset.CountedFrontend(s.Name, e); ok {
+		c = counter(t.services, serviceKey{namespace: ns, service: name, port: port, protocol: nft.ProtoName(proto), frontend: frontend})
+	} else {
 		return
 	}
-	frontend, proto, ok := ruleset.CountedFrontend(s.Name, e)
-	if !ok {
-		return
-	}
-	k := serviceKey{namespace: ns, service: name, port: port, protocol: nft.ProtoName(proto), frontend: frontend}
-	if _, seen := t.services[k]; !seen {
-		k.namespace, k.service, k.port = strings.Clone(ns), strings.Clone(name), strings.Clone(port)
-	}
-	t.services[k] += cnt.Packets
+	*c = c.Add(cnt)
 }
 
 func (t counts) merge(o counts) {
-	for k, v := range o.services {
-		t.services[k] += v
-	}
-	for k, v := range o.endpoints {
-		t.endpoints[k] += v
+	mergeInto(t.services, o.services)
+	mergeInto(t.endpoints, o.endpoints)
+	mergeInto(t.traffic, o.traffic)
+}
+
+func mergeInto[K interface {
+	comparable
+	owned() K
+}](dst, src map[K]*nftnl.Counter) {
+	for k, v := range src {
+		c := counter(dst, k)
+		*c = c.Add(*v)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -33,6 +34,7 @@ func (r *fakeReader) ReadCounters(_ context.Context, f nft.Family, fn nftnl.Coun
 	if rs == nil {
 		return nil
 	}
+	buf := make([]byte, 0, 256)
 	for _, name := range rs.SortedSetNames() {
 		s := rs.Sets[name]
 		if !s.Counter {
@@ -40,7 +42,14 @@ func (r *fakeReader) ReadCounters(_ context.Context, f nft.Family, fn nftnl.Coun
 		}
 		for e := range s.Elements.All() {
 			n := r.counts[f.String()+" "+name+" "+s.ElementText(e)]
+			// As nftnl's reader, the comment lives in a buffer that the
+			// next element overwrites.
+			buf = append(buf[:0], e.Comment...)
+			e.Comment = unsafe.String(unsafe.SliceData(buf), len(buf))
 			fn(s, e, nftnl.Counter{Packets: n, Bytes: 60 * n})
+			for i := range buf {
+				buf[i] = '#'
+			}
 		}
 	}
 	if errs := r.fail[f]; len(errs) > 0 {
@@ -130,6 +139,12 @@ func TestCollector(t *testing.T) {
 		dispatchElement(t, v4, "service-nodeports", "tcp . 30080"):      4,
 		dispatchElement(t, v6, "service-ips", "fd00:96::10 . tcp . 80"): 100,
 		dispatchElement(t, v6, "service-ips", "2001:db8::2 . tcp . 80"): 0,
+		// Packets both ways, all frontends of a port together.
+		dispatchElement(t, v4, "service-traffic", "10.96.0.10 . tcp . 80"):  7,
+		dispatchElement(t, v4, "service-traffic", "192.0.2.1 . tcp . 80"):   3,
+		dispatchElement(t, v4, "nodeport-traffic", "tcp . 30080"):           5,
+		dispatchElement(t, v6, "service-traffic", "fd00:96::10 . tcp . 80"): 10,
+		dispatchElement(t, v4, "service-traffic", "10.96.0.53 . udp . 53"):  2,
 	}
 	counts[endpointElement(t, v4, "service", ap("10.244.1.11:8080"))] = 1
 	counts[endpointElement(t, v4, "service", ap("10.244.2.12:8080"))] = 6
@@ -152,8 +167,17 @@ nftproxy_service_new_connections_total{frontend="cluster-ip",namespace="default"
 nftproxy_service_new_connections_total{frontend="external",namespace="default",port="http",protocol="tcp",service="web"} 5
 nftproxy_service_new_connections_total{frontend="node-port",namespace="default",port="http",protocol="tcp",service="web"} 4
 nftproxy_service_new_connections_total{frontend="cluster-ip",namespace="kube-system",port="",protocol="udp",service="dns"} 9
+# HELP nftproxy_service_packets_total Packets of the connections to a Service port, requests and replies (kernel counters of the service-traffic and nodeport-traffic elements; an element replaced starts again at zero)
+# TYPE nftproxy_service_packets_total counter
+nftproxy_service_packets_total{namespace="default",port="http",protocol="tcp",service="web"} 25
+nftproxy_service_packets_total{namespace="kube-system",port="",protocol="udp",service="dns"} 2
+# HELP nftproxy_service_bytes_total Bytes (IP packet lengths) of the connections to a Service port, requests and replies (kernel counters of the service-traffic and nodeport-traffic elements; an element replaced starts again at zero)
+# TYPE nftproxy_service_bytes_total counter
+nftproxy_service_bytes_total{namespace="default",port="http",protocol="tcp",service="web"} 1500
+nftproxy_service_bytes_total{namespace="kube-system",port="",protocol="udp",service="dns"} 120
 `
-	names := []string{"nftproxy_service_new_connections_total", "nftproxy_endpoint_new_connections_total"}
+	names := []string{"nftproxy_service_new_connections_total", "nftproxy_endpoint_new_connections_total",
+		"nftproxy_service_packets_total", "nftproxy_service_bytes_total"}
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
 	}
