@@ -304,9 +304,9 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 // counted before DNAT, where it still carries the frontend as its
 // destination (and after the source range checks, so packets they drop
 // are not); a reply after its source was turned back into the frontend
-// (by the reverse of the DNAT, at the source NAT priority). Every packet
-// crosses prerouting or output once, and input or postrouting once, so
-// each is counted once. A frontend's elements come and go with its
+// (by the reverse of the DNAT, at the source NAT priority). A request is
+// counted where it enters (prerouting or output), a reply where it leaves
+// (postrouting or input), so each packet once. A frontend's elements come and go with its
 // dispatch element: connections through a Service with no endpoint, which
 // are never DNATed, are not counted.
 func trafficChains(fr *nft.Fragment, cfg Config, f nft.Family) {
@@ -314,12 +314,16 @@ func trafficChains(fr *nft.Fragment, cfg Config, f nft.Family) {
 		fr.Chains = append(fr.Chains, &nft.Chain{Name: name,
 			Base: &nft.BaseChain{Type: nft.ChainFilter, Hook: h, Priority: prio}, Rules: rules})
 	}
-	request := rule(nft.MatchCtDirection{}, nft.Jump(chainCountRequests))
-	reply := rule(nft.MatchCtDirection{Reply: true}, nft.MatchCtStatusDNAT{}, nft.Jump(chainCountReplies))
-	base(chainTrafficPrerouting, nft.HookPrerouting, nft.PriorityDstNAT-5, request)
-	base(chainTrafficOutput, nft.HookOutput, nft.PriorityDstNAT-5, request)
-	base(chainTrafficInput, nft.HookInput, nft.PrioritySrcNAT+10, reply)
-	base(chainTrafficPostrouting, nft.HookPostrouting, nft.PrioritySrcNAT+10, reply)
+	// A packet from the node to the node crosses all four hooks: it is
+	// counted in output or postrouting, and not again when it comes back
+	// in on the loopback interface.
+	notLoopback := nft.MatchIifname{Name: "lo", Negate: true}
+	request, countRequest := nft.MatchCtDirection{}, nft.Jump(chainCountRequests)
+	reply, dnat, countReply := nft.MatchCtDirection{Reply: true}, nft.MatchCtStatusDNAT{}, nft.Jump(chainCountReplies)
+	base(chainTrafficPrerouting, nft.HookPrerouting, nft.PriorityDstNAT-5, rule(request, notLoopback, countRequest))
+	base(chainTrafficOutput, nft.HookOutput, nft.PriorityDstNAT-5, rule(request, countRequest))
+	base(chainTrafficInput, nft.HookInput, nft.PrioritySrcNAT+10, rule(reply, dnat, notLoopback, countReply))
+	base(chainTrafficPostrouting, nft.HookPostrouting, nft.PrioritySrcNAT+10, rule(reply, dnat, countReply))
 
 	count := func(name string, addr, port nft.Field, guards [][]nft.Phrase) {
 		// A Service IP's traffic returns before the NodePort rules: a

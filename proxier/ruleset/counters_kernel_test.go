@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -21,14 +23,27 @@ import (
 // --service-traffic-metrics=endpoints into a fresh namespace whose
 // endpoints listen on its loopback, opens TCP connections through a
 // ClusterIP and a NodePort, each sending data both ways, and reads the
-// counters back (nftnl.ReadCounters): each frontend's element counted its
-// connections and nothing more (one packet each: the nat hooks see only a
-// connection's first packet), the endpoints' elements their sum. The
-// listing with its element counters loads again (`nft -c -f`).
+// counters back (nftnl.ReadCounters): each frontend's element of the
+// dispatch maps counted its connections and nothing more (one packet
+// each: the nat hooks see only a connection's first packet), the
+// endpoints' elements their sum, and the elements of service-traffic and
+// nodeport-traffic the packets and bytes conntrack's accounting counted
+// for the connections, both ways. NodePorts open on the node's address,
+// or on every local one (the rules that count replies then ask the
+// routing table). The listing with its element counters loads again
+// (`nft -c -f`).
 func TestKernelCountsConnections(t *testing.T) {
-	netnstest.Require(t, "nft", "ip")
-	ns := netnstest.New(t, "nftproxy-cnt", "nft", "ip")
 	node := ip("10.10.0.1")
+	for name, npa := range map[string]NodePortAddresses{
+		"primary":   {Addresses: []netip.Addr{node}},
+		"all local": {CIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}},
+	} {
+		t.Run(name, func(t *testing.T) { kernelCountsConnections(t, node, npa) })
+	}
+}
+
+func kernelCountsConnections(t *testing.T, node netip.Addr, npa NodePortAddresses) {
+	ns := netnstest.New(t, "nftproxy-cnt", "nft", "ip", "conntrack", "sysctl")
 	eps := []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.1.12:8080")}
 	for _, cmd := range [][]string{
 		{"ip", "link", "set", "lo", "up"},
@@ -41,6 +56,7 @@ func TestKernelCountsConnections(t *testing.T) {
 		{"ip", "link", "set", "svc0", "up"},
 		{"ip", "link", "set", "svc1", "up"},
 		{"ip", "route", "add", "10.96.0.0/12", "dev", "svc0"},
+		{"sysctl", "-qw", "net.netfilter.nf_conntrack_acct=1"},
 	} {
 		if out, err := ns.Run("", cmd...); err != nil {
 			t.Fatalf("%v: %v: %s", cmd, err, out)
@@ -50,7 +66,7 @@ func TestKernelCountsConnections(t *testing.T) {
 		echoServer(t, ns.Fd, ep)
 	}
 	cfg := countersConfig()
-	cfg.NodePorts = NodePortAddresses{Addresses: []netip.Addr{node}}
+	cfg.NodePorts = npa
 	web := spName("default", "web", "http", nft.ProtoTCP)
 	ports := []model.ServicePortState{{Name: web, ClusterIP: ip("10.96.0.10"), Port: 80, NodePort: 30080,
 		Endpoints: eps, LocalEndpoints: eps}}
@@ -95,6 +111,14 @@ func TestKernelCountsConnections(t *testing.T) {
 			t.Errorf("%s: counter %+v, want %d packets", key, got[key], want)
 		}
 	}
+	for key, dst := range map[string]string{
+		"service-traffic 10.96.0.10 . tcp . 80": "dst=10.96.0.10 sport=",
+		"nodeport-traffic tcp . 30080":          "dst=10.10.0.1 sport=",
+	} {
+		if want := conntrackAccounting(t, ns, dst); got[key] != want {
+			t.Errorf("%s: counter %+v, want conntrack's %+v", key, got[key], want)
+		}
+	}
 	if endpoints.Packets != viaClusterIP+viaNodePort {
 		t.Errorf("endpoints counted %d connections, want %d", endpoints.Packets, viaClusterIP+viaNodePort)
 	}
@@ -108,6 +132,37 @@ func TestKernelCountsConnections(t *testing.T) {
 	if out, err := ns.Run(listing, "nft", "-c", "-f", "-"); err != nil {
 		t.Errorf("nft -c -f of the listing: %v: %s", err, out)
 	}
+}
+
+// conntrackAccounting sums the packets and bytes, both ways, of the
+// namespace's TCP flows whose original tuple has dst (e.g.
+// "dst=10.96.0.10 sport=").
+func conntrackAccounting(t *testing.T, ns *netnstest.NS, dst string) nftnl.Counter {
+	t.Helper()
+	out, err := ns.Run("", "conntrack", "-L", "-p", "tcp")
+	if err != nil {
+		t.Fatalf("conntrack -L: %v: %s", err, out)
+	}
+	var c nftnl.Counter
+	for _, line := range strings.Split(out, "\n") {
+		if i := strings.Index(line, "src="); i < 0 || !strings.HasPrefix(line[strings.Index(line, "dst="):], dst) {
+			continue
+		}
+		for _, tok := range strings.Fields(line) {
+			k, v, _ := strings.Cut(tok, "=")
+			n, _ := strconv.ParseUint(v, 10, 64)
+			switch k {
+			case "packets":
+				c.Packets += n
+			case "bytes":
+				c.Bytes += n
+			}
+		}
+	}
+	if c.Packets == 0 {
+		t.Fatalf("conntrack has no packets of flows to %s:\n%s", dst, out)
+	}
+	return c
 }
 
 // inNS runs fn on a thread in the namespace: the sockets it opens stay
