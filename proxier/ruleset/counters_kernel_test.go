@@ -167,7 +167,7 @@ func conntrackAccounting(t *testing.T, ns *netnstest.NS, dst string) nftnl.Count
 
 // inNS runs fn on a thread in the namespace: the sockets it opens stay
 // there.
-func inNS(t *testing.T, fd int, fn func()) {
+func inNS(t testing.TB, fd int, fn func()) {
 	t.Helper()
 	runtime.LockOSThread()
 	orig, err := os.Open("/proc/thread-self/ns/net")
