@@ -250,10 +250,11 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 	base(chainNATPrerouting, nft.ChainNAT, nft.HookPrerouting, nft.PriorityDstNAT, rule(nft.Jump(chainServices)))
 	base(chainNATOutput, nft.ChainNAT, nft.HookOutput, nft.PriorityDstNAT, rule(nft.Jump(chainServices)))
 	base(chainNATPostrouting, nft.ChainNAT, nft.HookPostrouting, nft.PrioritySrcNAT, rule(nft.Jump(chainMasquerading)))
+	countPrerouting, countOutput := countRequests(cfg)
 	base(chainFilterPreroutingPreNAT, nft.ChainFilter, nft.HookPrerouting, nft.PriorityPreDstNATFilter,
-		ctNewJump(chainFirewallCheck))
+		append([]nft.Rule{ctNewJump(chainFirewallCheck)}, countPrerouting...)...)
 	base(chainFilterOutputPreNAT, nft.ChainFilter, nft.HookOutput, nft.PriorityPreDstNATFilter,
-		ctNewJump(chainFirewallCheck))
+		append([]nft.Rule{ctNewJump(chainFirewallCheck)}, countOutput...)...)
 	base(chainFilterForward, nft.ChainFilter, nft.HookForward, nft.PriorityFilter,
 		ctNewJump(chainServiceEndpointCheck), ctNewJump(chainClusterIPsCheck))
 	base(chainFilterOutput, nft.ChainFilter, nft.HookOutput, nft.PriorityFilter,
@@ -302,11 +303,12 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 // trafficChains count the packets and bytes of every connection to a
 // Service frontend (service-traffic, nodeport-traffic). A request is
 // counted before DNAT, where it still carries the frontend as its
-// destination (and after the source range checks, so packets they drop
-// are not); a reply after its source was turned back into the frontend
-// (by the reverse of the DNAT, at the source NAT priority). A request is
-// counted where it enters (prerouting or output), a reply where it leaves
-// (postrouting or input), so each packet once. A frontend's elements come and go with its
+// destination (countRequests: in the chains that check source ranges,
+// after the check, so packets it drops are not); a reply after its
+// source was turned back into the frontend (by the reverse of the DNAT,
+// at the source NAT priority). A request is counted where it enters
+// (prerouting or output), a reply where it leaves (postrouting or input),
+// so each packet once. A frontend's elements come and go with its
 // dispatch element: connections through a Service with no endpoint, which
 // are never DNATed, are not counted.
 func trafficChains(fr *nft.Fragment, cfg Config, f nft.Family) {
@@ -314,14 +316,7 @@ func trafficChains(fr *nft.Fragment, cfg Config, f nft.Family) {
 		fr.Chains = append(fr.Chains, &nft.Chain{Name: name,
 			Base: &nft.BaseChain{Type: nft.ChainFilter, Hook: h, Priority: prio}, Rules: rules})
 	}
-	// A packet from the node to the node crosses all four hooks: it is
-	// counted in output or postrouting, and not again when it comes back
-	// in on the loopback interface.
-	notLoopback := nft.MatchIifname{Name: "lo", Negate: true}
-	request, countRequest := nft.MatchCtDirection{}, nft.Jump(chainCountRequests)
-	reply, dnat, countReply := nft.MatchCtDirection{Reply: true}, nft.MatchCtStatusDNAT{}, nft.Jump(chainCountReplies)
-	base(chainTrafficPrerouting, nft.HookPrerouting, nft.PriorityDstNAT-5, rule(request, notLoopback, countRequest))
-	base(chainTrafficOutput, nft.HookOutput, nft.PriorityDstNAT-5, rule(request, countRequest))
+	reply, dnat, countReply := nft.MatchCtDirection{Reply: true}, nft.MatchCtStatusDNAT{}, nft.Goto(chainCountReplies)
 	base(chainTrafficInput, nft.HookInput, nft.PrioritySrcNAT+10, rule(reply, dnat, notLoopback, countReply))
 	base(chainTrafficPostrouting, nft.HookPostrouting, nft.PrioritySrcNAT+10, rule(reply, dnat, countReply))
 
@@ -337,6 +332,26 @@ func trafficChains(fr *nft.Fragment, cfg Config, f nft.Family) {
 	}
 	count(chainCountRequests, nft.FieldDstAddr, nft.FieldDstPort, cfg.NodePorts.guards(f))
 	count(chainCountReplies, nft.FieldSrcAddr, nft.FieldSrcPort, cfg.NodePorts.sourceGuards(f))
+}
+
+// A packet from the node to the node crosses all four hooks: it is
+// counted in output or postrouting, and not again when it comes back in
+// on the loopback interface.
+var notLoopback = nft.MatchIifname{Name: "lo", Negate: true}
+
+// countRequests returns the rules that send requests to count-requests,
+// for prerouting and for output (none if traffic is not counted). Only
+// packets of DNATed connections are looked up, and the first packets of
+// connections, which are DNATed after they are counted: other traffic
+// pays two tests. A goto, not a jump: a packet that matches both rules (a
+// SYN sent again) is counted once.
+func countRequests(cfg Config) (prerouting, output []nft.Rule) {
+	if cfg.Counters == CountNone {
+		return nil, nil
+	}
+	request, dnat, first, count := nft.MatchCtDirection{}, nft.MatchCtStatusDNAT{}, nft.MatchCtStateNew{}, nft.Goto(chainCountRequests)
+	return []nft.Rule{rule(request, dnat, notLoopback, count), rule(first, notLoopback, count)},
+		[]nft.Rule{rule(request, dnat, count), rule(first, count)}
 }
 
 // servicesRules mark ClusterIP traffic for masquerading, then dispatch on

@@ -42,7 +42,7 @@ func BenchmarkKernelTrafficDataPath(b *testing.B) {
 	for i, counters := range flags {
 		probes[i] = udpProbe(b, counters, ports, probe)
 	}
-	type sample struct{ request, reply []time.Duration }
+	type sample struct{ request, reply, other []time.Duration }
 	samples := make([]sample, len(flags))
 	buf := make([]byte, 64)
 	perSend := func(send func() error) time.Duration {
@@ -59,6 +59,7 @@ func BenchmarkKernelTrafficDataPath(b *testing.B) {
 			for i, p := range probes {
 				samples[i].request = append(samples[i].request, perSend(func() error { _, err := unix.Write(p.client, buf); return err }))
 				samples[i].reply = append(samples[i].reply, perSend(func() error { return unix.Sendto(p.server, buf, 0, p.clientAddr) }))
+				samples[i].other = append(samples[i].other, perSend(func() error { _, err := unix.Write(p.direct, buf); return err }))
 			}
 		}
 	}
@@ -66,22 +67,25 @@ func BenchmarkKernelTrafficDataPath(b *testing.B) {
 		slices.Sort(ds)
 		return float64(ds[len(ds)/2].Nanoseconds())
 	}
-	var req, rep [2]float64
+	var req, rep, other [2]float64
 	for i, counters := range flags {
-		req[i], rep[i] = median(samples[i].request), median(samples[i].reply)
+		req[i], rep[i], other[i] = median(samples[i].request), median(samples[i].reply), median(samples[i].other)
 		b.ReportMetric(req[i], counters.String()+"-request-ns")
 		b.ReportMetric(rep[i], counters.String()+"-reply-ns")
+		b.ReportMetric(other[i], counters.String()+"-other-ns")
 	}
 	b.ReportMetric(req[1]-req[0], "extra-request-ns")
 	b.ReportMetric(rep[1]-rep[0], "extra-reply-ns")
+	b.ReportMetric(other[1]-other[0], "extra-other-ns")
 }
 
 // udpPair is a client's socket connected to a ClusterIP, the socket of
 // the endpoint it reaches, and the client's address as the endpoint sees
-// it.
+// it; and a socket connected to the endpoint directly (traffic that is
+// not a Service's).
 type udpPair struct {
-	client, server int
-	clientAddr     unix.Sockaddr
+	client, server, direct int
+	clientAddr             unix.Sockaddr
 }
 
 // udpProbe makes a namespace with the table of ports (traffic counted as
@@ -115,8 +119,9 @@ func udpProbe(b *testing.B, counters Counters, ports []model.ServicePortState, p
 	inNS(b, ns.Fd, func() {
 		p.server = udpSocket(b, ap("10.244.1.11:8080"), netip.AddrPort{})
 		p.client = udpSocket(b, netip.AddrPort{}, probe)
+		p.direct = udpSocket(b, netip.AddrPort{}, ap("10.244.1.11:8080"))
 	})
-	b.Cleanup(func() { unix.Close(p.client); unix.Close(p.server) })
+	b.Cleanup(func() { unix.Close(p.client); unix.Close(p.server); unix.Close(p.direct) })
 	// One datagram each way makes the connection and tells the endpoint
 	// the client's address.
 	buf := make([]byte, 64)
@@ -142,7 +147,9 @@ func udpSocket(b *testing.B, local, remote netip.AddrPort) int {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sa := func(a netip.AddrPort) *unix.SockaddrInet4 { return &unix.SockaddrInet4{Port: int(a.Port()), Addr: a.Addr().As4()} }
+	sa := func(a netip.AddrPort) *unix.SockaddrInet4 {
+		return &unix.SockaddrInet4{Port: int(a.Port()), Addr: a.Addr().As4()}
+	}
 	if local.IsValid() {
 		err = unix.Bind(fd, sa(local))
 	} else {

@@ -22,13 +22,11 @@ const (
 	chainNATPrerouting          = "nat-prerouting"             // DNAT of arriving traffic
 	chainNATOutput              = "nat-output"                 // DNAT of traffic from the node
 	chainNATPostrouting         = "nat-postrouting"            // masquerade
-	chainFilterPreroutingPreNAT = "filter-prerouting-pre-dnat" // source ranges, before DNAT
-	chainFilterOutputPreNAT     = "filter-output-pre-dnat"     // source ranges, from the node
+	chainFilterPreroutingPreNAT = "filter-prerouting-pre-dnat" // source ranges, then count requests, before DNAT
+	chainFilterOutputPreNAT     = "filter-output-pre-dnat"     // source ranges, then count requests, from the node
 	chainFilterForward          = "filter-forward"             // reject/drop after DNAT, forwarded
 	chainFilterOutput           = "filter-output"              // reject/drop after DNAT, from the node
 	chainFilterInput            = "filter-input"               // reject for no-endpoint services, to the node
-	chainTrafficPrerouting      = "traffic-prerouting"         // count arriving requests, before DNAT
-	chainTrafficOutput          = "traffic-output"             // count requests from the node, before DNAT
 	chainTrafficInput           = "traffic-input"              // count replies to the node, after their un-DNAT
 	chainTrafficPostrouting     = "traffic-postrouting"        // count replies leaving, after their un-DNAT
 
