@@ -56,33 +56,34 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	metrics.TrafficScrapeErrors.Describe(ch)
 }
 
-// serviceKey, portKey and endpointKey are the label values of one series.
-type serviceKey struct {
-	namespace, service, port, protocol, frontend string
-}
-
+// portKey, serviceKey and endpointKey are the label values of one series.
 type portKey struct {
 	namespace, service, port, protocol string
 }
 
+type serviceKey struct {
+	portKey
+	frontend string
+}
+
 type endpointKey struct {
-	namespace, service, port, protocol string
-	endpoint                           netip.AddrPort
+	portKey
+	endpoint netip.AddrPort
 }
 
 // owned returns k with strings of its own (see counter).
-func (k serviceKey) owned() serviceKey {
-	k.namespace, k.service, k.port = strings.Clone(k.namespace), strings.Clone(k.service), strings.Clone(k.port)
-	return k
-}
-
 func (k portKey) owned() portKey {
 	k.namespace, k.service, k.port = strings.Clone(k.namespace), strings.Clone(k.service), strings.Clone(k.port)
 	return k
 }
 
+func (k serviceKey) owned() serviceKey {
+	k.portKey = k.portKey.owned()
+	return k
+}
+
 func (k endpointKey) owned() endpointKey {
-	k.namespace, k.service, k.port = strings.Clone(k.namespace), strings.Clone(k.service), strings.Clone(k.port)
+	k.portKey = k.portKey.owned()
 	return k
 }
 
@@ -165,25 +166,27 @@ func (c *Collector) readFamily(ctx context.Context, f nft.Family, total counts) 
 // add counts one element: a frontend's of service-ips or
 // service-nodeports (connections) or of service-traffic or
 // nodeport-traffic (packets and bytes), or an endpoint's of an endpoints
-// map. Elements
-// without a Service port's comment are not counted. The element's comment
-// lives in the reader's buffer: a new series' labels are copies of it.
+// map. Elements without a Service port's comment are not counted. The
+// element's comment lives in the reader's buffer: a new series' labels
+// are copies of it.
 func (t counts) add(s *nft.Set, e nft.Element, cnt nftnl.Counter) {
 	ns, name, port, ok := ruleset.ParseComment(e.Comment)
 	if !ok {
 		return
+	}
+	series := func(proto uint8) portKey {
+		return portKey{namespace: ns, service: name, port: port, protocol: nft.ProtoName(proto)}
 	}
 	var c *nftnl.Counter
 	if s.EndpointsProto != 0 {
 		if len(e.Data) != 2 {
 			return
 		}
-		c = counter(t.endpoints, endpointKey{namespace: ns, service: name, port: port, protocol: nft.ProtoName(s.EndpointsProto),
-			endpoint: netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int))})
+		c = counter(t.endpoints, endpointKey{series(s.EndpointsProto), netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int))})
 	} else if proto, ok := ruleset.CountedTraffic(s.Name, e); ok {
-		c = counter(t.traffic, portKey{namespace: ns, service: name, port: port, protocol: nft.ProtoName(proto)})
+		c = counter(t.traffic, series(proto))
 	} else if frontend, proto, ok := ruleset.CountedFrontend(s.Name, e); ok {
-		c = counter(t.services, serviceKey{namespace: ns, service: name, port: port, protocol: nft.ProtoName(proto), frontend: frontend})
+		c = counter(t.services, serviceKey{series(proto), frontend})
 	} else {
 		return
 	}
@@ -196,12 +199,13 @@ func (t counts) merge(o counts) {
 	mergeInto(t.traffic, o.traffic)
 }
 
-func mergeInto[K interface {
-	comparable
-	owned() K
-}](dst, src map[K]*nftnl.Counter) {
+// mergeInto adds the series of src, whose keys are owned, to dst.
+func mergeInto[K comparable](dst, src map[K]*nftnl.Counter) {
 	for k, v := range src {
-		c := counter(dst, k)
-		*c = c.Add(*v)
+		if c := dst[k]; c != nil {
+			*c = c.Add(*v)
+		} else {
+			dst[k] = v
+		}
 	}
 }
