@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -185,26 +184,11 @@ func withoutIDs(flows []Flow) []Flow {
 // once the thread returns to its own namespace.
 func (ns *testNS) socketInNS(t testing.TB, domain, typ, proto int) int {
 	t.Helper()
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
+	var fd int
+	var err error
+	ns.Do(t, func() { fd, err = unix.Socket(domain, typ, proto) })
 	if err != nil {
-		runtime.UnlockOSThread()
 		t.Fatal(err)
-	}
-	defer orig.Close()
-	if err := unix.Setns(ns.Fd, unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	fd, serr := unix.Socket(domain, typ, proto)
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		// Leave the thread locked: it dies with this goroutine instead
-		// of running other goroutines in the test namespace.
-		t.Fatalf("return to the original namespace: %v", err)
-	}
-	runtime.UnlockOSThread()
-	if serr != nil {
-		t.Fatal(serr)
 	}
 	t.Cleanup(func() { unix.Close(fd) })
 	return fd

@@ -116,7 +116,7 @@ func udpProbe(b *testing.B, counters Counters, ports []model.ServicePortState, p
 		b.Fatal(err)
 	}
 	var p udpPair
-	inNS(b, ns.Fd, func() {
+	ns.Do(b, func() {
 		p.server = udpSocket(b, ap("10.244.1.11:8080"), netip.AddrPort{})
 		p.client = udpSocket(b, netip.AddrPort{}, probe)
 		p.direct = udpSocket(b, netip.AddrPort{}, ap("10.244.1.11:8080"))

@@ -5,13 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
 	"github.com/nftproxy/nftproxy/nft"
@@ -63,7 +59,7 @@ func kernelCountsConnections(t *testing.T, node netip.Addr, npa NodePortAddresse
 		}
 	}
 	for _, ep := range eps {
-		echoServer(t, ns.Fd, ep)
+		echoServer(t, ns, ep)
 	}
 	cfg := countersConfig()
 	cfg.NodePorts = npa
@@ -86,7 +82,7 @@ func kernelCountsConnections(t *testing.T, node netip.Addr, npa NodePortAddresse
 		if i >= viaClusterIP {
 			to = netip.AddrPortFrom(node, 30080)
 		}
-		echo(t, ns.Fd, to, fmt.Sprintf("hello %d", i))
+		echo(t, ns, to, fmt.Sprintf("hello %d", i))
 	}
 
 	got := map[string]nftnl.Counter{}
@@ -165,33 +161,11 @@ func conntrackAccounting(t *testing.T, ns *netnstest.NS, dst string) nftnl.Count
 	return c
 }
 
-// inNS runs fn on a thread in the namespace: the sockets it opens stay
-// there.
-func inNS(t testing.TB, fd int, fn func()) {
-	t.Helper()
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	fn()
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		t.Fatalf("return to the original namespace: %v", err) // the thread stays locked and dies
-	}
-	runtime.UnlockOSThread()
-}
-
 // echoServer answers each connection to addr with what it read.
-func echoServer(t *testing.T, fd int, addr netip.AddrPort) {
+func echoServer(t *testing.T, ns *netnstest.NS, addr netip.AddrPort) {
 	var l net.Listener
 	var err error
-	inNS(t, fd, func() { l, err = net.Listen("tcp", addr.String()) })
+	ns.Do(t, func() { l, err = net.Listen("tcp", addr.String()) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,11 +187,11 @@ func echoServer(t *testing.T, fd int, addr netip.AddrPort) {
 }
 
 // echo connects to addr, sends msg and checks it comes back.
-func echo(t *testing.T, fd int, addr netip.AddrPort, msg string) {
+func echo(t *testing.T, ns *netnstest.NS, addr netip.AddrPort, msg string) {
 	t.Helper()
 	var c net.Conn
 	var err error
-	inNS(t, fd, func() { c, err = net.Dial("tcp", addr.String()) })
+	ns.Do(t, func() { c, err = net.Dial("tcp", addr.String()) })
 	if err != nil {
 		t.Fatalf("connect to %s: %v", addr, err)
 	}

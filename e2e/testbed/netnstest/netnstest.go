@@ -12,11 +12,14 @@ import (
 	"os/exec"
 	"os/signal"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // NS is a fresh, named network namespace.
@@ -147,4 +150,28 @@ func (ns *NS) Run(stdin string, args ...string) (string, error) {
 		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, stderr.String())
 	}
 	return string(out), nil
+}
+
+// Do runs fn on a thread inside the namespace, then returns the thread to
+// its own namespace: sockets fn opens stay in ns.
+func (ns *NS) Do(t testing.TB, fn func()) {
+	t.Helper()
+	runtime.LockOSThread()
+	orig, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	if err := unix.Setns(ns.Fd, unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	fn()
+	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+		// Leave the thread locked: it dies with this goroutine instead
+		// of running other goroutines in the test namespace.
+		t.Fatalf("return to the original namespace: %v", err)
+	}
+	runtime.UnlockOSThread()
 }
