@@ -190,7 +190,8 @@ func definitionsChanged(committed, desired *Ruleset) bool {
 func SameSetDefinition(a, b *Set) bool {
 	return a.Name == b.Name && reflect.DeepEqual(a.Key, b.Key) && reflect.DeepEqual(a.Data, b.Data) &&
 		a.Timeout == b.Timeout && a.Dynamic == b.Dynamic && a.Size == b.Size && a.Comment == b.Comment &&
-		a.EndpointsProto == b.EndpointsProto && a.Counter == b.Counter
+		a.EndpointsProto == b.EndpointsProto && a.Counter == b.Counter &&
+		a.PickProto == b.PickProto && a.PickMod == b.PickMod
 }
 
 func rulesEqual(f Family, a, b []Rule) bool {

@@ -87,6 +87,7 @@ const (
 	tagUpdateSet
 	tagDNATMap
 	tagMatchCtDirection
+	tagDNATPick
 )
 
 // digestPhrase appends a phrase's tag and every field of it. A phrase type
@@ -136,6 +137,8 @@ func digestPhrase(b []byte, f Family, p Phrase) []byte {
 		return digestString(append(b, tagUpdateSet, byte(p.Field)), p.Set)
 	case DNATMap:
 		return digestString(binary.LittleEndian.AppendUint16(append(b, tagDNATMap, p.Proto), p.Slot), p.Map)
+	case DNATPick:
+		return digestString(binary.LittleEndian.AppendUint32(append(b, tagDNATPick, p.Proto), p.Mod), p.Map)
 	}
 	return digestString(append(b, tagOther), p.Text(f))
 }

@@ -37,6 +37,8 @@ func phraseSamples() []nft.Phrase {
 		nft.UpdateSet{Field: nft.FieldSrcAddr, Set: "a"},
 		nft.DNATMap{Proto: nft.ProtoUDP, Map: "m"},
 		nft.DNATMap{Proto: nft.ProtoUDP, Map: "m", Slot: 1},
+		nft.DNATPick{Proto: nft.ProtoUDP, Map: "m", Mod: 2},
+		nft.DNATPick{Proto: nft.ProtoTCP, Map: "m", Mod: 3},
 	}
 }
 

@@ -40,6 +40,8 @@ func (r *Ruleset) dumpSet(s *Set) string {
 	}
 	if s.EndpointsProto != 0 {
 		fmt.Fprintf(&b, "\t%s %s {\n\t\ttypeof %s\n", kind, s.Name, endpointsTypeofText(r.Family, s.EndpointsProto))
+	} else if s.PickProto != 0 {
+		fmt.Fprintf(&b, "\t%s %s {\n\t\ttypeof %s\n", kind, s.Name, pickTypeofText(r.Family, s.PickProto, s.PickMod))
 	} else {
 		fmt.Fprintf(&b, "\t%s %s {\n\t\ttype %s\n", kind, s.Name, s.TypeString())
 	}

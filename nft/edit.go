@@ -132,7 +132,8 @@ func (e *Editor) AddSet(s *Set) {
 func (e *Editor) putSet(s *Set) {
 	e.touchSet(s.Name)
 	ns := &Set{Name: s.Name, Key: s.Key, Data: s.Data, Timeout: s.Timeout, Dynamic: s.Dynamic,
-		Size: s.Size, Comment: s.Comment, EndpointsProto: s.EndpointsProto, Counter: s.Counter}
+		Size: s.Size, Comment: s.Comment, EndpointsProto: s.EndpointsProto, Counter: s.Counter,
+		PickProto: s.PickProto, PickMod: s.PickMod}
 	if ls := e.loadedSet(s.Name); ls != nil {
 		if SameSetDefinition(ls, ns) {
 			ns.Elements, ls.Elements = ls.Elements, Elements{}

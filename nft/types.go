@@ -167,7 +167,12 @@ type Set struct {
 	// its elements are ranges of random buckets, and Key and Data must be
 	// as NewEndpointsMap sets them.
 	EndpointsProto uint8
-	Elements       Elements
+	// PickProto, when not zero, makes the set the pick map of the
+	// DNATPick phrases for this transport protocol and PickMod endpoints
+	// (see NewPickMap); Key and Data must be as NewPickMap sets them.
+	PickProto uint8
+	PickMod   uint32
+	Elements  Elements
 }
 
 // IsMap reports whether the set maps keys to data.

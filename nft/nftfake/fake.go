@@ -241,6 +241,11 @@ func addSet(rs *nft.Ruleset, f nft.Family, set *nft.Set) error {
 			return opErr(unix.EINVAL, "%v", err)
 		}
 	}
+	if set.PickProto != 0 {
+		if err := nft.CheckPickMap(f, set); err != nil {
+			return opErr(unix.EINVAL, "%v", err)
+		}
+	}
 	s := *set
 	s.Elements = nft.Elements{}
 	rs.Sets[s.Name] = &s
@@ -443,6 +448,22 @@ func checkRule(rs *nft.Ruleset, f nft.Family, r nft.Rule) error {
 				// cannot be written; the encoder refuses it too.
 				return opErr(unix.ERANGE, "endpoints slot %d", p.Slot)
 			}
+		case nft.DNATPick:
+			s, ok := rs.Sets[p.Map]
+			if !ok {
+				return opErr(unix.ENOENT, "map %q", p.Map)
+			}
+			// As for DNATMap; the kernel also checks the key's length
+			// against the registers the rule fills.
+			if !s.IsMap() {
+				return opErr(unix.EINVAL, "set %q is not a map", p.Map)
+			}
+			if s.IsVerdictMap() {
+				return opErr(unix.ENODATA, "map %q holds verdicts", p.Map)
+			}
+			if p.Mod == 0 || p.Mod > nft.MaxPickEndpoints {
+				return opErr(unix.ERANGE, "pick of %d endpoints", p.Mod)
+			}
 		}
 	}
 	return nil
@@ -503,6 +524,8 @@ func phraseSet(p nft.Phrase) (string, bool) {
 	case nft.VmapLookup:
 		return p.Map, true
 	case nft.DNATMap:
+		return p.Map, true
+	case nft.DNATPick:
 		return p.Map, true
 	}
 	return "", false

@@ -133,6 +133,8 @@ func (b *batch) lowerPhrase(p nft.Phrase) error {
 		return lowerDNAT(e, f, p)
 	case nft.DNATMap:
 		return b.lowerDNATMap(p)
+	case nft.DNATPick:
+		return b.lowerDNATPick(p)
 	case nft.MatchFibLocal:
 		// [ fib daddr type => reg 1 ] [ cmp eq reg 1 0x00000002 ] (RTN_LOCAL)
 		flags := uint32(unix.NFTA_FIB_F_DADDR)
@@ -368,6 +370,40 @@ func (b *batch) lowerDNATMap(d nft.DNATMap) error {
 	e.byteorderHton(reg1, reg1, 4, 4)
 	e.lookupData(reg1, reg1, d.Map, b.setIDs[d.Map])
 	e.dnat(uint32(b.family), reg1, slotReg(b.family.AddrType().Len/4), 0)
+	return nil
+}
+
+// lowerDNATPick: the protocol match, the destination address and port
+// and a random number below Mod concatenated from reg 1 on, looked up in
+// the pick map with the endpoint landing in reg 1 (address) and the 32-bit
+// register after the address (port), then nat from those registers, as
+// nft 1.0.6 writes it:
+//
+//	dnat ip to ip daddr . tcp dport . numgen random mod 2 map @endpoints-tcp-n2
+//	  [ meta load l4proto => reg 1 ] [ cmp eq reg 1 0x00000006 ]
+//	  [ payload load 4b @ network header + 16 => reg 1 ] [ payload load 2b @ transport header + 2 => reg 9 ]
+//	  [ numgen reg 10 = random mod 2 ] [ lookup reg 1 set endpoints-tcp-n2 dreg 1 ]
+//	  [ nat dnat ip addr_min reg 1 proto_min reg 9 ]
+//
+// In ip6 the address takes reg 1 whole: the port reg 2, the number reg 13.
+// No byteorder: the map is exact, its keys in the registers' order.
+func (b *batch) lowerDNATPick(d nft.DNATPick) error {
+	if !nft.EndpointsProtoOK(d.Proto) {
+		return fmt.Errorf("no pick map for protocol %s", nft.ProtoName(d.Proto))
+	}
+	if d.Mod == 0 || d.Mod > nft.MaxPickEndpoints {
+		return fmt.Errorf("pick of %d endpoints: want 1 to %d", d.Mod, nft.MaxPickEndpoints)
+	}
+	e := &b.enc
+	addrLen := uint32(b.family.AddrType().Len)
+	a := int(addrLen / 4)
+	e.metaLoad(unix.NFT_META_L4PROTO, reg1)
+	e.cmp(unix.NFT_CMP_EQ, reg1, []byte{d.Proto})
+	e.payloadLoad(unix.NFT_PAYLOAD_NETWORK_HEADER, addrOffset(b.family, nft.FieldDstAddr), addrLen, slotReg(0))
+	e.payloadLoad(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, slotReg(a))
+	e.numgenRandom(slotReg(a+1), d.Mod)
+	e.lookupData(reg1, reg1, d.Map, b.setIDs[d.Map])
+	e.dnat(uint32(b.family), reg1, slotReg(a), 0)
 	return nil
 }
 

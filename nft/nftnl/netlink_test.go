@@ -56,6 +56,7 @@ var (
 	chainStartRE = regexp.MustCompile(`^\tchain (\S+) \{$`)
 	cascadeRE    = regexp.MustCompile(`numgen random mod (\d+) 0 dnat to `)
 	dnatMapRE    = regexp.MustCompile(`^\t\tmeta l4proto (tcp|udp|sctp) dnat ip6? to numgen random mod 65536( offset \d+)? map @\S+$`)
+	dnatPickRE   = regexp.MustCompile(`^\t\tdnat ip6? to ip6? daddr \. (tcp|udp|sctp) dport \. numgen random mod (\d+) map @\S+-n(\d+)$`)
 )
 
 // cascadeErrors checks the random DNAT cascades of a listing: in each
@@ -95,10 +96,17 @@ func cascadeErrors(listing string) []string {
 			continue
 		}
 		m := cascadeRE.FindStringSubmatch(l)
+		pick := dnatPickRE.FindStringSubmatch(l)
 		switch {
 		case dnatMapRE.MatchString(l):
 			// A DNAT through an endpoints map, whose ranges
 			// EndpointsElements makes fair (TestEndpointsElements).
+		case pick != nil:
+			// A DNAT through a pick map, one element per number drawn:
+			// fair if the draw covers the map's N (its name's).
+			if pick[2] != pick[3] {
+				errs = append(errs, fmt.Sprintf("chain %s: numgen modulus %s on a map of %s endpoints: %s", chain, pick[2], pick[3], strings.TrimSpace(l)))
+			}
 		case m != nil:
 			k, _ := strconv.Atoi(m[1])
 			if k < 2 {

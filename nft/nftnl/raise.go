@@ -109,7 +109,7 @@ type raiser struct{ f nft.Family }
 // like MatchL4Proto).
 func (r raiser) phrase(ex []kexpr) (nft.Phrase, int) {
 	for _, m := range []func([]kexpr) (nft.Phrase, int){
-		r.dnatMap, r.lookup, r.updateSet, r.prefix, r.l4proto, r.ctBits, r.ctDirection, r.mark,
+		r.dnatMap, r.dnatPick, r.lookup, r.updateSet, r.prefix, r.l4proto, r.ctBits, r.ctDirection, r.mark,
 		r.random, r.dnat, r.fibLocal, r.iifname, r.single,
 	} {
 		if p, n := m(ex); n > 0 {
@@ -371,9 +371,12 @@ func (r raiser) random(ex []kexpr) (nft.Phrase, int) {
 	return nft.MatchRandom{Mod: mod}, 2
 }
 
-func numgen(ex []kexpr) (mod, offset uint32, ok bool) {
+func numgen(ex []kexpr) (mod, offset uint32, ok bool) { return numgenTo(ex, reg1) }
+
+// numgenTo is numgen into register dreg.
+func numgenTo(ex []kexpr, dreg uint32) (mod, offset uint32, ok bool) {
 	if len(ex) == 0 || ex[0].name != "numgen" || !ex[0].is(unix.NFTA_NG_TYPE, unix.NFT_NG_RANDOM) ||
-		!ex[0].is(unix.NFTA_NG_DREG, reg1) {
+		!ex[0].is(unix.NFTA_NG_DREG, dreg) {
 		return 0, 0, false
 	}
 	mod, ok = ex[0].u32(unix.NFTA_NG_MODULUS)
@@ -409,6 +412,34 @@ func (r raiser) dnatMap(ex []kexpr) (nft.Phrase, int) {
 		Map:   nfnl.String(l.attrs[unix.NFTA_LOOKUP_SET]),
 		Slot:  uint16(offset / nft.EndpointBuckets),
 	}, 6
+}
+
+// dnatPick: see lowerDNATPick.
+func (r raiser) dnatPick(ex []kexpr) (nft.Phrase, int) {
+	if len(ex) < 7 {
+		return nil, 0
+	}
+	proto, n := r.l4proto(ex)
+	a := r.f.AddrType().Len / 4
+	if n == 0 {
+		return nil, 0
+	}
+	if fd, _, ok := r.field(ex[2], slotReg(0)); !ok || fd != nft.FieldDstAddr {
+		return nil, 0
+	}
+	if fd, _, ok := r.field(ex[3], slotReg(a)); !ok || fd != nft.FieldDstPort {
+		return nil, 0
+	}
+	mod, offset, ok := numgenTo(ex[4:], slotReg(a+1))
+	if !ok || offset != 0 || mod == 0 || mod > nft.MaxPickEndpoints {
+		return nil, 0
+	}
+	l := ex[5]
+	if l.name != "lookup" || !l.is(unix.NFTA_LOOKUP_SREG, reg1) || !l.is(unix.NFTA_LOOKUP_DREG, reg1) ||
+		!r.natDNAT(ex[6], reg1, slotReg(a)) {
+		return nil, 0
+	}
+	return nft.DNATPick{Proto: proto.(nft.MatchL4Proto).Proto, Map: nfnl.String(l.attrs[unix.NFTA_LOOKUP_SET]), Mod: mod}, 7
 }
 
 // dnat: the address and port as immediates, then nat (see lowerDNAT).

@@ -2,7 +2,9 @@ package nftnl
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"reflect"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -46,6 +48,11 @@ func (b *batch) newSet(s *nft.Set) error {
 	}
 	if s.EndpointsProto != 0 {
 		if err := nft.CheckEndpointsMap(b.family, s); err != nil {
+			return err
+		}
+	}
+	if s.PickProto != 0 {
+		if err := nft.CheckPickMap(b.family, s); err != nil {
 			return err
 		}
 	}
@@ -135,6 +142,8 @@ func setUserdata(f nft.Family, s *nft.Set) ([]byte, error) {
 	var ud []byte
 	if s.EndpointsProto != 0 {
 		ud = endpointsUserdata(f, s.EndpointsProto)
+	} else if s.PickProto != 0 {
+		ud = pickUserdata(f, s.PickProto, s.PickMod)
 	} else {
 		ud = udataU32(nil, udataSetKeyByteorder, byteorder(s.Key))
 		if s.IsMap() {
@@ -280,8 +289,54 @@ func (a *setAttrs) set(d *nfnl.Decoder, f nft.Family) *nft.Set {
 		a.endpointsMap(d, f, s)
 	case a.flags&^setFlagsKnown == 0:
 		s.Key, s.Data = a.types()
+		a.pickMap(f, s)
 	}
 	return s
+}
+
+// pickMap makes s the pick map the attributes describe, if its types and
+// userdata are exactly what newSet writes for one.
+func (a *setAttrs) pickMap(f nft.Family, s *nft.Set) {
+	if a.flags != unix.NFT_SET_MAP || len(s.Key) != 3 {
+		return
+	}
+	rest := udataWithoutComment(a.ud)
+	for _, proto := range []uint8{nft.ProtoTCP, nft.ProtoUDP, nft.ProtoSCTP} {
+		// The modulus is the only field that differs between the pick
+		// maps of a protocol: read it where a known one puts it.
+		lo, hi := pickUserdata(f, proto, 0), pickUserdata(f, proto, 0xffffffff)
+		if len(rest) != len(lo) {
+			continue
+		}
+		at := -1
+		for i := range lo {
+			if lo[i] != hi[i] {
+				at = i
+				break
+			}
+		}
+		if at < 0 || at+4 > len(rest) {
+			continue
+		}
+		mod := binary.NativeEndian.Uint32(rest[at:])
+		want := nft.NewPickMap(f, s.Name, proto, mod)
+		if mod > 0 && mod <= nft.MaxPickEndpoints && bytes.Equal(rest, pickUserdata(f, proto, mod)) &&
+			reflect.DeepEqual(s.Key, want.Key) && reflect.DeepEqual(s.Data, want.Data) {
+			s.PickProto, s.PickMod = proto, mod
+			return
+		}
+	}
+}
+
+// udataWithoutComment is a set's userdata without its comment's TLV.
+func udataWithoutComment(ud []byte) []byte {
+	var rest []byte
+	for b := ud; len(b) >= 2 && 2+int(b[1]) <= len(b); b = b[2+int(b[1]):] {
+		if b[0] != udataSetComment {
+			rest = append(rest, b[:2+int(b[1])]...)
+		}
+	}
+	return rest
 }
 
 // types returns the key and data types, or a nil key if they are not
@@ -316,12 +371,7 @@ func (a *setAttrs) endpointsMap(d *nfnl.Decoder, f nft.Family, s *nft.Set) {
 		return
 	}
 	// The userdata without its comment names the protocol.
-	var rest []byte
-	for b := a.ud; len(b) >= 2 && 2+int(b[1]) <= len(b); b = b[2+int(b[1]):] {
-		if b[0] != udataSetComment {
-			rest = append(rest, b[:2+int(b[1])]...)
-		}
-	}
+	rest := udataWithoutComment(a.ud)
 	for _, proto := range []uint8{nft.ProtoTCP, nft.ProtoUDP, nft.ProtoSCTP} {
 		if !bytes.Equal(rest, endpointsUserdata(f, proto)) {
 			continue

@@ -40,11 +40,11 @@ func dportUdata(proto uint8) []byte {
 	return payloadUdata(desc, portHdrDport)
 }
 
-// numgenUdata: numgen random mod EndpointBuckets offset 0 (NUMGEN_TYPE,
+// numgenUdata: numgen random mod mod offset 0 (NUMGEN_TYPE,
 // NUMGEN_MODULUS, NUMGEN_OFFSET).
-func numgenUdata() []byte {
+func numgenUdata(mod uint32) []byte {
 	b := udataU32(nil, udataTypeofExpr, exprNumgen)
-	d := udataU32(udataU32(udataU32(nil, 0, 1), 1, nft.EndpointBuckets), 2, 0)
+	d := udataU32(udataU32(udataU32(nil, 0, 1), 1, mod), 2, 0)
 	return udataTLV(b, udataTypeofData, d)
 }
 
@@ -64,7 +64,18 @@ func concatUdata(exprs ...[]byte) []byte {
 func endpointsUserdata(f nft.Family, proto uint8) []byte {
 	ud := udataU32(nil, udataSetKeyByteorder, byteorderHost)
 	ud = udataU32(ud, udataSetDataByteorder, byteorderInvalid)
-	ud = udataTLV(ud, udataSetKeyTypeof, numgenUdata())
+	ud = udataTLV(ud, udataSetKeyTypeof, numgenUdata(nft.EndpointBuckets))
+	ud = udataTLV(ud, udataSetDataTypeof, concatUdata(daddrUdata(f), dportUdata(proto)))
+	return udataU32(ud, udataSetDataInterval, 0)
+}
+
+// pickUserdata is the NEWSET userdata nft 1.0.6 writes for a pick map,
+// without the comment: key and data byte order none (concatenations), the
+// key's and the data's typeof, data interval 0.
+func pickUserdata(f nft.Family, proto uint8, mod uint32) []byte {
+	ud := udataU32(nil, udataSetKeyByteorder, byteorderInvalid)
+	ud = udataU32(ud, udataSetDataByteorder, byteorderInvalid)
+	ud = udataTLV(ud, udataSetKeyTypeof, concatUdata(daddrUdata(f), dportUdata(proto), numgenUdata(mod)))
 	ud = udataTLV(ud, udataSetDataTypeof, concatUdata(daddrUdata(f), dportUdata(proto)))
 	return udataU32(ud, udataSetDataInterval, 0)
 }

@@ -187,6 +187,32 @@ func everyPhraseDNAT(rs *nft.Ruleset, f nft.Family) {
 		Data: []nft.Datum{nft.Addr(Backends(f, 7, 1, 1)[0].Addr()), nft.Int(1)}})
 	rs.AddElement(epMap(nft.ProtoSCTP), nft.Element{Key: []nft.Datum{nft.Int(last + 65535)}, End: last + 65535,
 		Data: []nft.Datum{nft.Addr(Backends(f, 7, 2, 2)[1].Addr()), nft.Int(2)}})
+
+	// Pick maps: one per protocol and number of endpoints, one chain of
+	// DNATPick rules (the builder gives each its own chain).
+	pickVIP := Addr(f, "10.96.0.30", "fd00:96::30")
+	picks := []struct {
+		proto uint8
+		n     uint32
+	}{{nft.ProtoTCP, 3}, {nft.ProtoUDP, 1}, {nft.ProtoSCTP, nft.MaxPickEndpoints}}
+	rs.AddChain(&nft.Chain{Name: "pick"})
+	for _, p := range picks {
+		name := fmt.Sprintf("endpoints-%s-n%d", nft.ProtoName(p.proto), p.n)
+		m := rs.AddSet(nft.NewPickMap(f, name, p.proto, p.n))
+		if p.proto == nft.ProtoUDP {
+			m.Comment = "UDP endpoints of Services with one"
+			m.Counter = true
+		}
+		rs.Append("pick", nft.Rule{Phrases: []nft.Phrase{nft.DNATPick{Proto: p.proto, Map: name, Mod: p.n}}})
+		eps := Backends(f, 8, int(min(p.n, 3)), 7000+uint16(p.proto))
+		for _, e := range nft.PickElements(pickVIP, 80, eps) {
+			if p.proto == nft.ProtoUDP {
+				e.Comment = "default/pick:dns"
+			}
+			rs.AddElement(name, e)
+		}
+	}
+	rs.Append("services", nft.Rule{Phrases: []nft.Phrase{nft.Goto("pick")}})
 }
 
 // everyPhraseElements adds the elements of the sets and maps.

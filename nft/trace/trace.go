@@ -36,8 +36,9 @@ type Packet struct {
 type Result struct {
 	Verdict nft.VerdictKind // VerdictAccept, VerdictDrop, or "reject"
 	// DNAT lists every backend the packet could have been sent to (all
-	// targets of a random cascade, in rule order, or all endpoints of a
-	// DNATMap's slot, in bucket order); empty if not NATed.
+	// targets of a random cascade, in rule order, all endpoints of a
+	// DNATMap's slot, in bucket order, or of a DNATPick's Service, in
+	// number order); empty if not NATed.
 	// Tracer.Pick chooses which one the traced packet continues to.
 	DNAT []netip.AddrPort
 	// To is the backend the traced packet was sent to (invalid if not
@@ -251,6 +252,8 @@ func (t *Tracer) runRule(rs *nft.Ruleset, r nft.Rule, st *traceState) (nft.Verdi
 			}
 		case nft.DNATMap:
 			return t.dnatMap(rs, r, p, st)
+		case nft.DNATPick:
+			return t.dnatPick(rs, r, p, st)
 		case nft.DNAT:
 			st.res.DNAT = append(st.res.DNAT, p.To)
 			st.pkt.Dst, st.pkt.DPort, st.dnat = p.To.Addr(), p.To.Port(), true
@@ -349,6 +352,35 @@ func (t *Tracer) dnatMap(rs *nft.Ruleset, r nft.Rule, p nft.DNATMap, st *traceSt
 	to := targets[i]
 	st.res.DNAT = append(st.res.DNAT, targets...)
 	st.res.Share *= shares[i]
+	st.pkt.Dst, st.pkt.DPort, st.dnat = to.Addr(), to.Port(), true
+	st.step(r, fmt.Sprintf("%v of %v", to, targets), "")
+	return nft.VerdictAccept, true
+}
+
+// dnatPick runs a DNATPick phrase of rule r: the elements of the packet's
+// destination and port for each number below Mod are the possible
+// outcomes, each drawn with probability 1/Mod (a number without an
+// element does not match, and the packet goes on to the next rule); the
+// traced packet takes the Pick-th.
+func (t *Tracer) dnatPick(rs *nft.Ruleset, r nft.Rule, p nft.DNATPick, st *traceState) (nft.VerdictKind, bool) {
+	s := rs.Sets[p.Map]
+	if st.pkt.Proto != p.Proto || s == nil {
+		return "", false
+	}
+	var targets []netip.AddrPort
+	for k := range p.Mod {
+		e, ok := s.Elements.Get([]nft.Datum{nft.Addr(st.pkt.Dst), nft.Int(uint32(st.pkt.DPort)), nft.Int(k)})
+		if ok && len(e.Data) == 2 {
+			targets = append(targets, netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int)))
+		}
+	}
+	if len(targets) == 0 {
+		return "", false
+	}
+	i := min(t.Pick, len(targets)-1)
+	to := targets[i]
+	st.res.DNAT = append(st.res.DNAT, targets...)
+	st.res.Share /= float64(p.Mod)
 	st.pkt.Dst, st.pkt.DPort, st.dnat = to.Addr(), to.Port(), true
 	st.step(r, fmt.Sprintf("%v of %v", to, targets), "")
 	return nft.VerdictAccept, true
