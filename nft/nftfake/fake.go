@@ -430,18 +430,8 @@ func checkRule(rs *nft.Ruleset, f nft.Family, r nft.Rule) error {
 				return opErr(unix.EINVAL, "dnat to %v in a %s table", p.To, f)
 			}
 		case nft.DNATMap:
-			s, ok := rs.Sets[p.Map]
-			if !ok {
-				return opErr(unix.ENOENT, "map %q", p.Map)
-			}
-			// The kernel checks only that the map has data, and that
-			// the data is not a verdict: it takes another protocol's
-			// endpoints map, as it cannot tell.
-			if !s.IsMap() {
-				return opErr(unix.EINVAL, "set %q is not a map", p.Map)
-			}
-			if s.IsVerdictMap() {
-				return opErr(unix.ENODATA, "map %q holds verdicts", p.Map)
+			if err := dataMapOf(rs, p.Map); err != nil {
+				return err
 			}
 			if p.Slot >= nft.EndpointsSlots {
 				// The kernel would take it, but its last range's end
@@ -449,22 +439,30 @@ func checkRule(rs *nft.Ruleset, f nft.Family, r nft.Rule) error {
 				return opErr(unix.ERANGE, "endpoints slot %d", p.Slot)
 			}
 		case nft.DNATPick:
-			s, ok := rs.Sets[p.Map]
-			if !ok {
-				return opErr(unix.ENOENT, "map %q", p.Map)
-			}
-			// As for DNATMap; the kernel also checks the key's length
-			// against the registers the rule fills.
-			if !s.IsMap() {
-				return opErr(unix.EINVAL, "set %q is not a map", p.Map)
-			}
-			if s.IsVerdictMap() {
-				return opErr(unix.ENODATA, "map %q holds verdicts", p.Map)
+			if err := dataMapOf(rs, p.Map); err != nil {
+				return err
 			}
 			if p.Mod == 0 || p.Mod > nft.MaxPickEndpoints {
 				return opErr(unix.ERANGE, "pick of %d endpoints", p.Mod)
 			}
 		}
+	}
+	return nil
+}
+
+// dataMapOf checks the map a DNATMap or DNATPick phrase looks up. The
+// kernel checks only that it has data, and that the data is not a
+// verdict: it takes another protocol's map, as it cannot tell.
+func dataMapOf(rs *nft.Ruleset, name string) error {
+	s, ok := rs.Sets[name]
+	if !ok {
+		return opErr(unix.ENOENT, "map %q", name)
+	}
+	if !s.IsMap() {
+		return opErr(unix.EINVAL, "set %q is not a map", name)
+	}
+	if s.IsVerdictMap() {
+		return opErr(unix.ENODATA, "map %q holds verdicts", name)
 	}
 	return nil
 }
