@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
 	"github.com/nftproxy/nftproxy/nft"
@@ -85,6 +86,10 @@ func kernelCountsConnections(t *testing.T, node netip.Addr, npa NodePortAddresse
 		echo(t, ns, to, fmt.Sprintf("hello %d", i))
 	}
 
+	// The counters and conntrack are read one after the other: first let
+	// every connection's last packets (FINs and ACKs, sent after the echo
+	// returned) through.
+	waitFlowsClosed(t, ns)
 	got := map[string]nftnl.Counter{}
 	endpoints := nftnl.Counter{}
 	if err := nl.ReadCounters(context.Background(), nft.IPv4, func(s *nft.Set, e nft.Element, c nftnl.Counter) {
@@ -133,6 +138,32 @@ func kernelCountsConnections(t *testing.T, node netip.Addr, npa NodePortAddresse
 // conntrackAccounting sums the packets and bytes, both ways, of the
 // namespace's TCP flows whose original tuple has dst (e.g.
 // "dst=10.96.0.10 sport=").
+// waitFlowsClosed waits until conntrack has seen the last packet of every
+// TCP connection in ns: each flow in TIME_WAIT (or CLOSE).
+func waitFlowsClosed(t *testing.T, ns *netnstest.NS) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, err := ns.Run("", "conntrack", "-L", "-p", "tcp")
+		if err != nil {
+			t.Fatalf("conntrack -L: %v: %s", err, out)
+		}
+		open := 0
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "tcp ") && !strings.Contains(line, " TIME_WAIT ") && !strings.Contains(line, " CLOSE ") {
+				open++
+			}
+		}
+		if open == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d TCP flows not closed after 10 s:\n%s", open, out)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func conntrackAccounting(t *testing.T, ns *netnstest.NS, dst string) nftnl.Counter {
 	t.Helper()
 	out, err := ns.Run("", "conntrack", "-L", "-p", "tcp")
