@@ -41,6 +41,9 @@ import (
 // of ranges.
 const MaxPickEndpoints = 256
 
+// PickModOK reports whether a pick map can hold n endpoints.
+func PickModOK(n uint32) bool { return n >= 1 && n <= MaxPickEndpoints }
+
 // NewPickMap returns an empty pick map of family f for the DNATPick phrases
 // of transport protocol proto and n endpoints.
 func NewPickMap(f Family, name string, proto uint8, n uint32) *Set {
@@ -54,7 +57,7 @@ func CheckPickMap(f Family, s *Set) error {
 	if !EndpointsProtoOK(s.PickProto) {
 		return fmt.Errorf("pick map %q: protocol %s has no pick map", s.Name, ProtoName(s.PickProto))
 	}
-	if s.PickMod == 0 || s.PickMod > MaxPickEndpoints {
+	if !PickModOK(s.PickMod) {
 		return fmt.Errorf("pick map %q: %d endpoints, want 1 to %d", s.Name, s.PickMod, MaxPickEndpoints)
 	}
 	if s.EndpointsProto != 0 {

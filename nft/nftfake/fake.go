@@ -442,7 +442,7 @@ func checkRule(rs *nft.Ruleset, f nft.Family, r nft.Rule) error {
 			if err := dataMapOf(rs, p.Map); err != nil {
 				return err
 			}
-			if p.Mod == 0 || p.Mod > nft.MaxPickEndpoints {
+			if !nft.PickModOK(p.Mod) {
 				return opErr(unix.ERANGE, "pick of %d endpoints", p.Mod)
 			}
 		}

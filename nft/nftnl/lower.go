@@ -391,16 +391,14 @@ func (b *batch) lowerDNATPick(d nft.DNATPick) error {
 	if !nft.EndpointsProtoOK(d.Proto) {
 		return fmt.Errorf("no pick map for protocol %s", nft.ProtoName(d.Proto))
 	}
-	if d.Mod == 0 || d.Mod > nft.MaxPickEndpoints {
+	if !nft.PickModOK(d.Mod) {
 		return fmt.Errorf("pick of %d endpoints: want 1 to %d", d.Mod, nft.MaxPickEndpoints)
 	}
 	e := &b.enc
-	addrLen := uint32(b.family.AddrType().Len)
-	a := int(addrLen / 4)
 	e.metaLoad(unix.NFT_META_L4PROTO, reg1)
 	e.cmp(unix.NFT_CMP_EQ, reg1, []byte{d.Proto})
-	e.payloadLoad(unix.NFT_PAYLOAD_NETWORK_HEADER, addrOffset(b.family, nft.FieldDstAddr), addrLen, slotReg(0))
-	e.payloadLoad(unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, slotReg(a))
+	a, _ := loadField(e, b.family, nft.FieldDstAddr, 0)
+	loadField(e, b.family, nft.FieldDstPort, a)
 	e.numgenRandom(slotReg(a+1), d.Mod)
 	e.lookupData(reg1, reg1, d.Map, b.setIDs[d.Map])
 	e.dnat(uint32(b.family), reg1, slotReg(a), 0)

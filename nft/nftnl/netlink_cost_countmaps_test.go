@@ -69,39 +69,10 @@ func costCountElems(s nfttest.Service, eps []netip.AddrPort, del bool) []costRan
 }
 
 // costExactElems writes NEWSETELEM or DELSETELEM for exact elements (lo is
-// the key).
+// the key): costIntervalElems' pipapo form, whose KEY_END is left out when
+// hi is nil.
 func (b *batch) costExactElems(msgType uint16, set string, els []costRange) {
-	flags := uint16(0)
-	if msgType == unix.NFT_MSG_NEWSETELEM {
-		flags = flagCreate
-	}
-	setID := b.setIDs[set]
-	for len(els) > 0 {
-		m := b.begin(msgType, flags)
-		b.enc.Str(unix.NFTA_SET_ELEM_LIST_TABLE, nft.TableName)
-		b.enc.Str(unix.NFTA_SET_ELEM_LIST_SET, set)
-		if setID != 0 {
-			b.enc.BE32(unix.NFTA_SET_ELEM_LIST_SET_ID, setID)
-		}
-		list := b.enc.Nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
-		i := 0
-		for ; i < len(els) && len(b.enc.Buf)-list < maxElemListLen; i++ {
-			el := b.enc.Nest(uint16(i + 1))
-			k := b.enc.Nest(unix.NFTA_SET_ELEM_KEY)
-			b.enc.Attr(unix.NFTA_DATA_VALUE, els[i].lo)
-			b.enc.EndNest(k)
-			if els[i].data != nil {
-				d := b.enc.Nest(unix.NFTA_SET_ELEM_DATA)
-				b.enc.Attr(unix.NFTA_DATA_VALUE, els[i].data)
-				b.enc.EndNest(d)
-			}
-			b.enc.EndNest(el)
-		}
-		b.enc.EndNest(list)
-		b.end(m)
-		b.elements += i
-		els = els[i:]
-	}
+	b.costIntervalElems(msgType, set, els, true)
 }
 
 // costCountRule is pick-tcp-N's rule:

@@ -431,7 +431,7 @@ func (r raiser) dnatPick(ex []kexpr) (nft.Phrase, int) {
 		return nil, 0
 	}
 	mod, offset, ok := numgenTo(ex[4:], slotReg(a+1))
-	if !ok || offset != 0 || mod == 0 || mod > nft.MaxPickEndpoints {
+	if !ok || offset != 0 || !nft.PickModOK(mod) {
 		return nil, 0
 	}
 	l := ex[5]

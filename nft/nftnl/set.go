@@ -300,27 +300,21 @@ func (a *setAttrs) pickMap(f nft.Family, s *nft.Set) {
 	if a.flags != unix.NFT_SET_MAP || len(s.Key) != 3 {
 		return
 	}
+	// The modulus is the only field that differs between pick maps of a
+	// protocol, at the same place for every protocol: read it there.
 	rest := udataWithoutComment(a.ud)
+	lo, hi := pickUserdata(f, nft.ProtoTCP, 0), pickUserdata(f, nft.ProtoTCP, 0xffffffff)
+	if len(rest) != len(lo) {
+		return
+	}
+	at := 0
+	for lo[at] == hi[at] {
+		at++
+	}
+	mod := binary.NativeEndian.Uint32(rest[at:])
 	for _, proto := range []uint8{nft.ProtoTCP, nft.ProtoUDP, nft.ProtoSCTP} {
-		// The modulus is the only field that differs between the pick
-		// maps of a protocol: read it where a known one puts it.
-		lo, hi := pickUserdata(f, proto, 0), pickUserdata(f, proto, 0xffffffff)
-		if len(rest) != len(lo) {
-			continue
-		}
-		at := -1
-		for i := range lo {
-			if lo[i] != hi[i] {
-				at = i
-				break
-			}
-		}
-		if at < 0 || at+4 > len(rest) {
-			continue
-		}
-		mod := binary.NativeEndian.Uint32(rest[at:])
 		want := nft.NewPickMap(f, s.Name, proto, mod)
-		if mod > 0 && mod <= nft.MaxPickEndpoints && bytes.Equal(rest, pickUserdata(f, proto, mod)) &&
+		if nft.PickModOK(mod) && bytes.Equal(rest, pickUserdata(f, proto, mod)) &&
 			reflect.DeepEqual(s.Key, want.Key) && reflect.DeepEqual(s.Data, want.Data) {
 			s.PickProto, s.PickMod = proto, mod
 			return

@@ -349,9 +349,15 @@ func (t *Tracer) dnatMap(rs *nft.Ruleset, r nft.Rule, p nft.DNATMap, st *traceSt
 		return "", false
 	}
 	i := min(t.Pick, len(targets)-1)
+	return t.dnatTo(r, targets, i, shares[i], st)
+}
+
+// dnatTo sends the traced packet to targets[i], one of the outcomes of
+// rule r, taken with probability share.
+func (t *Tracer) dnatTo(r nft.Rule, targets []netip.AddrPort, i int, share float64, st *traceState) (nft.VerdictKind, bool) {
 	to := targets[i]
 	st.res.DNAT = append(st.res.DNAT, targets...)
-	st.res.Share *= shares[i]
+	st.res.Share *= share
 	st.pkt.Dst, st.pkt.DPort, st.dnat = to.Addr(), to.Port(), true
 	st.step(r, fmt.Sprintf("%v of %v", to, targets), "")
 	return nft.VerdictAccept, true
@@ -377,13 +383,7 @@ func (t *Tracer) dnatPick(rs *nft.Ruleset, r nft.Rule, p nft.DNATPick, st *trace
 	if len(targets) == 0 {
 		return "", false
 	}
-	i := min(t.Pick, len(targets)-1)
-	to := targets[i]
-	st.res.DNAT = append(st.res.DNAT, targets...)
-	st.res.Share /= float64(p.Mod)
-	st.pkt.Dst, st.pkt.DPort, st.dnat = to.Addr(), to.Port(), true
-	st.step(r, fmt.Sprintf("%v of %v", to, targets), "")
-	return nft.VerdictAccept, true
+	return t.dnatTo(r, targets, min(t.Pick, len(targets)-1), 1/float64(p.Mod), st)
 }
 
 // slotShares returns the endpoints of a slot of an endpoints map in bucket
