@@ -192,6 +192,9 @@ func TestConntrackCleanupDoesNotHoldSyncs(t *testing.T) {
 	waitFor(t, "the first cleanup", func() bool { return len(ct.Reconciles()) == 1 })
 
 	ctx := context.Background()
+	// The rules are in the kernel a moment before the sync enqueues its
+	// cleanup: wait for that too, or the job may miss the merge.
+	handed := func() { t.Helper(); waitFor(t, "the sync to hand its cleanup over", h.p.cleaner.Handed) }
 	moveDNS := func(ip string) {
 		t.Helper()
 		es := slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, ip)
@@ -199,6 +202,7 @@ func TestConntrackCleanupDoesNotHoldSyncs(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.eventually(udp, nft.VerdictAccept, ip+":5353")
+		handed()
 	}
 	moveDNS("10.244.1.21")
 	<-ct.started // held
@@ -207,6 +211,7 @@ func TestConntrackCleanupDoesNotHoldSyncs(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.eventually(tcp("10.96.0.10", 80), nft.VerdictAccept, "10.244.1.11:8080")
+	handed()
 	moveDNS("10.244.1.22")
 	moveDNS("10.244.1.23")
 	if h.p.cleaner.Idle() {

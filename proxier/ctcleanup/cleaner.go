@@ -93,6 +93,15 @@ func (c *Cleaner) Run(ctx context.Context) {
 	}
 }
 
+// Handed reports whether every sync that announced its frontends
+// (Committing) has since enqueued its job or withdrawn them: a sync whose
+// rules are seen in the kernel may not have handed its job over yet.
+func (c *Cleaner) Handed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.committing) == 0
+}
+
 // Idle reports whether no job is queued or running.
 func (c *Cleaner) Idle() bool {
 	c.mu.Lock()
