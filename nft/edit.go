@@ -116,8 +116,9 @@ func NewEditorFrom(f Family, loaded *Ruleset) *Editor {
 // Ruleset is the desired ruleset. Callers must not modify it.
 func (e *Editor) Ruleset() *Ruleset { return e.rs }
 
-// AddSet defines a set (without elements). Set definitions are static: a
-// set is added once and never removed while the editor lives.
+// AddSet defines a set (without elements), unless one of that name is
+// defined. A definition does not change while the set lives; Replace of a
+// fragment with the set among its Sets removes it, elements included.
 func (e *Editor) AddSet(s *Set) {
 	if _, ok := e.rs.Sets[s.Name]; ok {
 		return
@@ -468,6 +469,9 @@ func (e *Editor) Transaction() *Transaction {
 	})
 	for _, k := range keys {
 		s := e.rs.Sets[k.set]
+		if s == nil {
+			continue // the set goes, and its elements with it
+		}
 		c.element(s, e.elemsBefore[k], s.Elements.at(k.key))
 	}
 	return c.transaction()

@@ -77,6 +77,7 @@ type familyState struct {
 	mode   syncMode
 	editor *nft.Editor // nil while mode does not know the table
 	base   *nft.Fragment
+	picks  *nft.Fragment // the pick maps' chains (ruleset.Slots.PickChains)
 	// cfg is what base and every programmed Service's fragment were built
 	// with: a Service's old fragment is rebuilt from it (see programmed).
 	// A change of cfg rebuilds every Service in the same sync.
@@ -314,6 +315,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	if full {
 		fs.slots.ReleaseUnclaimed()
 	}
+	fs.picks = fs.slots.UpdatePicks(f, fs.editor, fs.picks)
 	tx := fs.editor.Transaction()
 	if err := p.apply(ctx, f, fs, backend, tx, ctJob); err != nil {
 		return err
@@ -432,6 +434,7 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 		fs.mode = fs.mode.next(eventNotRead)
 	}
 	fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, make(map[model.ServiceName]programmed, p.objects.len()), 0
+	fs.picks = nil
 	fs.slots = seedSlots(f, loaded)
 	fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
 	fs.noLocalInternal, fs.noLocalExternal = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
@@ -510,7 +513,11 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 			ruleset.AddServiceFragment(frag, fs.cfg, ports, fs.slots)
 			for _, m := range fs.slots.NewMaps(f) {
 				fs.editor.AddSet(fs.cfg.Counters.EndpointsMap(m))
-				fs.editor.Reserve(m.Name, fs.reserve.MapElements())
+				n := fs.reserve.MapElements()
+				if m.PickProto != 0 {
+					n = fs.reserve.Endpoints // most Services have the same number of endpoints
+				}
+				fs.editor.Reserve(m.Name, n)
 			}
 		}
 	}

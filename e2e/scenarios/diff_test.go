@@ -22,9 +22,9 @@ import (
 // diff` with each node's own command line exits 0 and prints nothing, on
 // n2 while its proxy owns the tables. With n1's proxy stopped (SIGSTOP;
 // its tables not owned), another process deletes a ClusterIP from
-// cluster-ips, adds a foreign one and puts a rule first in a Service chain:
-// diff exits 1 and names exactly those three; continued, the proxy
-// repairs them and diff is clean again.
+// cluster-ips, adds a foreign one and puts a rule first in the chain its
+// ClusterIP goes to: diff exits 1 and names exactly those three;
+// continued, the proxy repairs them and diff is clean again.
 func TestDiff(t *testing.T) {
 	c := newCluster(t)
 	n1 := c.nodes[0]
@@ -54,7 +54,7 @@ func TestDiff(t *testing.T) {
 
 	c.debugEqualsCommands(n1, a, netip.AddrPortFrom(ips[0], 80))
 
-	chain := c.serviceChain(n1, "web", "tcp")
+	chain := c.dispatchChain(n1, netip.AddrPortFrom(ips[0], 80), "tcp") // pick-tcp-2, shared with lb
 	proxy := c.proxy[n1.Name]
 	if err := proxy.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)

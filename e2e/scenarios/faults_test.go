@@ -39,24 +39,26 @@ func listFirewall(t *testing.T, n *testbed.Node) string {
 	return out
 }
 
-// serviceChain returns the name of the chain of Service e2e/name, port
-// proto, in n's IPv4 table.
-func (c *cluster) serviceChain(n *testbed.Node, name, proto string) string {
+// dispatchChain returns the chain that service-ips sends proto traffic to
+// addr to in n's IPv4 table: for a ClusterIP without session affinity, the
+// pick chain shared by the Services with as many endpoints.
+func (c *cluster) dispatchChain(n *testbed.Node, addr netip.AddrPort, proto string) string {
 	c.t.Helper()
-	re := regexp.MustCompile(`chain (service-[0-9A-Z]+-` + c.ns + `/` + name + `/` + proto + `/[a-z]+) \{`)
+	re := regexp.MustCompile(regexp.QuoteMeta(fmt.Sprintf("%s . %s . %d ", addr.Addr(), proto, addr.Port())) +
+		`comment "[^"]*" : goto ([^,\s}]+)`)
 	m := re.FindStringSubmatch(c.ruleset(n))
 	if m == nil {
-		c.t.Fatalf("no chain for %s/%s in:\n%s", name, proto, c.ruleset(n))
+		c.t.Fatalf("no service-ips element for %s %s in:\n%s", proto, addr, c.ruleset(n))
 	}
 	return m[1]
 }
 
 // TestTamperingRepaired: another process deletes a service-ips element,
-// flushes a service chain, inserts a drop rule into `services`, deletes the
-// whole table. nftproxy hears of each commit from the kernel (no polling),
-// repairs it within a second, even within the minimum sync period, counts
-// it by kind and logs what changed and who changed it. A firewall table
-// beside ours stays byte-identical throughout.
+// flushes the chain the ClusterIP goes to, inserts a drop rule into
+// `services`, deletes the whole table. nftproxy hears of each commit from
+// the kernel (no polling), repairs it within a second, even within the
+// minimum sync period, counts it by kind and logs what changed and who
+// changed it. A firewall table beside ours stays byte-identical throughout.
 func TestTamperingRepaired(t *testing.T) {
 	c := newCluster(t)
 	n1 := c.nodes[0]
@@ -72,11 +74,11 @@ func TestTamperingRepaired(t *testing.T) {
 	c.endpoints("tamper", backendPort, a)
 	addr := vip(ips, 80)
 	c.eventually(client.Netns, "tcp", addr, 3, "tamper-a", onlyFrom("tamper-a"))
-	chain := c.serviceChain(n1, "tamper", "tcp")
+	chain := c.dispatchChain(n1, addr, "tcp")
 
 	tampers := []struct{ name, nft, kind string }{
 		{"delete a service-ips element", fmt.Sprintf("delete element ip nftproxy service-ips { %s . tcp . 80 }", ips[0]), "element"},
-		{"flush a service chain", "flush chain ip nftproxy " + chain, "rule"},
+		{"flush the chain the ClusterIP goes to", "flush chain ip nftproxy " + chain, "rule"},
 		{"insert a drop rule into services", "insert rule ip nftproxy services drop", "rule"},
 		{"delete the table", "delete table ip nftproxy", "table"},
 	}

@@ -176,6 +176,7 @@ func BuildSlots(cfg Config, f nft.Family, ports []model.ServicePortState, slots 
 	}
 	ed.Replace(nil, Base(cfg, f))
 	ed.Replace(nil, fr)
+	ed.Replace(nil, slots.PickChains())
 	return ed.Ruleset()
 }
 
@@ -503,8 +504,15 @@ func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState, slot
 		return localChain
 	}
 
-	// ClusterIP.
+	// ClusterIP: through a pick map (no chain of its own) unless it needs
+	// session affinity or has more endpoints than a pick map holds.
+	internal := sp.Endpoints
+	if sp.InternalLocal {
+		internal = sp.LocalEndpoints
+	}
 	switch {
+	case len(internal) > 0 && len(internal) <= nft.MaxPickEndpoints && sp.AffinityTimeout == 0:
+		b.dispatch(mapServiceIPs, b.key(sp.ClusterIP, sp.Port), comment, b.pick(internal))
 	case !sp.InternalLocal:
 		b.dispatch(mapServiceIPs, b.key(sp.ClusterIP, sp.Port), comment, cluster())
 	case local() != "":
@@ -628,6 +636,19 @@ func (b portBuilder) pickChain(kind string, endpoints []netip.AddrPort) string {
 	}
 	b.fr.AddEndpointsElements(m, slot, endpoints, comment)
 	return b.namedChain(name, rule(nft.DNATMap{Proto: proto, Map: m, Slot: slot}))
+}
+
+// pick adds the elements of a pick map that send ClusterIP connections to
+// one of the endpoints, and returns the chain that DNATs through it
+// (nft.DNATPick, Slots.PickChains).
+func (b portBuilder) pick(endpoints []netip.AddrPort) string {
+	m, chain := b.slots.Pick(b.sp.Name.Protocol, len(endpoints))
+	var comment string
+	if b.cfg.Counters == CountEndpoints {
+		comment = Comment(b.sp.Name)
+	}
+	b.fr.AddPickElements(m, b.sp.ClusterIP, b.sp.Port, endpoints, comment)
+	return chain
 }
 
 // affinityRules: see pickChain.

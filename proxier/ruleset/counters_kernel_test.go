@@ -93,7 +93,7 @@ func kernelCountsConnections(t *testing.T, node netip.Addr, npa NodePortAddresse
 	got := map[string]nftnl.Counter{}
 	endpoints := nftnl.Counter{}
 	if err := nl.ReadCounters(context.Background(), nft.IPv4, func(s *nft.Set, e nft.Element, c nftnl.Counter) {
-		if s.EndpointsProto != 0 {
+		if s.EndpointsProto != 0 || s.PickProto != 0 { // the NodePort's slot map and the ClusterIP's pick map
 			if e.Comment != Comment(web) {
 				t.Errorf("endpoint element %s has comment %q, want %q", s.ElementText(e), e.Comment, Comment(web))
 			}

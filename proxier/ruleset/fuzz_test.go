@@ -94,8 +94,10 @@ func checkIncremental(t *testing.T, st fuzzstate.State, f nft.Family) {
 	ports := make([][]model.ServicePortState, len(st.Services))
 	frags := make([]*nft.Fragment, len(st.Services))
 	live := make([]bool, len(st.Services))
+	var picks *nft.Fragment
 	step := func(what string) {
 		t.Helper()
+		picks = slots.UpdatePicks(f, ed, picks)
 		if err := fk.Apply(context.Background(), ed.Transaction()); err != nil {
 			t.Fatalf("%s, %s: %v", f, what, err)
 		}

@@ -135,6 +135,9 @@ func TestCanonicalSlots(t *testing.T) {
 // (session affinity), gives the slot up; one that stays keeps it.
 func TestReleaseGone(t *testing.T) {
 	st := bigState(3)
+	for i := range st { // a ClusterIP alone picks through a pick map, not a slot
+		st[i].ExternalIPs = []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(i)})}
+	}
 	slots := NewSlots()
 	old := ServiceFragment(testConfig, st, slots)
 	st[1].AffinityTimeout = 3 * time.Hour

@@ -178,11 +178,11 @@ func (t counts) add(s *nft.Set, e nft.Element, cnt nftnl.Counter) {
 		return portKey{namespace: ns, service: name, port: port, protocol: nft.ProtoName(proto)}
 	}
 	var c *nftnl.Counter
-	if s.EndpointsProto != 0 {
+	if s.EndpointsProto != 0 || s.PickProto != 0 {
 		if len(e.Data) != 2 {
 			return
 		}
-		c = counter(t.endpoints, endpointKey{series(s.EndpointsProto), netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int))})
+		c = counter(t.endpoints, endpointKey{series(s.EndpointsProto | s.PickProto), netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Int))})
 	} else if proto, ok := ruleset.CountedTraffic(s.Name, e); ok {
 		c = counter(t.traffic, series(proto))
 	} else if frontend, proto, ok := ruleset.CountedFrontend(s.Name, e); ok {
