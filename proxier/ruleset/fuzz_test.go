@@ -73,17 +73,25 @@ func FuzzBuild(f *testing.F) {
 				t.Fatalf("%s: %v", fam, err)
 			}
 			traceFrontends(t, fk, fam, ports)
-			checkIncremental(t, st, fam)
+			checkIncremental(t, st, fam, nil)
 		}
 	})
+}
+
+// kernelTable is a table in a kernel that checkIncremental applies each
+// transaction to as well, and whose listing it compares with the Fake's.
+type kernelTable interface {
+	nft.Interface
+	Listing(t *testing.T, f nft.Family) string
 }
 
 // checkIncremental builds the table the proxier's way: one fragment per
 // Service through an nft.Editor, a transaction per Service added, then per
 // Service removed (Services sharing a frontend among them). Every
 // transaction must apply, and the table must always be what Build makes of
-// the Services left.
-func checkIncremental(t *testing.T, st fuzzstate.State, f nft.Family) {
+// the Services left; with a kernel, every transaction must apply there
+// too, and leave the table the Fake has.
+func checkIncremental(t *testing.T, st fuzzstate.State, f nft.Family, kernel kernelTable) {
 	t.Helper()
 	cfg := fuzzConfig(f)
 	fk, ed, slots := nftfake.New(), nft.NewEditor(f), NewSlots()
@@ -98,8 +106,17 @@ func checkIncremental(t *testing.T, st fuzzstate.State, f nft.Family) {
 	step := func(what string) {
 		t.Helper()
 		picks = slots.UpdatePicks(f, ed, picks)
-		if err := fk.Apply(context.Background(), ed.Transaction()); err != nil {
+		tx := ed.Transaction()
+		if err := fk.Apply(context.Background(), tx); err != nil {
 			t.Fatalf("%s, %s: %v", f, what, err)
+		}
+		if kernel != nil {
+			if err := kernel.Apply(context.Background(), tx); err != nil {
+				t.Fatalf("%s, %s: the kernel: %v", f, what, err)
+			}
+			if got, want := nft.Canonical(kernel.Listing(t, f)), fk.Ruleset(f).Dump(); got != want {
+				t.Fatalf("%s, %s: the kernel's table is\n%s\nthe Fake's\n%s", f, what, got, want)
+			}
 		}
 		ed.Commit()
 		slots.Commit()
