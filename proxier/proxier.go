@@ -450,7 +450,8 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 }
 
 // seedSlots returns the slot table of a full sync: the slots the chains
-// read back from the kernel use, so that they and their ranges stay.
+// read back from the kernel use, and the pick maps the ClusterIP ports
+// there have elements in, so that they, their ranges and elements stay.
 func seedSlots(f nft.Family, loaded *nft.Ruleset) *ruleset.Slots {
 	slots := ruleset.NewSlots()
 	if loaded == nil {
@@ -470,6 +471,7 @@ func seedSlots(f nft.Family, loaded *nft.Ruleset) *ruleset.Slots {
 		}
 	}
 	slots.Settle()
+	slots.SeedPicks(f, loaded)
 	return slots
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -88,7 +89,7 @@ func TestDiffAgainstKernel(t *testing.T) {
 	// Closed, the proxy's socket leaves the table ownerless: nft may
 	// change it.
 	programmed.Close()
-	chain := serviceChain(t, ns, "ns/web/tcp/tcp")
+	chain := dispatchChain(t, ns, "10.96.0.11")
 	tamper := "delete element ip nftproxy cluster-ips { 10.96.0.11 }\n" +
 		"add element ip nftproxy cluster-ips { 10.96.9.9 }\n" +
 		"add rule ip nftproxy " + chain + " counter\n"
@@ -111,21 +112,19 @@ func TestDiffAgainstKernel(t *testing.T) {
 	}
 }
 
-// serviceChain is the name of the chain, in ns's IPv4 table, whose name
-// ends with the Service port's.
-func serviceChain(t *testing.T, ns *netnstest.NS, port string) string {
+// dispatchChain is the chain service-ips, in ns's IPv4 table, sends TCP
+// traffic to ClusterIP vip to: the pick chain of its number of endpoints.
+func dispatchChain(t *testing.T, ns *netnstest.NS, vip string) string {
 	t.Helper()
 	listing, err := ns.Run("", "nft", "list", "table", "ip", nft.TableName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(listing, "\n") {
-		if name, ok := strings.CutPrefix(strings.TrimSpace(l), "chain service-"); ok && strings.HasSuffix(strings.TrimSuffix(name, " {"), port) {
-			return "service-" + strings.TrimSuffix(name, " {")
-		}
+	m := regexp.MustCompile(regexp.QuoteMeta(vip+" . tcp . ") + `\d+ comment "[^"]*" : goto ([^,\s}]+)`).FindStringSubmatch(listing)
+	if m == nil {
+		t.Fatalf("no service-ips element of %s:\n%s", vip, listing)
 	}
-	t.Fatalf("no chain of %s:\n%s", port, listing)
-	return ""
+	return m[1]
 }
 
 // TestDiffRefusesBadOptions: diff runs none of the proxy's commands and

@@ -171,12 +171,13 @@ func BuildSlots(cfg Config, f nft.Family, ports []model.ServicePortState, slots 
 		ed.AddSet(s)
 	}
 	fr := ServiceFragment(cfg, ports, slots)
+	slots.ReleaseUnclaimed() // as the proxier's full sync does
 	for _, s := range slots.Maps(f) {
 		ed.AddSet(cfg.Counters.EndpointsMap(s))
 	}
 	ed.Replace(nil, Base(cfg, f))
 	ed.Replace(nil, fr)
-	ed.Replace(nil, slots.PickChains())
+	slots.UpdatePicks(f, ed, nil)
 	return ed.Ruleset()
 }
 
@@ -642,7 +643,7 @@ func (b portBuilder) pickChain(kind string, endpoints []netip.AddrPort) string {
 // one of the endpoints, and returns the chain that DNATs through it
 // (nft.DNATPick, Slots.PickChains).
 func (b portBuilder) pick(endpoints []netip.AddrPort) string {
-	m, chain := b.slots.Pick(b.sp.Name.Protocol, len(endpoints))
+	m, chain := b.slots.Pick(b.sp.Name.Protocol, len(endpoints), b.sp.ClusterIP, b.sp.Port)
 	var comment string
 	if b.cfg.Counters == CountEndpoints {
 		comment = Comment(b.sp.Name)

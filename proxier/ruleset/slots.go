@@ -36,106 +36,7 @@ type Slots struct {
 	seeded   map[string]bool      // seeded chains no Slot call asked for yet
 	held     map[slotIndex]bool   // slots seeded since the last Settle
 	names    map[slotIndex]string // map names, one string per map (index: the map's)
-	// Pick maps handed out (nft.NewPickMap), with their chains: kept
-	// while the Slots lives, as a full sync starts a new one.
-	picks     map[pickID]pickNames
-	picksSeen map[pickID]bool // returned by NewMaps
-}
-
-// pickID is a pick map's protocol and number of endpoints.
-type pickID struct {
-	proto uint8
-	n     int
-}
-
-type pickNames struct{ m, chain string }
-
-// PickMapName is the name of the pick map of n endpoints of a protocol.
-func PickMapName(proto uint8, n int) string {
-	return fmt.Sprintf("endpoints-%s-n%d", nft.ProtoName(proto), n)
-}
-
-// PickChainName is the name of the chain of the DNATPick rule on the pick
-// map of n endpoints of a protocol.
-func PickChainName(proto uint8, n int) string {
-	return fmt.Sprintf("pick-%s-%d", nft.ProtoName(proto), n)
-}
-
-// Pick returns the pick map and the chain that send connections to one of
-// n endpoints of proto (1 ≤ n ≤ nft.MaxPickEndpoints), creating them if
-// this is their first use.
-func (s *Slots) Pick(proto uint8, n int) (m, chain string) {
-	id := pickID{proto, n}
-	p, ok := s.picks[id]
-	if !ok {
-		p = pickNames{PickMapName(proto, n), PickChainName(proto, n)}
-		s.picks[id] = p
-	}
-	return p.m, p.chain
-}
-
-// UpdatePicks brings the pick maps and their chains in ed up to date
-// once a sync's Service fragments are in: it removes the maps no Service
-// holds an element of any more, with their chains, and adds the chains of
-// the maps handed out since. prev is what it returned last time (nil for
-// a new editor); it returns the chains now in ed. A table kept up
-// incrementally so has the pick maps a fresh build has.
-func (s *Slots) UpdatePicks(f nft.Family, ed *nft.Editor, prev *nft.Fragment) *nft.Fragment {
-	if gone := s.releaseEmptyPicks(f, ed.Ruleset()); len(gone) > 0 {
-		ed.Replace(&nft.Fragment{Sets: gone}, nil)
-	}
-	chains := s.PickChains()
-	ed.Replace(prev, chains)
-	return chains
-}
-
-// releaseEmptyPicks gives up the pick maps that hold no element in rs and
-// returns them.
-func (s *Slots) releaseEmptyPicks(f nft.Family, rs *nft.Ruleset) []*nft.Set {
-	var out []*nft.Set
-	for _, id := range s.pickIDs() {
-		if m := rs.Sets[s.picks[id].m]; m == nil || m.Elements.Len() == 0 {
-			out = append(out, s.pickMap(f, id))
-			delete(s.picks, id)
-			delete(s.picksSeen, id)
-		}
-	}
-	return out
-}
-
-func (s *Slots) pickIDs() []pickID {
-	ids := make([]pickID, 0, len(s.picks))
-	for id := range s.picks {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool {
-		if ids[i].proto != ids[j].proto {
-			return ids[i].proto < ids[j].proto
-		}
-		return ids[i].n < ids[j].n
-	})
-	return ids
-}
-
-// PickChains returns the chains of the pick maps handed out so far, one
-// DNATPick rule each.
-func (s *Slots) PickChains() *nft.Fragment {
-	fr := &nft.Fragment{}
-	for _, id := range s.pickIDs() {
-		p := s.picks[id]
-		fr.Chains = append(fr.Chains, &nft.Chain{Name: p.chain,
-			Rules: []nft.Rule{rule(nft.DNATPick{Proto: id.proto, Map: p.m, Mod: uint32(id.n)})}})
-	}
-	return fr
-}
-
-func (s *Slots) pickMap(f nft.Family, id pickID) *nft.Set {
-	m := nft.NewPickMap(f, s.picks[id].m, id.proto, uint32(id.n))
-	m.Comment = fmt.Sprintf("%s ClusterIPs with %d endpoints", nft.ProtoName(id.proto), id.n)
-	if id.n == 1 {
-		m.Comment = nft.ProtoName(id.proto) + " ClusterIPs with 1 endpoint"
-	}
-	return m
+	picks    picks                // pick maps (picks.go)
 }
 
 type slotIndex struct {
@@ -149,7 +50,7 @@ func NewSlots() *Slots { return newSlots(SlotsPerMap) }
 func newSlots(perMap int) *Slots {
 	return &Slots{perMap: perMap, byChain: map[string]slotIndex{}, used: map[uint8]int{}, free: map[uint8][]int{},
 		shown: map[uint8]int{}, seeded: map[string]bool{}, held: map[slotIndex]bool{}, names: map[slotIndex]string{},
-		picks: map[pickID]pickNames{}, picksSeen: map[pickID]bool{}}
+		picks: newPicks()}
 }
 
 // EndpointsMapName is the name of endpoints map i of a protocol.
@@ -202,11 +103,13 @@ func (s *Slots) Release(chain string) {
 
 // ReleaseGone releases the slots of the chains of old that now (either
 // may be nil) no longer has, or has without an endpoints-map rule (the
-// Service switched to session affinity).
+// Service switched to session affinity), and the room in pick maps of
+// the ClusterIP ports old has there and now has not.
 func (s *Slots) ReleaseGone(old, now *nft.Fragment) {
 	if old == nil {
 		return
 	}
+	s.picks.releaseGone(old, now)
 	for _, c := range old.Chains {
 		if _, ok := s.byChain[c.Name]; !ok || usesSlot(now, c.Name) {
 			continue
@@ -299,12 +202,14 @@ func parseMapName(name string) (proto uint8, i int, ok bool) {
 
 // ReleaseUnclaimed releases the slots of seeded chains that no Slot call
 // asked for: chains read back that the table no longer has (their ranges
-// go with them). Call it once every fragment of the sync is built.
+// go with them); and so the room of seeded ClusterIP ports in pick maps
+// (SeedPicks). Call it once every fragment of the sync is built.
 func (s *Slots) ReleaseUnclaimed() {
 	for chain := range s.seeded {
 		s.Release(chain)
 	}
 	clear(s.seeded)
+	s.picks.releaseUnclaimed()
 }
 
 // Settle makes the slots below each protocol's highest seeded one that no
@@ -331,8 +236,8 @@ func (s *Slots) Maps(f nft.Family) []*nft.Set {
 			out = append(out, s.endpointsMap(f, proto, i))
 		}
 	}
-	for _, id := range s.pickIDs() {
-		out = append(out, s.pickMap(f, id))
+	for _, sh := range s.picks.all() {
+		out = append(out, sh.set(f))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -349,10 +254,10 @@ func (s *Slots) NewMaps(f nft.Family) []*nft.Set {
 		}
 		s.shown[proto] = max(s.shown[proto], s.maps(proto))
 	}
-	for _, id := range s.pickIDs() {
-		if !s.picksSeen[id] {
-			s.picksSeen[id] = true
-			out = append(out, s.pickMap(f, id))
+	for _, sh := range s.picks.all() {
+		if !sh.seen {
+			sh.seen = true
+			out = append(out, sh.set(f))
 		}
 	}
 	return out
