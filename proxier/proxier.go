@@ -515,11 +515,7 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 			ruleset.AddServiceFragment(frag, fs.cfg, ports, fs.slots)
 			for _, m := range fs.slots.NewMaps(f) {
 				fs.editor.AddSet(fs.cfg.Counters.EndpointsMap(m))
-				n := fs.reserve.MapElements()
-				if m.PickProto != 0 {
-					n = fs.reserve.Endpoints // most Services have the same number of endpoints
-				}
-				fs.editor.Reserve(m.Name, n)
+				fs.editor.Reserve(m.Name, fs.reserve.MapElements(m))
 			}
 		}
 	}

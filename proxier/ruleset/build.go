@@ -218,9 +218,13 @@ func Sets(f nft.Family, counters Counters) []*nft.Set {
 // growth.
 type Counts struct{ Services, Ports, Endpoints, LocalEndpoints int }
 
-// MapElements is the room to reserve in a new endpoints map: its slots
-// times the endpoints per port.
-func (c Counts) MapElements() int {
+// MapElements is the room to reserve in new endpoints or pick map m: an
+// endpoints map's slots times the endpoints per port, or as many elements
+// as a pick map holds.
+func (c Counts) MapElements(m *nft.Set) int {
+	if m.PickProto != 0 {
+		return min(PickMapElements, c.Endpoints)
+	}
 	if c.Ports == 0 {
 		return 0
 	}
