@@ -151,6 +151,10 @@ var (
 	endpointsMapHeader = regexp.MustCompile(`^\tmap (endpoints-[a-z]+-\d+) \{$`)
 	endpointsElement   = regexp.MustCompile(`(\d+)-(\d+) : (\S+ \. \d+)`)
 	dnatFromSlot       = regexp.MustCompile(`numgen random mod 65536 (?:offset (\d+) )?map @(endpoints-[a-z]+-\d+)`)
+	pickMapHeader      = regexp.MustCompile(`^\tmap endpoints-([a-z]+)-n\d+-\d+ \{$`)
+	pickChainHeader    = regexp.MustCompile(`^\tchain pick-[a-z]+-\d+-\d+ \{$`)
+	pickElement        = regexp.MustCompile(`(\S+) \. (\d+) \. (\d+) : (\S+ \. \d+)`)
+	gotoPick           = regexp.MustCompile(`(\S+) \. ([a-z]+) \. (\d+)((?: comment "[^"]*")?) : goto pick-[a-z]+-\d+-\d+`)
 )
 
 // ResolveSlots rewrites a canonical listing so that it says which endpoints
@@ -162,7 +166,17 @@ var (
 // their tables compare equal. So do tables with more or fewer endpoints
 // maps: a proxy keeps the maps its most slots needed (emptied slots are
 // reused), a fresh one makes those its Services need now.
+//
+// Likewise, a ClusterIP port's element of service-ips that goes to the
+// chain of a pick map becomes the endpoints it has there
+// (`: pick tcp{0:10.244.1.11 . 8080, …}`), and the pick maps and their
+// chains are left out: which of the maps of its number of endpoints a
+// port is in depends on the order the proxy met the Services.
 func ResolveSlots(listing string) string {
+	return resolvePicks(resolveEndpointSlots(listing))
+}
+
+func resolveEndpointSlots(listing string) string {
 	slots := map[string][]string{} // "map/slot" → "lo-hi:endpoint"
 	var kept []string
 	inMap := ""
@@ -197,5 +211,45 @@ func ResolveSlots(listing string) string {
 		sort.Strings(ranges)
 		proto := strings.Split(m[2], "-")[1]
 		return fmt.Sprintf("numgen random mod 65536 map %s{%s}", proto, strings.Join(ranges, ", "))
+	})
+}
+
+// resolvePicks: see ResolveSlots.
+func resolvePicks(listing string) string {
+	picks := map[string][]string{} // "proto addr . port" → "i:endpoint"
+	var kept []string
+	inMap, inChain := "", false
+	for _, line := range strings.Split(listing, "\n") {
+		switch {
+		case inChain:
+			inChain = line != "\t}"
+			continue
+		case inMap != "":
+			for _, e := range pickElement.FindAllStringSubmatch(line, -1) {
+				key := inMap + " " + e[1] + " . " + e[2]
+				picks[key] = append(picks[key], e[3]+":"+e[4])
+			}
+			if line == "\t}" {
+				inMap = ""
+			}
+			continue
+		}
+		if m := pickMapHeader.FindStringSubmatch(line); m != nil {
+			inMap = m[1]
+		} else if pickChainHeader.MatchString(line) {
+			inChain = true
+		} else {
+			kept = append(kept, line)
+			continue
+		}
+		if n := len(kept); n > 0 && kept[n-1] == "" {
+			kept = kept[:n-1] // the blank line between the block and what precedes it
+		}
+	}
+	return gotoPick.ReplaceAllStringFunc(strings.Join(kept, "\n"), func(s string) string {
+		m := gotoPick.FindStringSubmatch(s)
+		eps := append([]string(nil), picks[m[2]+" "+m[1]+" . "+m[3]]...)
+		sort.Strings(eps)
+		return fmt.Sprintf("%s . %s . %s%s : pick %s{%s}", m[1], m[2], m[3], m[4], m[2], strings.Join(eps, ", "))
 	})
 }

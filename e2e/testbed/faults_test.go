@@ -43,3 +43,34 @@ func TestResolveSlots(t *testing.T) {
 		t.Errorf("the endpoints map is still there:\n%s", slot0)
 	}
 }
+
+// TestResolvePicks: a ClusterIP port reads the same in any pick map of its
+// number of endpoints; other endpoints do not.
+func TestResolvePicks(t *testing.T) {
+	table := func(shard, ep string) string {
+		return "table ip nftproxy {\n" +
+			"\tmap endpoints-tcp-n2-" + shard + " {\n" +
+			"\t\ttypeof ip daddr . tcp dport . numgen random mod 2 : ip daddr . tcp dport\n" +
+			"\t\telements = { 10.96.0.10 . 80 . 0 : 10.244.1.11 . 8080,\n" +
+			"\t\t\t     10.96.0.10 . 80 . 1 : " + ep + " . 8080 }\n" +
+			"\t}\n\n" +
+			"\tmap service-ips {\n" +
+			"\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n" +
+			"\t\telements = { 10.96.0.10 . tcp . 80 comment \"default/web:http\" : goto pick-tcp-2-" + shard + " }\n" +
+			"\t}\n\n" +
+			"\tchain pick-tcp-2-" + shard + " {\n" +
+			"\t\tdnat ip to ip daddr . tcp dport . numgen random mod 2 map @endpoints-tcp-n2-" + shard + "\n" +
+			"\t}\n}\n"
+	}
+	shard0, shard3 := ResolveSlots(table("0", "10.244.2.12")), ResolveSlots(table("3", "10.244.2.12"))
+	if shard0 != shard3 {
+		t.Errorf("the same endpoints in pick maps 0 and 3 differ:\n%s\n%s", shard0, shard3)
+	}
+	if other := ResolveSlots(table("3", "10.244.2.13")); other == shard3 {
+		t.Errorf("other endpoints read the same:\n%s", other)
+	}
+	want := `10.96.0.10 . tcp . 80 comment "default/web:http" : pick tcp{0:10.244.1.11 . 8080, 1:10.244.2.12 . 8080}`
+	if !strings.Contains(shard0, want) || strings.Contains(shard0, "endpoints-tcp-n2") || strings.Contains(shard0, "chain pick") {
+		t.Errorf("resolved:\n%s\nwant it to contain %q and neither the map nor the chain", shard0, want)
+	}
+}
