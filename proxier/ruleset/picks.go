@@ -64,6 +64,7 @@ type picks struct {
 	byMap     map[string]*pickShard
 	held      map[pickHolder]*pickShard
 	unclaimed map[pickHolder]bool // seeded, not asked for since
+	changed   bool                // maps added or dropped since UpdatePicks
 }
 
 func newPicks() picks {
@@ -137,6 +138,7 @@ func (p *picks) add(g pickGroup, i int) *pickShard {
 	}
 	p.shards[g][i] = sh
 	p.byMap[sh.m] = sh
+	p.changed = true
 	return sh
 }
 
@@ -223,6 +225,7 @@ func (p *picks) dropEmpty(f nft.Family, rs *nft.Ruleset) []*nft.Set {
 			continue
 		}
 		out = append(out, sh.set(f))
+		p.changed = true
 		shards := p.shards[sh.group]
 		shards[slices.Index(shards, sh)] = nil
 		for len(shards) > 0 && shards[len(shards)-1] == nil {
@@ -267,6 +270,10 @@ func (s *Slots) UpdatePicks(f nft.Family, ed *nft.Editor, prev *nft.Fragment) *n
 	if gone := s.picks.dropEmpty(f, ed.Ruleset()); len(gone) > 0 {
 		ed.Replace(&nft.Fragment{Sets: gone}, nil)
 	}
+	if prev != nil && !s.picks.changed {
+		return prev // the editor would compare every chain to find none changed
+	}
+	s.picks.changed = false
 	chains := s.PickChains()
 	ed.Replace(prev, chains)
 	return chains
