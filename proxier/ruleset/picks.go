@@ -288,3 +288,86 @@ func (s *Slots) PickChains() *nft.Fragment {
 	}
 	return fr
 }
+
+// canonicalPicks puts the ClusterIP ports of rs's pick maps into maps
+// afresh, in the order of their protocols, numbers of endpoints,
+// addresses and ports, and points their service-ips elements at the new
+// maps' chains (see CanonicalSlots).
+func canonicalPicks(rs *nft.Ruleset) {
+	type port struct {
+		h     pickHolder
+		elems []nft.Element
+	}
+	ports := map[pickHolder]*port{}
+	oldChains := map[string]bool{}
+	counters := CountNone
+	for name, set := range rs.Sets {
+		g, i, ok := parsePickMapName(name)
+		if !ok || set.PickProto == 0 {
+			continue
+		}
+		if set.Counter {
+			counters = CountEndpoints // a proxier counts all its endpoints maps or none
+		}
+		for e := range set.Elements.All() {
+			h := pickHolder{g, e.Key[0].Addr, uint16(e.Key[1].Int)}
+			if ports[h] == nil {
+				ports[h] = &port{h: h}
+			}
+			ports[h].elems = append(ports[h].elems, e)
+		}
+		delete(rs.Sets, name)
+		delete(rs.Chains, PickChainName(g.proto, g.n, i))
+		oldChains[PickChainName(g.proto, g.n, i)] = true
+	}
+	if len(oldChains) == 0 {
+		return
+	}
+	order := slices.SortedFunc(maps.Values(ports), func(a, b *port) int {
+		return cmp.Or(cmp.Compare(a.h.group.proto, b.h.group.proto), cmp.Compare(a.h.group.n, b.h.group.n),
+			a.h.addr.Compare(b.h.addr), cmp.Compare(a.h.port, b.h.port))
+	})
+	slots := NewSlots()
+	chainOf := map[pickHolder]string{}
+	for _, p := range order {
+		_, chainOf[p.h] = slots.Pick(p.h.group.proto, p.h.group.n, p.h.addr, p.h.port)
+	}
+	for _, m := range slots.Maps(rs.Family) {
+		rs.AddSet(counters.EndpointsMap(m))
+	}
+	for _, p := range order {
+		m, _ := slots.Pick(p.h.group.proto, p.h.group.n, p.h.addr, p.h.port)
+		for _, e := range p.elems {
+			rs.AddElement(m, e)
+		}
+	}
+	for _, c := range slots.PickChains().Chains {
+		rs.Chains[c.Name] = c
+	}
+	dispatch := rs.Sets[mapServiceIPs]
+	if dispatch == nil {
+		return
+	}
+	type frontend struct {
+		proto uint32
+		addr  netip.Addr
+		port  uint16
+	}
+	holders := make(map[frontend]pickHolder, len(ports))
+	for h := range ports {
+		holders[frontend{uint32(h.group.proto), h.addr, h.port}] = h
+	}
+	var moved []nft.Element
+	for e := range dispatch.Elements.All() {
+		if e.Verdict == nil || !oldChains[e.Verdict.Chain] {
+			continue
+		}
+		if h, ok := holders[frontend{e.Key[1].Int, e.Key[0].Addr, uint16(e.Key[2].Int)}]; ok {
+			e.Verdict = gotoChain(chainOf[h])
+			moved = append(moved, e)
+		}
+	}
+	for _, e := range moved {
+		dispatch.Elements.Put(e)
+	}
+}

@@ -11,7 +11,8 @@ import (
 // TestPickMapsFillInTurn: ClusterIP ports with as many endpoints fill a
 // pick map up to PickMapElements, then the next; a table read back
 // (SeedPicks) keeps each port in its map whatever the order the Services
-// are built in, so that a restart changes nothing.
+// are built in, so that a restart changes nothing. Tables that differ only
+// in which maps the ports are in have one canonical form (CanonicalSlots).
 func TestPickMapsFillInTurn(t *testing.T) {
 	perMap := PickMapElements / 5
 	st := bigState(perMap + 1) // 5 endpoints each
@@ -31,8 +32,18 @@ func TestPickMapsFillInTurn(t *testing.T) {
 
 	reversed := slices.Clone(st)
 	slices.Reverse(reversed)
-	if Build(testConfig, nft.IPv4, reversed).Dump() == rs.Dump() {
+	backwards := Build(testConfig, nft.IPv4, reversed)
+	if backwards.Dump() == rs.Dump() {
 		t.Fatal("built in reverse, the table is the same: the test tests nothing")
+	}
+	if CanonicalSlots(backwards).Dump() != CanonicalSlots(rs).Dump() {
+		t.Error("built in reverse, the canonical form differs")
+	}
+	moved := slices.Clone(st)
+	moved[7].Endpoints = slices.Clone(moved[7].Endpoints)
+	moved[7].Endpoints[2] = ap("10.244.9.9:1")
+	if CanonicalSlots(Build(testConfig, nft.IPv4, moved)).Dump() == CanonicalSlots(rs).Dump() {
+		t.Error("an endpoint change is lost in the canonical form")
 	}
 	seeded := NewSlots()
 	seeded.SeedPicks(nft.IPv4, rs)

@@ -273,12 +273,15 @@ func (s *Slots) endpointsMap(f nft.Family, proto uint8, i int) *nft.Set {
 
 // CanonicalSlots returns a copy of a table with its endpoints slots
 // assigned afresh: per protocol in the order of the chains' names, with
-// exactly the maps those need. Two tables that differ only in which slots
-// their chains hold (a table kept up incrementally, where released slots
-// are reused, and one built at once) compare equal after it. For tests and
-// tools.
+// exactly the maps those need; and its ClusterIP ports put in pick maps
+// afresh, in the order of their addresses and ports (canonicalPicks). Two
+// tables that differ only in which slots their chains hold and which pick
+// maps their ports are in (a table kept up incrementally, where released
+// room is reused, and one built at once) compare equal after it. For
+// tests and tools.
 func CanonicalSlots(rs *nft.Ruleset) *nft.Ruleset {
 	out := rs.Clone()
+	canonicalPicks(out)
 	type user struct {
 		chain string
 		rule  int
