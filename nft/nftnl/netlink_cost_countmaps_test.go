@@ -33,24 +33,6 @@ func BenchmarkKernelCountMaps(b *testing.B) { benchBeds(b, costCountMaps) }
 // costCountKeyType is ipv4_addr . inet_service . integer.
 var costCountKeyType = typeMagic([]nft.DataType{nft.TypeIPv4Addr, nft.TypeInetService, nft.TypeInteger})
 
-// costExactMap writes NEWSET for a map without intervals (the kernel picks
-// a hash).
-func (b *batch) costExactMap(name string, keyMagic, keyLen, dataMagic, dataLen uint32) {
-	b.lastSetID++
-	id := b.lastSetID
-	m := b.begin(unix.NFT_MSG_NEWSET, flagCreate)
-	b.enc.Str(unix.NFTA_SET_TABLE, nft.TableName)
-	b.enc.Str(unix.NFTA_SET_NAME, name)
-	b.enc.BE32(unix.NFTA_SET_FLAGS, unix.NFT_SET_MAP)
-	b.enc.BE32(unix.NFTA_SET_KEY_TYPE, keyMagic)
-	b.enc.BE32(unix.NFTA_SET_KEY_LEN, keyLen)
-	b.enc.BE32(unix.NFTA_SET_DATA_TYPE, dataMagic)
-	b.enc.BE32(unix.NFTA_SET_DATA_LEN, dataLen)
-	b.enc.BE32(unix.NFTA_SET_ID, id)
-	b.end(m)
-	b.setIDs[name] = id
-}
-
 // costCountElems are the N elements of Service s in its endpoints-tcp-N
 // map: key ClusterIP . port 80 . bucket (host order, as numgen writes it),
 // data the endpoint. For DELSETELEM the data is left out.
@@ -108,7 +90,7 @@ func costCountMaps(tb *testing.B, sz benchSize) *costBed {
 	mapOf := func(k int) string { return fmt.Sprintf("endpoints-tcp-%d", k) }
 	chainOf := func(k int) string { return fmt.Sprintf("pick-tcp-%d", k) }
 	svcs := nfttest.MakeServices(f, size, nb)
-	cips, hp, noEp, sips := rs.Sets["cluster-ips"], rs.Sets["hairpin-connections"], rs.Sets["no-endpoint-services"], rs.Sets["service-ips"]
+	cips, hp, sips := rs.Sets["cluster-ips"], rs.Sets["hairpin-connections"], rs.Sets["service-ips"]
 	dispatch := func(s nfttest.Service, k int) []nft.Element {
 		return []nft.Element{{Key: []nft.Datum{nft.Addr(s.ClusterIP), nfttest.TCP, nft.Int(80)}, Comment: s.Name(),
 			Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: chainOf(k)}}}
@@ -122,28 +104,11 @@ func costCountMaps(tb *testing.B, sz benchSize) *costBed {
 			b.costRule(chainOf(k), costCountRule(mapOf(k), b.setIDs[mapOf(k)], k))
 		}
 		var els []costRange
-		var cipEls, hpEls, noEpEls, sipEls []nft.Element
-		for _, s := range svcs {
-			cipEls = append(cipEls, nft.Element{Key: []nft.Datum{nft.Addr(s.ClusterIP)}})
-			if len(s.Backends) == 0 {
-				noEpEls = append(noEpEls, nft.Element{Key: []nft.Datum{nft.Addr(s.ClusterIP), nfttest.TCP, nft.Int(80)},
-					Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: "reject-chain"}})
-				continue
-			}
-			els = append(els, costCountElems(s, s.Backends, false)...)
-			sipEls = append(sipEls, dispatch(s, nb)...)
-			hpEls = append(hpEls, costHairpin(s.Backends)...)
-		}
+		ops := costServiceElements(rs, svcs, func(s nfttest.Service) []nft.Element { return dispatch(s, nb) },
+			func(s nfttest.Service) { els = append(els, costCountElems(s, s.Backends, false)...) })
 		b.costExactElems(unix.NFT_MSG_NEWSETELEM, mapOf(nb), els)
-		for _, op := range []nft.Op{
-			{Kind: nft.OpAddElements, Set: cips, Elements: cipEls},
-			{Kind: nft.OpAddElements, Set: sips, Elements: sipEls},
-			{Kind: nft.OpAddElements, Set: hp, Elements: hpEls},
-			{Kind: nft.OpAddElements, Set: noEp, Elements: noEpEls},
-		} {
-			if err := b.addOp(op); err != nil {
-				return err
-			}
+		if err := b.addOps(ops); err != nil {
+			return err
 		}
 		return nil
 	})
@@ -164,33 +129,30 @@ func costCountMaps(tb *testing.B, sz benchSize) *costBed {
 	move := func(s nfttest.Service, from, to []netip.AddrPort) func() (time.Duration, error) {
 		return func() (time.Duration, error) {
 			return costRaw(n, f, func(b *batch) error {
-				ops := []nft.Op{}
+				var ops []nft.Op
+				// side writes the elements of eps out (del) or in; other
+				// is the endpoints on the other side of the move.
+				side := func(eps, other []netip.AddrPort, del bool) {
+					msg, kind := uint16(unix.NFT_MSG_NEWSETELEM), nft.OpAddElements
+					if del {
+						msg, kind = unix.NFT_MSG_DELSETELEM, nft.OpDeleteElements
+					}
+					b.costExactElems(msg, mapOf(len(eps)), costCountElems(s, eps, del))
+					ops = append(ops, nft.Op{Kind: kind, Set: hp, Elements: costHairpin(eps)})
+					if len(other) != len(eps) {
+						ops = append(ops, nft.Op{Kind: kind, Set: sips, Elements: dispatch(s, len(eps))})
+					}
+					if len(other) == 0 {
+						ops = append(ops, nft.Op{Kind: kind, Set: cips, Elements: []nft.Element{{Key: []nft.Datum{nft.Addr(s.ClusterIP)}}}})
+					}
+				}
 				if len(from) > 0 {
-					b.costExactElems(unix.NFT_MSG_DELSETELEM, mapOf(len(from)), costCountElems(s, from, true))
-					ops = append(ops, nft.Op{Kind: nft.OpDeleteElements, Set: hp, Elements: costHairpin(from)})
-					if len(to) != len(from) {
-						ops = append(ops, nft.Op{Kind: nft.OpDeleteElements, Set: sips, Elements: dispatch(s, len(from))})
-					}
-					if len(to) == 0 {
-						ops = append(ops, nft.Op{Kind: nft.OpDeleteElements, Set: cips, Elements: []nft.Element{{Key: []nft.Datum{nft.Addr(s.ClusterIP)}}}})
-					}
+					side(from, to, true)
 				}
 				if len(to) > 0 {
-					b.costExactElems(unix.NFT_MSG_NEWSETELEM, mapOf(len(to)), costCountElems(s, to, false))
-					ops = append(ops, nft.Op{Kind: nft.OpAddElements, Set: hp, Elements: costHairpin(to)})
-					if len(to) != len(from) {
-						ops = append(ops, nft.Op{Kind: nft.OpAddElements, Set: sips, Elements: dispatch(s, len(to))})
-					}
-					if len(from) == 0 {
-						ops = append(ops, nft.Op{Kind: nft.OpAddElements, Set: cips, Elements: []nft.Element{{Key: []nft.Datum{nft.Addr(s.ClusterIP)}}}})
-					}
+					side(to, from, false)
 				}
-				for _, op := range ops {
-					if err := b.addOp(op); err != nil {
-						return err
-					}
-				}
-				return nil
+				return b.addOps(ops)
 			})
 		}
 	}

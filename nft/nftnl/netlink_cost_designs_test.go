@@ -63,7 +63,7 @@ func costGlobalMap(tb *testing.B, sz benchSize, pipapo bool) *costBed {
 		tb.Fatal(err)
 	}
 	svcs := nfttest.MakeServices(f, size, nb)
-	cips, hp, noEp := rs.Sets["cluster-ips"], rs.Sets["hairpin-connections"], rs.Sets["no-endpoint-services"]
+	cips, hp := rs.Sets["cluster-ips"], rs.Sets["hairpin-connections"]
 	const gm = "service-endpoints"
 	ranges := func(s nfttest.Service, eps []netip.AddrPort) []costRange {
 		return costBucketRanges(costVIPKey(s.ClusterIP, nft.ProtoTCP, 80), eps, pipapo)
@@ -71,29 +71,10 @@ func costGlobalMap(tb *testing.B, sz benchSize, pipapo bool) *costBed {
 	cold, err := costRaw(n, f, func(b *batch) error {
 		b.costIntervalMap(gm, costGlobalKeyType, 16, costEndpointType, 8, fields)
 		var all []costRange
-		var cipEls, hpEls, noEpEls []nft.Element
-		for _, s := range svcs {
-			cipEls = append(cipEls, nft.Element{Key: []nft.Datum{nft.Addr(s.ClusterIP)}})
-			if len(s.Backends) == 0 {
-				noEpEls = append(noEpEls, nft.Element{Key: []nft.Datum{nft.Addr(s.ClusterIP), nfttest.TCP, nft.Int(80)},
-					Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: "reject-chain"}})
-				continue
-			}
-			all = append(all, ranges(s, s.Backends)...)
-			hpEls = append(hpEls, costHairpin(s.Backends)...)
-		}
+		ops := costServiceElements(rs, svcs, nil, func(s nfttest.Service) { all = append(all, ranges(s, s.Backends)...) })
 		b.costIntervalElems(unix.NFT_MSG_NEWSETELEM, gm, all, pipapo)
 		b.costRule("services", costGlobalRule(gm, b.setIDs[gm]))
-		for _, op := range []nft.Op{
-			{Kind: nft.OpAddElements, Set: cips, Elements: cipEls},
-			{Kind: nft.OpAddElements, Set: hp, Elements: hpEls},
-			{Kind: nft.OpAddElements, Set: noEp, Elements: noEpEls},
-		} {
-			if err := b.addOp(op); err != nil {
-				return err
-			}
-		}
-		return nil
+		return b.addOps(ops)
 	})
 	if err != nil {
 		tb.Fatal(err)
@@ -222,39 +203,22 @@ func costShardedMaps(tb *testing.B, sz benchSize) *costBed {
 		tb.Fatal(err)
 	}
 	svcs := nfttest.MakeServices(f, size, nb)
-	cips, hp, noEp := rs.Sets["cluster-ips"], rs.Sets["hairpin-connections"], rs.Sets["no-endpoint-services"]
+	cips, hp := rs.Sets["cluster-ips"], rs.Sets["hairpin-connections"]
 	ranges := func(s nfttest.Service, eps []netip.AddrPort) []costRange {
 		return costBucketRanges(costVIPKey(s.ClusterIP, nft.ProtoTCP, 80), eps, false)
 	}
 	cold, err := costRaw(n, f, func(b *batch) error {
 		perShard := make([][]costRange, shards)
-		var cipEls, hpEls, noEpEls []nft.Element
-		for _, s := range svcs {
-			cipEls = append(cipEls, nft.Element{Key: []nft.Datum{nft.Addr(s.ClusterIP)}})
-			if len(s.Backends) == 0 {
-				noEpEls = append(noEpEls, nft.Element{Key: []nft.Datum{nft.Addr(s.ClusterIP), nfttest.TCP, nft.Int(80)},
-					Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: "reject-chain"}})
-				continue
-			}
+		ops := costServiceElements(rs, svcs, nil, func(s nfttest.Service) {
 			i := shardOf(s.ClusterIP)
 			perShard[i] = append(perShard[i], ranges(s, s.Backends)...)
-			hpEls = append(hpEls, costHairpin(s.Backends)...)
-		}
+		})
 		for i, rgs := range perShard {
 			if len(rgs) > 0 {
 				b.costIntervalElems(unix.NFT_MSG_NEWSETELEM, shardMap(i), rgs, false)
 			}
 		}
-		for _, op := range []nft.Op{
-			{Kind: nft.OpAddElements, Set: cips, Elements: cipEls},
-			{Kind: nft.OpAddElements, Set: hp, Elements: hpEls},
-			{Kind: nft.OpAddElements, Set: noEp, Elements: noEpEls},
-		} {
-			if err := b.addOp(op); err != nil {
-				return err
-			}
-		}
-		return nil
+		return b.addOps(ops)
 	})
 	if err != nil {
 		tb.Fatal(err)

@@ -85,12 +85,24 @@ func costTx(n *Netlink, tx *nft.Transaction) (time.Duration, error) {
 // selects the pipapo backend; without, the kernel picks rbtree, whatever
 // the key length. No userdata: nft lists these sets with raw types.
 func (b *batch) costIntervalMap(name string, keyMagic, keyLen, dataMagic, dataLen uint32, fieldLens []uint32) {
-	b.lastSetID++
-	id := b.lastSetID
 	flags := uint32(unix.NFT_SET_INTERVAL | unix.NFT_SET_MAP)
 	if len(fieldLens) > 0 {
 		flags |= costSetConcat
 	}
+	b.costMap(name, flags, keyMagic, keyLen, dataMagic, dataLen, fieldLens)
+}
+
+// costExactMap writes NEWSET for a map without intervals (the kernel picks
+// a hash).
+func (b *batch) costExactMap(name string, keyMagic, keyLen, dataMagic, dataLen uint32) {
+	b.costMap(name, unix.NFT_SET_MAP, keyMagic, keyLen, dataMagic, dataLen, nil)
+}
+
+// costMap writes NEWSET for a map with these flags and, with fieldLens,
+// the lengths of its concatenated key's fields.
+func (b *batch) costMap(name string, flags, keyMagic, keyLen, dataMagic, dataLen uint32, fieldLens []uint32) {
+	b.lastSetID++
+	id := b.lastSetID
 	m := b.begin(unix.NFT_MSG_NEWSET, flagCreate)
 	b.enc.Str(unix.NFTA_SET_TABLE, nft.TableName)
 	b.enc.Str(unix.NFTA_SET_NAME, name)
@@ -278,4 +290,46 @@ func costAltBackends(i, n int) []netip.AddrPort {
 		out[j] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(64 + k>>16), byte(k >> 8), byte(k)}), 8080)
 	}
 	return out
+}
+
+// costServiceElements are the operations of a cold start that fill the
+// base table's sets for svcs: every ClusterIP, a reject for each Service
+// without endpoints, and for each with endpoints its hairpin elements and
+// dispatch(s) in service-ips (dispatch nil: none). withEndpoints, if not
+// nil, sees each Service with endpoints, for the design's own elements.
+func costServiceElements(rs *nft.Ruleset, svcs []nfttest.Service, dispatch func(nfttest.Service) []nft.Element,
+	withEndpoints func(nfttest.Service)) []nft.Op {
+	var cipEls, hpEls, noEpEls, sipEls []nft.Element
+	for _, s := range svcs {
+		cipEls = append(cipEls, nft.Element{Key: []nft.Datum{nft.Addr(s.ClusterIP)}})
+		if len(s.Backends) == 0 {
+			noEpEls = append(noEpEls, nft.Element{Key: []nft.Datum{nft.Addr(s.ClusterIP), nfttest.TCP, nft.Int(80)},
+				Verdict: &nft.Verdict{Kind: nft.VerdictGoto, Chain: "reject-chain"}})
+			continue
+		}
+		if withEndpoints != nil {
+			withEndpoints(s)
+		}
+		if dispatch != nil {
+			sipEls = append(sipEls, dispatch(s)...)
+		}
+		hpEls = append(hpEls, costHairpin(s.Backends)...)
+	}
+	ops := []nft.Op{{Kind: nft.OpAddElements, Set: rs.Sets["cluster-ips"], Elements: cipEls}}
+	if dispatch != nil {
+		ops = append(ops, nft.Op{Kind: nft.OpAddElements, Set: rs.Sets["service-ips"], Elements: sipEls})
+	}
+	return append(ops,
+		nft.Op{Kind: nft.OpAddElements, Set: rs.Sets["hairpin-connections"], Elements: hpEls},
+		nft.Op{Kind: nft.OpAddElements, Set: rs.Sets["no-endpoint-services"], Elements: noEpEls})
+}
+
+// addOps adds each op in turn.
+func (b *batch) addOps(ops []nft.Op) error {
+	for _, op := range ops {
+		if err := b.addOp(op); err != nil {
+			return err
+		}
+	}
+	return nil
 }
