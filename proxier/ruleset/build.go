@@ -635,11 +635,7 @@ func (b portBuilder) pickChain(kind string, endpoints []netip.AddrPort) string {
 	}
 	proto := b.sp.Name.Protocol
 	m, slot := b.slots.Slot(name, proto)
-	var comment string
-	if b.cfg.Counters == CountEndpoints {
-		comment = Comment(b.sp.Name)
-	}
-	b.fr.AddEndpointsElements(m, slot, endpoints, comment)
+	b.fr.AddEndpointsElements(m, slot, endpoints, b.endpointsComment())
 	return b.namedChain(name, rule(nft.DNATMap{Proto: proto, Map: m, Slot: slot}))
 }
 
@@ -648,12 +644,17 @@ func (b portBuilder) pickChain(kind string, endpoints []netip.AddrPort) string {
 // (nft.DNATPick, Slots.PickChains).
 func (b portBuilder) pick(endpoints []netip.AddrPort) string {
 	m, chain := b.slots.Pick(b.sp.Name.Protocol, len(endpoints), b.sp.ClusterIP, b.sp.Port)
-	var comment string
-	if b.cfg.Counters == CountEndpoints {
-		comment = Comment(b.sp.Name)
-	}
-	b.fr.AddPickElements(m, b.sp.ClusterIP, b.sp.Port, endpoints, comment)
+	b.fr.AddPickElements(m, b.sp.ClusterIP, b.sp.Port, endpoints, b.endpointsComment())
 	return chain
+}
+
+// endpointsComment is the comment of the port's endpoint elements: its
+// name when they are counted (the traffic collector reads it), else none.
+func (b portBuilder) endpointsComment() string {
+	if b.cfg.Counters == CountEndpoints {
+		return Comment(b.sp.Name)
+	}
+	return ""
 }
 
 // affinityRules: see pickChain.
