@@ -42,9 +42,9 @@ type pickHolder struct {
 // pickShard is one pick map of a group and the chain of its DNATPick rule.
 type pickShard struct {
 	group    pickGroup
+	i        int // index in its group
 	m, chain string
 	holders  int
-	seen     bool // returned by Slots.NewMaps
 }
 
 func (sh *pickShard) set(f nft.Family) *nft.Set {
@@ -65,11 +65,17 @@ type picks struct {
 	held      map[pickHolder]*pickShard
 	unclaimed map[pickHolder]bool // seeded, not asked for since
 	changed   bool                // maps added or dropped since UpdatePicks
+	// room is, per group, an index below which no map has room: Pick
+	// looks for room from there, not from the first map of hundreds.
+	room map[pickGroup]int
+	// unseen are the maps added since Slots.NewMaps last returned them:
+	// a sync asks for new maps after every Service.
+	unseen []*pickShard
 }
 
 func newPicks() picks {
 	return picks{shards: map[pickGroup][]*pickShard{}, byMap: map[string]*pickShard{},
-		held: map[pickHolder]*pickShard{}, unclaimed: map[pickHolder]bool{}}
+		held: map[pickHolder]*pickShard{}, unclaimed: map[pickHolder]bool{}, room: map[pickGroup]int{}}
 }
 
 // PickMapName is the name of pick map i of the ClusterIP ports of a
@@ -115,9 +121,12 @@ func (s *Slots) Pick(proto uint8, n int, addr netip.Addr, port uint16) (m, chain
 		return sh.m, sh.chain
 	}
 	shards := p.shards[h.group]
-	i := slices.IndexFunc(shards, func(sh *pickShard) bool { return sh == nil || sh.holders < h.group.capacity() })
-	if i < 0 {
-		i = len(shards)
+	i := min(p.room[h.group], len(shards))
+	for i < len(shards) && shards[i] != nil && shards[i].holders >= h.group.capacity() {
+		i++
+	}
+	p.room[h.group] = i
+	if i == len(shards) {
 		shards = append(shards, nil)
 		p.shards[h.group] = shards
 	}
@@ -132,13 +141,14 @@ func (s *Slots) Pick(proto uint8, n int, addr netip.Addr, port uint16) (m, chain
 
 // add creates shard i of group g.
 func (p *picks) add(g pickGroup, i int) *pickShard {
-	sh := &pickShard{group: g, m: PickMapName(g.proto, g.n, i), chain: PickChainName(g.proto, g.n, i)}
+	sh := &pickShard{group: g, i: i, m: PickMapName(g.proto, g.n, i), chain: PickChainName(g.proto, g.n, i)}
 	for len(p.shards[g]) <= i {
 		p.shards[g] = append(p.shards[g], nil)
 	}
 	p.shards[g][i] = sh
 	p.byMap[sh.m] = sh
 	p.changed = true
+	p.unseen = append(p.unseen, sh)
 	return sh
 }
 
@@ -146,7 +156,19 @@ func (p *picks) release(h pickHolder) {
 	if sh := p.held[h]; sh != nil {
 		sh.holders--
 		delete(p.held, h)
+		p.room[sh.group] = min(p.room[sh.group], sh.i)
 	}
+}
+
+// takeUnseen returns the maps added since it was last called that are
+// still there, by protocol, number of endpoints and index.
+func (p *picks) takeUnseen() []*pickShard {
+	out := slices.DeleteFunc(p.unseen, func(sh *pickShard) bool { return p.byMap[sh.m] != sh })
+	p.unseen = nil
+	slices.SortFunc(out, func(a, b *pickShard) int {
+		return cmp.Or(cmp.Compare(a.group.proto, b.group.proto), cmp.Compare(a.group.n, b.group.n), cmp.Compare(a.i, b.i))
+	})
+	return out
 }
 
 // releaseGone releases the room of the ClusterIP ports that have pick
@@ -227,12 +249,14 @@ func (p *picks) dropEmpty(f nft.Family, rs *nft.Ruleset) []*nft.Set {
 		out = append(out, sh.set(f))
 		p.changed = true
 		shards := p.shards[sh.group]
-		shards[slices.Index(shards, sh)] = nil
+		shards[sh.i] = nil
+		p.room[sh.group] = min(p.room[sh.group], sh.i)
 		for len(shards) > 0 && shards[len(shards)-1] == nil {
 			shards = shards[:len(shards)-1]
 		}
 		if len(shards) == 0 {
 			delete(p.shards, sh.group)
+			delete(p.room, sh.group)
 		} else {
 			p.shards[sh.group] = shards
 		}

@@ -2,6 +2,7 @@ package ruleset
 
 import (
 	"maps"
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -52,5 +53,44 @@ func TestPickMapsFillInTurn(t *testing.T) {
 	}
 	if tx := nft.Diff(rs, BuildSlots(testConfig, nft.IPv4, st[1:], seeded)); tx.Changes() != 1+1+5+5 {
 		t.Errorf("a Service gone after the seeding: %d changes, want its ClusterIP, service-ips, hairpin and pick elements", tx.Changes())
+	}
+}
+
+// TestPickRoomReused: a port goes into the first pick map of its group
+// with room, including room a port released in a full map before it;
+// NewMaps hands each new map out once, in order.
+func TestPickRoomReused(t *testing.T) {
+	const n = nft.MaxPickEndpoints
+	perMap := PickMapElements / n
+	s := NewSlots()
+	port := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}) }
+	pick := func(i int) string {
+		m, _ := s.Pick(nft.ProtoTCP, n, port(i), 80)
+		return m
+	}
+	for i := range 2*perMap + 1 {
+		if got, want := pick(i), PickMapName(nft.ProtoTCP, n, i/perMap); got != want {
+			t.Fatalf("port %d in %s, want %s", i, got, want)
+		}
+	}
+	var names []string
+	for _, m := range s.NewMaps(nft.IPv4) {
+		names = append(names, m.Name)
+	}
+	if want := []string{PickMapName(nft.ProtoTCP, n, 0), PickMapName(nft.ProtoTCP, n, 1), PickMapName(nft.ProtoTCP, n, 2)}; !slices.Equal(names, want) {
+		t.Fatalf("new maps %v, want %v", names, want)
+	}
+	if again := s.NewMaps(nft.IPv4); len(again) != 0 {
+		t.Fatalf("new maps again: %d", len(again))
+	}
+	s.picks.release(pickHolder{pickGroup{nft.ProtoTCP, n}, port(3), 80})
+	if got, want := pick(1000), PickMapName(nft.ProtoTCP, n, 0); got != want {
+		t.Errorf("after a release in the first map: %s, want %s", got, want)
+	}
+	if got, want := pick(1001), PickMapName(nft.ProtoTCP, n, 2); got != want {
+		t.Errorf("with the first two maps full: %s, want %s", got, want)
+	}
+	if got, want := pick(3), PickMapName(nft.ProtoTCP, n, 2); got != want {
+		t.Errorf("the released port back: %s, want %s", got, want)
 	}
 }

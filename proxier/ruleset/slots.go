@@ -254,11 +254,8 @@ func (s *Slots) NewMaps(f nft.Family) []*nft.Set {
 		}
 		s.shown[proto] = max(s.shown[proto], s.maps(proto))
 	}
-	for _, sh := range s.picks.all() {
-		if !sh.seen {
-			sh.seen = true
-			out = append(out, sh.set(f))
-		}
+	for _, sh := range s.picks.takeUnseen() {
+		out = append(out, sh.set(f))
 	}
 	return out
 }
