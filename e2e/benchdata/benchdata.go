@@ -27,10 +27,22 @@ type Run struct {
 	Config  Config    `json:"config"`
 	// BaselineServices is the size at which first packets were also timed
 	// (0: none; the Proxy.FirstPacketBase* lists are then empty).
-	BaselineServices int     `json:"baselineServices"`
-	LoadStart        string  `json:"loadStart"` // /proc/loadavg, 1, 5 and 15 minutes
-	LoadEnd          string  `json:"loadEnd"`
-	Proxies          []Proxy `json:"proxies"` // nftproxy first
+	BaselineServices int    `json:"baselineServices"`
+	LoadStart        string `json:"loadStart"` // /proc/loadavg, 1, 5 and 15 minutes
+	LoadEnd          string `json:"loadEnd"`
+	// ListFloor is a bare client's list of the objects (--list-floor;
+	// nil when not timed).
+	ListFloor *ListFloor `json:"listFloor,omitempty"`
+	Proxies   []Proxy    `json:"proxies"` // nftproxy first
+}
+
+// ListFloor is what a bare client-go client took to list every Service
+// and EndpointSlice into informers: the floor of any proxy's start.
+type ListFloor struct {
+	Seconds          float64 `json:"seconds"`
+	ClientCPUSeconds float64 `json:"clientCPUSeconds"`
+	APICPUSeconds    float64 `json:"apiCPUSeconds"` // API server and etcd
+	HeapBytes        uint64  `json:"heapBytes"`     // live heap the decoded objects take
 }
 
 // Config is the bench's flags.
@@ -49,6 +61,7 @@ type Config struct {
 	ProxyEnv       []string `json:"proxyEnv,omitempty"`
 	Populate       string   `json:"populate"`
 	Restart        bool     `json:"restart"`
+	ListFloor      bool     `json:"listFloor"`
 	Smoke          bool     `json:"smoke"`
 }
 

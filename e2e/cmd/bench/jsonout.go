@@ -19,8 +19,11 @@ func (rep *report) document(commit string, dirty bool) *benchdata.Run {
 			ChurnChanges: c.ChurnChanges, ChurnRate: c.ChurnRate, MonitorChanges: c.MonitorChanges,
 			NoopUpdates: c.NoopUpdates, Conns: c.Conns, Baseline: c.Baseline, Upstream: c.Upstream,
 			MinSyncPeriod: c.MinSyncPeriod, ProxyEnv: c.ProxyEnv, Populate: c.Populate,
-			Restart: c.Restart, Smoke: c.Smoke},
+			Restart: c.Restart, ListFloor: c.ListFloor, Smoke: c.Smoke},
 		BaselineServices: rep.baselineN, LoadStart: rep.loadStart, LoadEnd: rep.loadEnd,
+	}
+	if fl := rep.floor; fl != nil {
+		run.ListFloor = &benchdata.ListFloor{Seconds: fl.wall.Seconds(), ClientCPUSeconds: fl.clientCPU, APICPUSeconds: fl.apiCPU, HeapBytes: fl.heap}
 	}
 	for _, r := range rep.results {
 		run.Proxies = append(run.Proxies, r.document())

@@ -17,7 +17,7 @@ func filledReport() *report {
 	c := config{Services: 10000, Endpoints: 5, Changes: 2, ChurnChanges: 3, ChurnRate: 50,
 		MonitorChanges: 1, NoopUpdates: 100, Conns: 2, Baseline: 1000, Upstream: true,
 		MinSyncPeriod: "0s", ProxyEnv: []string{"GOMEMLIMIT=64MiB"}, LogDir: "logs", Smoke: true,
-		Populate: "api", Restart: true, JSON: "out.json"}
+		Populate: "api", Restart: true, ListFloor: true, JSON: "out.json"}
 	ms := func(xs ...float64) []time.Duration {
 		var ds []time.Duration
 		for _, x := range xs {
@@ -46,7 +46,8 @@ func filledReport() *report {
 	}
 	return &report{c: c, start: time.Date(2026, 11, 24, 11, 0, 0, 123456789, time.UTC),
 		results: []*result{r("nftproxy", 1), r("kube-proxy", 10)}, baselineN: 1000,
-		loadStart: "1.51 1.74 1.41", loadEnd: "3.60 2.32 1.77"}
+		loadStart: "1.51 1.74 1.41", loadEnd: "3.60 2.32 1.77",
+		floor: &listFloor{wall: 4250 * time.Millisecond, clientCPU: 3.5, apiCPU: 2.25, heap: 180 << 20}}
 }
 
 // notInDocument are the fields --json leaves out: where the logs and the
@@ -110,8 +111,11 @@ func reportFromDocument(d *benchdata.Run) *report {
 		ChurnChanges: c.ChurnChanges, ChurnRate: c.ChurnRate, MonitorChanges: c.MonitorChanges,
 		NoopUpdates: c.NoopUpdates, Conns: c.Conns, Baseline: c.Baseline, Upstream: c.Upstream,
 		MinSyncPeriod: c.MinSyncPeriod, ProxyEnv: c.ProxyEnv, Populate: c.Populate,
-		Restart: c.Restart, Smoke: c.Smoke},
+		Restart: c.Restart, ListFloor: c.ListFloor, Smoke: c.Smoke},
 		start: d.Date, baselineN: d.BaselineServices, loadStart: d.LoadStart, loadEnd: d.LoadEnd}
+	if fl := d.ListFloor; fl != nil {
+		rep.floor = &listFloor{wall: duration(fl.Seconds), clientCPU: fl.ClientCPUSeconds, apiCPU: fl.APICPUSeconds, heap: fl.HeapBytes}
+	}
 	for _, p := range d.Proxies {
 		rep.results = append(rep.results, resultFromDocument(p))
 	}

@@ -67,6 +67,7 @@ type config struct {
 	LogDir              string
 	Smoke               bool
 	Populate            string // "api", "etcd" or "auto" (etcd above etcdAbove Services)
+	ListFloor           bool   // time a bare client's list first (listfloor.go)
 	Restart             bool   // phase 6: restart the proxy with the API state unchanged
 	JSON                string // --json: write every measured value into this file (e2e/benchdata)
 }
@@ -81,7 +82,7 @@ func (c config) populateEtcd() bool {
 
 func defaultConfig() config {
 	return config{Services: 1000, Endpoints: 5, Changes: 20, ChurnChanges: -1, ChurnRate: 50,
-		MonitorChanges: 3, NoopUpdates: 100, Conns: 200, Baseline: 1000, Populate: "auto", Restart: true}
+		MonitorChanges: 3, NoopUpdates: 100, Conns: 200, Baseline: 1000, Populate: "auto", Restart: true, ListFloor: true}
 }
 
 // smokeConfig is --smoke: small and quick, both proxies.
@@ -107,6 +108,7 @@ func main() {
 	flag.BoolVar(&c.Upstream, "upstream", false, "also run upstream kube-proxy (nftables mode)")
 	flag.StringVar(&c.MinSyncPeriod, "min-sync-period", "", "--iptables-min-sync-period for both proxies (default: theirs, 1s)")
 	flag.StringVar(&c.LogDir, "logs", "", "keep the logs of every process in this directory")
+	flag.BoolVar(&c.ListFloor, "list-floor", c.ListFloor, "first time a bare client listing the Services and EndpointSlices (the floor of every proxy's start)")
 	flag.BoolVar(&c.Restart, "restart", c.Restart, "restart each proxy at the end with the API state unchanged, probing its ClusterIP meanwhile")
 	flag.Func("populate", fmt.Sprintf("how Services and EndpointSlices are created: api, etcd (written into etcd: creating N Services through the API costs O(N²)) or auto (etcd above %d Services; the default)", etcdAbove),
 		func(v string) error {
@@ -221,6 +223,11 @@ func run(tb testbed.TB, c config) *report {
 		}
 		b.populate(first, c.Services)
 	}
+	if c.ListFloor {
+		fmt.Printf("\n== API list floor with %d Services × %d endpoints\n", c.Services, c.Endpoints)
+		fl := b.measureListFloor()
+		rep.floor = &fl
+	}
 	for i, k := range kinds {
 		r := b.measure(k)
 		if baseline != nil {
@@ -332,15 +339,7 @@ func (b *bench) baselineFirstPacket(kind string) [][]time.Duration {
 // the 2 CPUs. At least 5 s, at most 5 minutes.
 func (b *bench) settle() {
 	t0 := time.Now()
-	cpu := func() float64 {
-		var s float64
-		for _, pid := range b.bed.ControlPlanePIDs() {
-			if st, ok := readStat(pid); ok {
-				s += st.utime + st.stime
-			}
-		}
-		return s
-	}
+	cpu := b.controlPlaneCPU
 	time.Sleep(3 * time.Second)
 	for prev := cpu(); time.Since(t0) < 5*time.Minute; {
 		time.Sleep(2 * time.Second)
@@ -351,6 +350,18 @@ func (b *bench) settle() {
 		prev = cur
 	}
 	fmt.Printf("API server and etcd quiet after %v (load %s)\n", time.Since(t0).Round(time.Second), loadAvg())
+}
+
+// controlPlaneCPU is the CPU time of the API server and etcd so far, in
+// seconds.
+func (b *bench) controlPlaneCPU() float64 {
+	var s float64
+	for _, pid := range b.bed.ControlPlanePIDs() {
+		if st, ok := readStat(pid); ok {
+			s += st.utime + st.stime
+		}
+	}
+	return s
 }
 
 // measure runs one proxy through every phase and stops it.

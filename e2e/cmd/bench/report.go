@@ -66,6 +66,7 @@ type report struct {
 	results            []*result
 	baselineN          int
 	loadStart, loadEnd string
+	floor              *listFloor // nil: not timed
 }
 
 // pct is the q-quantile (nearest rank) of ds; 0 when empty.
@@ -320,6 +321,10 @@ func (rep *report) print(w io.Writer) {
 	}
 	if two {
 		fmt.Fprintln(w, "ratio: kube-proxy ÷ nftproxy (higher is better for nftproxy)")
+	}
+	if fl := rep.floor; fl != nil {
+		fmt.Fprintf(w, "API list floor (a bare client-go client listing the Services and EndpointSlices, no proxy): %.2f s; client CPU %.2f s, API server and etcd CPU %.2f s; the objects as decoded %.0f MB of live heap\n",
+			fl.wall.Seconds(), fl.clientCPU, fl.apiCPU, float64(fl.heap)/1e6)
 	}
 }
 
