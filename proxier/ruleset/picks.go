@@ -220,7 +220,7 @@ func (s *Slots) SeedPicks(f nft.Family, loaded *nft.Ruleset) {
 			continue
 		}
 		sh := p.add(g, i)
-		for e := range ls.Elements.All() {
+		for e := range ls.Elements.Scan() { // nothing is kept of an element
 			if len(e.Key) != 3 || e.Key[2].Int != 0 {
 				continue
 			}
