@@ -45,6 +45,9 @@ type Deps struct {
 	// family's first successful sync, when its rules are in the kernel
 	// (cmd/nftproxy deletes kube-proxy's tables there).
 	FirstSync func(ctx context.Context, f nft.Family)
+	// Listed, if set, is called once the informers have synced, before
+	// the first sync (cmd/nftproxy lowers the GC percentage there).
+	Listed func()
 }
 
 // Proxier keeps this node's nftables in line with the API.
@@ -167,6 +170,9 @@ func (p *Proxier) Run(ctx context.Context) error {
 		return err
 	}
 	klog.InfoS("Informers synced, starting sync loop", "services", p.trackers.Services.Pending())
+	if p.deps.Listed != nil {
+		p.deps.Listed()
+	}
 	if p.cleaner != nil {
 		go p.cleaner.Run(ctx)
 	}

@@ -300,3 +300,29 @@ func TestPeriodicFullSyncVerifies(t *testing.T) {
 		t.Errorf("repair transaction %v, want one element added back", kinds)
 	}
 }
+
+// TestListedBeforeFirstSync: Deps.Listed is called once, when the
+// informers hold every object and before anything is written.
+func TestListedBeforeFirstSync(t *testing.T) {
+	rec := &recorder{Fake: nftfake.New()}
+	p, err := New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute},
+		Deps{Client: fake.NewClientset(apiState(20)...), NFT: map[nft.Family]nft.Interface{nft.IPv4: rec}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls, pending, written atomic.Int32
+	p.deps.Listed = func() {
+		calls.Add(1)
+		pending.Store(int32(p.trackers.Services.Pending()))
+		written.Store(int32(rec.count()))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "the first sync", func() bool { return rec.count() > 0 })
+	if calls.Load() != 1 || pending.Load() != 20 || written.Load() != 0 {
+		t.Errorf("Listed called %d times, with %d Services pending and %d transactions written; want once, 20, 0",
+			calls.Load(), pending.Load(), written.Load())
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -109,7 +110,12 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 		return fmt.Errorf("conntrack: %w", err)
 	}
 	deps := proxier.Deps{Client: client, NFT: backends, Health: health, Conntrack: ct,
-		HealthCheck: healthCheckServers(o.Proxier, health), FirstSync: kubeProxy.RemoveTables}
+		HealthCheck: healthCheckServers(o.Proxier, health), FirstSync: kubeProxy.RemoveTables,
+		Listed: func() {
+			if _, p, ok := gcPercent(os.Getenv); ok {
+				debug.SetGCPercent(p)
+			}
+		}}
 	if mon := openMonitor(backends); mon != nil {
 		defer mon.Close()
 		deps.Monitor = mon

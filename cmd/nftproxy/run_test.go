@@ -241,11 +241,11 @@ func TestGCPercent(t *testing.T) {
 			return ""
 		}
 	}
-	if p, ok := gcPercent(env("")); !ok || p != defaultGCPercent {
-		t.Errorf("GOGC unset: %d, %v; want %d", p, ok, defaultGCPercent)
+	if l, p, ok := gcPercent(env("")); !ok || l != listingGCPercent || p != defaultGCPercent {
+		t.Errorf("GOGC unset: %d then %d, %v; want %d then %d", l, p, ok, listingGCPercent, defaultGCPercent)
 	}
 	for _, v := range []string{"100", "off"} {
-		if _, ok := gcPercent(env(v)); ok {
+		if _, _, ok := gcPercent(env(v)); ok {
 			t.Errorf("GOGC=%s: overridden", v)
 		}
 	}
