@@ -29,6 +29,11 @@ type pickGroup struct {
 // capacity is how many ClusterIP ports a pick map of g holds.
 func (g pickGroup) capacity() int { return max(1, PickMapElements/g.n) }
 
+// compare orders groups by protocol, then number of endpoints.
+func (g pickGroup) compare(o pickGroup) int {
+	return cmp.Or(cmp.Compare(g.proto, o.proto), cmp.Compare(g.n, o.n))
+}
+
 // pickHolder is a ClusterIP port with room in a pick map of its group.
 // A Service whose number of endpoints changes holds room in two groups
 // until its old fragment is released (ReleaseGone): the proxier rebuilds
@@ -165,17 +170,16 @@ func (p *picks) release(h pickHolder) {
 func (p *picks) takeUnseen() []*pickShard {
 	out := slices.DeleteFunc(p.unseen, func(sh *pickShard) bool { return p.byMap[sh.m] != sh })
 	p.unseen = nil
-	slices.SortFunc(out, func(a, b *pickShard) int {
-		return cmp.Or(cmp.Compare(a.group.proto, b.group.proto), cmp.Compare(a.group.n, b.group.n), cmp.Compare(a.i, b.i))
-	})
+	slices.SortFunc(out, func(a, b *pickShard) int { return cmp.Or(a.group.compare(b.group), cmp.Compare(a.i, b.i)) })
 	return out
 }
 
 // releaseGone releases the room of the ClusterIP ports that have pick
 // elements in old and none in the same map in now (either may be nil).
 func (p *picks) releaseGone(old, now *nft.Fragment) {
+	kept := p.holdersIn(now)
 	for _, h := range p.holdersIn(old) {
-		if !slices.Contains(p.holdersIn(now), h) {
+		if !slices.Contains(kept, h) {
 			p.release(h)
 		}
 	}
@@ -270,9 +274,7 @@ func (p *picks) dropEmpty(f nft.Family, rs *nft.Ruleset) []*nft.Set {
 
 // all returns the pick maps, by protocol, number of endpoints and index.
 func (p *picks) all() []*pickShard {
-	groups := slices.SortedFunc(maps.Keys(p.shards), func(a, b pickGroup) int {
-		return cmp.Or(cmp.Compare(a.proto, b.proto), cmp.Compare(a.n, b.n))
-	})
+	groups := slices.SortedFunc(maps.Keys(p.shards), pickGroup.compare)
 	var out []*pickShard
 	for _, g := range groups {
 		for _, sh := range p.shards[g] {
@@ -319,8 +321,9 @@ func (s *Slots) PickChains() *nft.Fragment {
 // maps' chains (see CanonicalSlots).
 func canonicalPicks(rs *nft.Ruleset) {
 	type port struct {
-		h     pickHolder
-		elems []nft.Element
+		h        pickHolder
+		elems    []nft.Element
+		m, chain string // afresh
 	}
 	ports := map[pickHolder]*port{}
 	oldChains := map[string]bool{}
@@ -348,21 +351,18 @@ func canonicalPicks(rs *nft.Ruleset) {
 		return
 	}
 	order := slices.SortedFunc(maps.Values(ports), func(a, b *port) int {
-		return cmp.Or(cmp.Compare(a.h.group.proto, b.h.group.proto), cmp.Compare(a.h.group.n, b.h.group.n),
-			a.h.addr.Compare(b.h.addr), cmp.Compare(a.h.port, b.h.port))
+		return cmp.Or(a.h.group.compare(b.h.group), a.h.addr.Compare(b.h.addr), cmp.Compare(a.h.port, b.h.port))
 	})
 	slots := NewSlots()
-	chainOf := map[pickHolder]string{}
 	for _, p := range order {
-		_, chainOf[p.h] = slots.Pick(p.h.group.proto, p.h.group.n, p.h.addr, p.h.port)
+		p.m, p.chain = slots.Pick(p.h.group.proto, p.h.group.n, p.h.addr, p.h.port)
 	}
 	for _, m := range slots.Maps(rs.Family) {
 		rs.AddSet(counters.EndpointsMap(m))
 	}
 	for _, p := range order {
-		m, _ := slots.Pick(p.h.group.proto, p.h.group.n, p.h.addr, p.h.port)
 		for _, e := range p.elems {
-			rs.AddElement(m, e)
+			rs.AddElement(p.m, e)
 		}
 	}
 	for _, c := range slots.PickChains().Chains {
@@ -387,7 +387,7 @@ func canonicalPicks(rs *nft.Ruleset) {
 			continue
 		}
 		if h, ok := holders[frontend{e.Key[1].Int, e.Key[0].Addr, uint16(e.Key[2].Int)}]; ok {
-			e.Verdict = gotoChain(chainOf[h])
+			e.Verdict = gotoChain(ports[h].chain)
 			moved = append(moved, e)
 		}
 	}
