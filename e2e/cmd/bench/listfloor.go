@@ -50,7 +50,8 @@ func (b *bench) measureListFloor() listFloor {
 		time.Sleep(5 * time.Millisecond)
 	}
 	fl := listFloor{wall: time.Since(t0), clientCPU: selfCPU() - cpu0, apiCPU: b.controlPlaneCPU() - api0}
-	fl.heap = liveHeap() - min(heap0, liveHeap())
+	heap := liveHeap()
+	fl.heap = heap - min(heap0, heap)
 	fmt.Printf("API list floor: a bare client listed %d Services and their EndpointSlices in %v (client CPU %.2fs, API server and etcd CPU %.2fs; the objects as decoded: %.0f MB of live heap)\n",
 		b.c.Services, fl.wall.Round(time.Millisecond), fl.clientCPU, fl.apiCPU, float64(fl.heap)/1e6)
 	return fl
