@@ -56,7 +56,10 @@ type Config struct {
 	// (runner.Config.BusyShare); 0 with no MinSyncPeriod syncs on every
 	// change.
 	SyncBusyShare float64
-	// ResyncPeriod is the informers' resync period (--config-sync-period).
+	// ResyncPeriod is the Node informer's resync period, and how often the
+	// ServiceCIDR discovery asks again (--config-sync-period). Services and
+	// EndpointSlices are not resynced: their reflectors write into the
+	// trackers, which a resync would hand what they hold already.
 	ResyncPeriod time.Duration
 }
 

@@ -39,6 +39,33 @@ func (t *Tracker[K, V]) Set(k K, v V) bool {
 	return true
 }
 
+// Replace records next as the latest value of every object: objects
+// absent from next are gone. It reports whether this changed what is
+// pending. The tracker keeps next (the caller must not use it again); an
+// unchanged object keeps the value recorded before, so that a relist leaves
+// the values the last sync applied shared, not copied.
+func (t *Tracker[K, V]) Replace(next map[K]V) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old, changed := t.current, false
+	t.current = next
+	for k, v := range next {
+		if o, ok := old[k]; ok && t.equal(o, v) {
+			next[k] = o
+			continue
+		}
+		t.markLocked(k)
+		changed = true
+	}
+	for k := range old {
+		if _, ok := next[k]; !ok {
+			t.markLocked(k)
+			changed = true
+		}
+	}
+	return changed
+}
+
 // Delete records that an object is gone. It reports whether this changed
 // what is pending.
 func (t *Tracker[K, V]) Delete(k K) bool {

@@ -49,3 +49,33 @@ func TestChangesDuringSyncStayPending(t *testing.T) {
 		t.Fatalf("want a=2 and b deleted pending, got %+v", got.Changed)
 	}
 }
+
+// TestReplace: a relist records what changed, adds and deletes; objects
+// it leaves as they are stay applied, and a relist that changes nothing
+// reports nothing.
+func TestReplace(t *testing.T) {
+	tr := newIntTracker()
+	if !tr.Replace(map[string]int{"a": 1, "b": 1, "c": 1}) {
+		t.Fatal("first list reported no change")
+	}
+	tr.Applied(tr.Checkout())
+	if tr.Replace(map[string]int{"a": 1, "b": 1, "c": 1}) || tr.Pending() != 0 {
+		t.Fatalf("relist of the same objects: pending %d", tr.Pending())
+	}
+	if !tr.Replace(map[string]int{"a": 1, "b": 2, "d": 1}) {
+		t.Fatal("relist with changes reported none")
+	}
+	got := tr.Checkout().Changed
+	want := map[string]Change[int]{"b": {Value: 2}, "c": {Deleted: true}, "d": {Value: 1}}
+	if len(got) != len(want) {
+		t.Fatalf("pending %+v, want %+v", got, want)
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s: pending %+v, want %+v", k, got[k], w)
+		}
+	}
+	if all := tr.All(); len(all) != 3 || all["a"] != 1 || all["b"] != 2 || all["d"] != 1 {
+		t.Errorf("current after relist: %v", all)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -65,17 +66,18 @@ type Hooks struct {
 // gate that holds them while the API server is unreachable and lets them
 // go as soon as it is ready again (see reconnect.go).
 type Watcher struct {
-	client    kubernetes.Interface
-	clock     clock.Clock
-	resync    time.Duration
-	gate      *gate
-	informers []cache.SharedIndexInformer // started by Start
-	synced    []cache.InformerSynced
-	cidrs     *serviceCIDRs // nil: ServiceCIDRs not watched
+	client     kubernetes.Interface
+	clock      clock.Clock
+	resync     time.Duration
+	gate       *gate
+	reflectors []*cache.Reflector          // Services, EndpointSlices; started by Start
+	informers  []cache.SharedIndexInformer // this Node; started by Start
+	synced     []cache.InformerSynced
+	cidrs      *serviceCIDRs // nil: ServiceCIDRs not watched
 }
 
 // New sets up informers for Services, EndpointSlices and this node that
-// record into t. resync is the informers' resync period (0: none).
+// record into t. resync is the Node informer's resync period (0: none).
 func New(client kubernetes.Interface, nodeName string, resync time.Duration, t Trackers, h Hooks) (*Watcher, error) {
 	return newWatcher(client, clock.RealClock{}, readyzProbe(client), nodeName, resync, t, h)
 }
@@ -85,7 +87,9 @@ func newWatcher(client kubernetes.Interface, clk clock.Clock, probe func(context
 	h = h.withDefaults()
 	w := &Watcher{client: client, clock: clk, resync: resync, gate: newGate(clk, probe)}
 	proxied := func(o *metav1.ListOptions) { o.LabelSelector = ProxyLabelSelector }
-	svcInf := w.informer(&v1.Service{}, "services", convertForCache,
+	svcs := newTrackingStore(h, "Service", t.Services,
+		func(ns, name string) model.ServiceName { return model.ServiceName{Namespace: ns, Name: name} })
+	w.reflector(&v1.Service{}, "services", svcs,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			proxied(&o)
 			return client.CoreV1().Services("").List(ctx, o)
@@ -94,12 +98,9 @@ func newWatcher(client kubernetes.Interface, clk clock.Clock, probe func(context
 			proxied(&o)
 			return client.CoreV1().Services("").Watch(ctx, o)
 		})
-	svcReg, err := svcInf.AddEventHandler(tracking(h, "Service", t.Services,
-		func(ns, name string) model.ServiceName { return model.ServiceName{Namespace: ns, Name: name} }))
-	if err != nil {
-		return nil, fmt.Errorf("service informer: %w", err)
-	}
-	sliceInf := w.informer(&discovery.EndpointSlice{}, "endpointslices", convertForCache,
+	slices := newTrackingStore(h, "EndpointSlice", t.Slices,
+		func(ns, name string) model.SliceKey { return model.SliceKey{Namespace: ns, Name: name} })
+	w.reflector(&discovery.EndpointSlice{}, "endpointslices", slices,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			proxied(&o)
 			return client.DiscoveryV1().EndpointSlices("").List(ctx, o)
@@ -108,21 +109,15 @@ func newWatcher(client kubernetes.Interface, clk clock.Clock, probe func(context
 			proxied(&o)
 			return client.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
 		})
-	sliceReg, err := sliceInf.AddEventHandler(tracking(h, "EndpointSlice", t.Slices,
-		func(ns, name string) model.SliceKey { return model.SliceKey{Namespace: ns, Name: name} }))
-	if err != nil {
-		return nil, fmt.Errorf("endpointslice informer: %w", err)
-	}
-	w.informers = append(w.informers, svcInf, sliceInf)
 	nodeReg, err := w.nodeInformer(nodeName, h)
 	if err != nil {
 		return nil, err
 	}
-	// The registrations' HasSynced, not the informers': an informer's store
-	// is synced before its handlers have seen every initial object, and a
-	// sync then would program a partial view. The Node's too: without it,
-	// the first sync would leave out the NodePorts on its addresses.
-	w.synced = []cache.InformerSynced{svcReg.HasSynced, sliceReg.HasSynced, nodeReg.HasSynced}
+	// The Node's registration's HasSynced, not its informer's: an
+	// informer's store is synced before its handlers have seen every
+	// initial object. Without the Node, the first sync would leave out the
+	// NodePorts on its addresses.
+	w.synced = []cache.InformerSynced{svcs.hasSynced, slices.hasSynced, nodeReg.HasSynced}
 	return w, nil
 }
 
@@ -147,6 +142,35 @@ func (w *Watcher) nodeInformer(nodeName string, h Hooks) (cache.ResourceEventHan
 	}
 	w.informers = append(w.informers, inf)
 	return reg, nil
+}
+
+// reflector sets up a reflector of objects like obj, listed and watched
+// through the gate, that writes into store.
+func (w *Watcher) reflector(obj runtime.Object, what string, store cache.ReflectorStore,
+	list cache.ListWithContextFunc, watchFn cache.WatchFuncWithContext) {
+	backoff := reflectorBackoff
+	r := cache.NewReflectorWithOptions(newGatedLW(w.gate, what, w.client, list, watchFn), obj, store,
+		cache.ReflectorOptions{Name: what, Backoff: &backoff})
+	w.reflectors = append(w.reflectors, r)
+}
+
+// reflectorBackoff is client-go's default backoff between a reflector's
+// failed List-and-Watch calls (800 ms doubling to 30 s, with jitter), and
+// backoffReset the quiet time after which it starts over.
+var reflectorBackoff = wait.Backoff{Duration: 800 * time.Millisecond, Cap: 30 * time.Second, Steps: 38, Factor: 2, Jitter: 1}
+
+const backoffReset = 2 * time.Minute
+
+// runReflector is the reflector's own Run, with the watch errors going to
+// watchErrorHandler as an informer's would (a reflector has no setter for it).
+func runReflector(ctx context.Context, r *cache.Reflector) {
+	_ = reflectorBackoff.DelayWithReset(clock.RealClock{}, backoffReset).Until(ctx, true, true,
+		func(ctx context.Context) (bool, error) {
+			if err := r.ListAndWatchWithContext(ctx); err != nil {
+				watchErrorHandler(ctx, r, err)
+			}
+			return false, nil
+		})
 }
 
 // informer returns an informer of objects like obj, listed and watched
@@ -180,6 +204,9 @@ func watchErrorHandler(ctx context.Context, r *cache.Reflector, err error) {
 // Services not seen yet). While the API server is unreachable, it waits.
 func (w *Watcher) Start(ctx context.Context) error {
 	w.gate.start(ctx)
+	for _, r := range w.reflectors {
+		go runReflector(ctx, r)
+	}
 	for _, inf := range w.informers {
 		go inf.RunWithContext(ctx)
 	}
@@ -231,22 +258,22 @@ func recordDelete[K comparable, V any](h Hooks, t *changes.Tracker[K, V], k K) {
 	}
 }
 
-// converted is what the Service and EndpointSlice informers cache instead
-// of the API object: the object's key and resourceVersion (the informer
-// compares it to tell a relist's updates from resyncs), its model value,
-// which the tracker shares, and the problems found converting it. The API
-// object itself is dropped as soon as it arrives: the proxy reads nothing
-// else, and caching whole objects was a large part of the proxy's memory
+// converted is a Service or EndpointSlice as the proxy keeps it: the
+// object's key, its model value, which the tracker shares, and the problems
+// found converting it. The API object itself is dropped as soon as it
+// arrives: the proxy reads nothing else, and keeping whole objects while
+// the first list streams in was a large part of the proxy's memory
 // (docs/profiles.md).
 type converted[V any] struct {
-	namespace, name, resourceVersion string
-	value                            *V // nil: an object the proxy ignores
-	problems                         []Problem
+	namespace, name string
+	value           *V // nil: an object the proxy ignores
+	problems        []Problem
 }
 
-// GetObjectMeta makes converted keyable by the informer (meta.Accessor).
+// GetObjectMeta makes converted keyable by the reflector's watch-list
+// store (meta.Accessor).
 func (c *converted[V]) GetObjectMeta() metav1.Object {
-	return &metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, ResourceVersion: c.resourceVersion}
+	return &metav1.ObjectMeta{Namespace: c.namespace, Name: c.name}
 }
 
 func (c *converted[V]) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
@@ -256,14 +283,13 @@ func (c *converted[V]) DeepCopyObject() runtime.Object { cp := *c; return &cp }
 
 func newConverted[O metav1.Object, V any](o O, convert func(O) (*V, []Problem)) *converted[V] {
 	v, problems := convert(o)
-	return &converted[V]{namespace: o.GetNamespace(), name: o.GetName(), resourceVersion: o.GetResourceVersion(),
-		value: v, problems: problems}
+	return &converted[V]{namespace: o.GetNamespace(), name: o.GetName(), value: v, problems: problems}
 }
 
-// convertForCache is the informers' transform: Services and EndpointSlices
-// are converted once, on arrival, into what the cache keeps (converted).
-// Anything else, including objects converted already (the watch-list
-// reflector transforms its initial objects twice), passes unchanged.
+// convertForCache converts Services and EndpointSlices once, on arrival,
+// into what the proxy keeps (converted). Anything else, including objects
+// converted already (the watch-list reflector's store converts its initial
+// objects before they reach trackingStore), passes unchanged.
 func convertForCache(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *v1.Service:
@@ -272,32 +298,6 @@ func convertForCache(obj any) (any, error) {
 		return newConverted(o, ConvertEndpointSlice), nil
 	}
 	return obj, nil
-}
-
-// tracking returns the event handler that records converted objects in t
-// and reports the problems each version brings (newProblems): an object
-// the proxy ignores (converted to nil) counts as deleted.
-func tracking[K comparable, V any](h Hooks, kind string, t *changes.Tracker[K, *V],
-	key func(ns, name string) K) cache.ResourceEventHandler {
-	del := func(ns, name string) { recordDelete(h, t, key(ns, name)) }
-	upsert := func(was []Problem, c *converted[V]) {
-		report(h, newProblems(was, c.problems))
-		if c.value == nil {
-			del(c.namespace, c.name)
-		} else if t.Set(key(c.namespace, c.name), c.value) {
-			h.Changed()
-		}
-	}
-	funcs := handler(h, kind, func(obj any) { upsert(nil, obj.(*converted[V])) }, del).(cache.ResourceEventHandlerFuncs)
-	funcs.UpdateFunc = func(old, obj any) {
-		h.Event(kind)
-		var was []Problem
-		if o, ok := old.(*converted[V]); ok {
-			was = o.problems
-		}
-		upsert(was, obj.(*converted[V]))
-	}
-	return funcs
 }
 
 // handler adapts add/update/delete callbacks; deletes are given the object's

@@ -13,7 +13,6 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -52,8 +51,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 // TestWatcherTracksConvertedObjects: adds, updates and deletes reach the
 // trackers as model values, objects the proxy ignores count as deleted,
-// problems are reported when they appear, and the informers cache only the
-// converted values, never the API objects.
+// and problems are reported when they appear.
 func TestWatcherTracksConvertedObjects(t *testing.T) {
 	ignored := testService("ext", "")
 	ignored.Spec.Type, ignored.Spec.ClusterIPs = v1.ServiceTypeExternalName, nil
@@ -84,16 +82,6 @@ func TestWatcherTracksConvertedObjects(t *testing.T) {
 		t.Errorf("invalid address reported %d times, want 1", invalid["invalid-address"])
 	}
 	mu.Unlock()
-	for _, inf := range w.informers[:2] { // Services, EndpointSlices
-		for _, obj := range inf.GetStore().List() {
-			switch obj.(type) {
-			case *converted[model.Service], *converted[model.EndpointSlice]:
-			default:
-				t.Errorf("informer cached a %T", obj)
-			}
-		}
-	}
-
 	// web becomes ExternalName (ignored: deleted), ext gets a ClusterIP.
 	web2 := testService("web", "")
 	web2.Spec.Type, web2.Spec.ClusterIPs = v1.ServiceTypeExternalName, nil
@@ -121,23 +109,6 @@ func TestConvertForCacheIsIdempotent(t *testing.T) {
 		if once != twice {
 			t.Errorf("%T: second transform gave %T %p, want %p", obj, twice, twice, once)
 		}
-	}
-}
-
-// TestTombstoneDelete: a delete the informer missed (a tombstone holding
-// the cached, converted object) deletes from the tracker.
-func TestTombstoneDelete(t *testing.T) {
-	tr := NewTrackers()
-	c, _ := convertForCache(testService("web", "10.96.0.10"))
-	h := tracking(Hooks{}.withDefaults(), "Service", tr.Services,
-		func(ns, name string) model.ServiceName { return model.ServiceName{Namespace: ns, Name: name} })
-	h.OnAdd(c, true)
-	if tr.Services.Pending() != 1 {
-		t.Fatal("add not tracked")
-	}
-	h.OnDelete(cache.DeletedFinalStateUnknown{Key: "ns/web", Obj: c})
-	if n := len(tr.Services.All()); n != 0 {
-		t.Errorf("%d services left after the tombstone", n)
 	}
 }
 
@@ -173,28 +144,32 @@ func (l *logLines) count(words ...string) int {
 	return n
 }
 
+func newServiceStore(h Hooks, tr Trackers) *trackingStore[model.ServiceName, model.Service] {
+	return newTrackingStore(h.withDefaults(), "Service", tr.Services,
+		func(ns, name string) model.ServiceName { return model.ServiceName{Namespace: ns, Name: name} })
+}
+
 // TestProblemsReportedOnce: a problem is logged and counted once, when a
-// version of the object brings it; not again when the informer resyncs
-// (an update from the cached object to itself), relists (the object
-// converted again) or an update keeps it. A new problem is reported, and
-// so is an old one again after the object was deleted.
+// version of the object brings it; not again when the reflector relists
+// (the object converted again) or an update keeps it. A new problem is
+// reported, and so is an old one again after the object was deleted.
 func TestProblemsReportedOnce(t *testing.T) {
 	logs, logger := captureLog()
 	tr := NewTrackers()
 	reported := map[string]int{}
-	h := tracking(Hooks{Invalid: func(p Problem) { reported[p.Reason]++ }, Log: logger}.withDefaults(), "Service", tr.Services,
-		func(ns, name string) model.ServiceName { return model.ServiceName{Namespace: ns, Name: name} })
-	bad := func(rv string, ports ...int32) any {
+	s := newServiceStore(Hooks{Invalid: func(p Problem) { reported[p.Reason]++ }, Log: logger}, tr)
+	bad := func(ports ...int32) *v1.Service {
 		s := testService("web", "10.96.0.10")
-		s.ResourceVersion = rv
 		for _, p := range ports {
 			s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: fmt.Sprint("p", p), Port: p})
 		}
-		c, _ := convertForCache(s)
-		return c
+		return s
 	}
-	check := func(step string, invalidPort int) {
+	check := func(step string, err error, invalidPort int) {
 		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
 		if reported["invalid-port"] != invalidPort {
 			t.Errorf("%s: invalid-port reported %d times, want %d", step, reported["invalid-port"], invalidPort)
 		}
@@ -202,64 +177,54 @@ func TestProblemsReportedOnce(t *testing.T) {
 			t.Errorf("%s: %d log lines, want %d", step, n, invalidPort)
 		}
 	}
-	v1obj := bad("1", 0)
-	h.OnAdd(v1obj, true)
-	check("add", 1)
-	h.OnUpdate(v1obj, v1obj)
-	check("resync", 1)
-	relisted := bad("1", 0)
-	h.OnUpdate(v1obj, relisted)
-	check("relist", 1)
-	kept := bad("2", 0)
-	h.OnUpdate(relisted, kept)
-	check("update keeping the problem", 1)
-	more := bad("3", 0, 70000)
-	h.OnUpdate(kept, more)
-	check("update adding one", 2)
-	h.OnDelete(more)
-	h.OnAdd(bad("4", 0), false)
-	check("deleted and created again", 3)
+	check("list", s.Replace([]any{bad(0)}, "1"), 1)
+	check("relist", s.Replace([]any{bad(0)}, "2"), 1)
+	converted, _ := convertForCache(bad(0))
+	check("relist of converted objects", s.Replace([]any{converted}, "3"), 1)
+	check("update keeping the problem", s.Update(bad(0)), 1)
+	check("update adding one", s.Update(bad(0, 70000)), 2)
+	check("delete", s.Delete(bad(0, 70000)), 2)
+	check("created again", s.Add(bad(0)), 3)
+	check("relist without it", s.Replace(nil, "4"), 3)
+	check("relist with it again", s.Replace([]any{bad(0)}, "5"), 4)
 }
 
-// TestResyncDoesNotRepeatProblems: with the informers resyncing (every
-// second, their minimum), a problem is still reported once.
-func TestResyncDoesNotRepeatProblems(t *testing.T) {
-	bad := testService("web", "10.96.0.10")
-	bad.Spec.Ports = append(bad.Spec.Ports, v1.ServicePort{Name: "zero", Port: 0})
-	client := fake.NewClientset(bad)
-	var mu sync.Mutex
-	events, invalid := 0, 0
-	w, err := New(client, "n1", time.Second, NewTrackers(), Hooks{
-		Event: func(kind string) {
-			mu.Lock()
-			defer mu.Unlock()
-			if kind == "Service" {
-				events++
-			}
-		},
-		Invalid: func(Problem) { mu.Lock(); invalid++; mu.Unlock() }})
-	if err != nil {
+// TestStoreReplace: a relist records the objects it holds, deletes those
+// it does not (and those the proxy ignores), calls Changed once, and marks
+// the store synced.
+func TestStoreReplace(t *testing.T) {
+	tr := NewTrackers()
+	changed, events := 0, 0
+	s := newServiceStore(Hooks{Changed: func() { changed++ }, Event: func(string) { events++ }}, tr)
+	if s.hasSynced() {
+		t.Fatal("synced before the first list")
+	}
+	ignored := testService("ext", "")
+	ignored.Spec.Type, ignored.Spec.ClusterIPs = v1.ServiceTypeExternalName, nil
+	if err := s.Replace([]any{testService("a", "10.96.0.1"), testService("b", "10.96.0.2"), ignored}, "1"); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := w.Start(ctx); err != nil {
+	if !s.hasSynced() || changed != 1 || events != 3 || len(tr.Services.All()) != 2 {
+		t.Fatalf("after the list: synced %v, Changed %d times, %d events, services %v",
+			s.hasSynced(), changed, events, tr.Services.All())
+	}
+	tr.Services.Applied(tr.Services.Checkout())
+	if err := s.Replace([]any{testService("a", "10.96.0.1"), testService("b", "10.96.0.2")}, "2"); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		mu.Lock()
-		n := events
-		mu.Unlock()
-		if n >= 3 { // the add and two resyncs
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d Service events in 10 s, want the add and two resyncs", n)
-		}
+	if changed != 1 || tr.Services.Pending() != 0 {
+		t.Fatalf("relist of the same objects: Changed %d times, %d pending", changed, tr.Services.Pending())
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if invalid != 1 {
-		t.Errorf("problem reported %d times over %d events, want once", invalid, events)
+	if err := s.Replace([]any{testService("b", "10.96.0.3"), testService("c", "10.96.0.4")}, "3"); err != nil {
+		t.Fatal(err)
+	}
+	got := tr.Services.Checkout().Changed
+	a, b, c := got[model.ServiceName{Namespace: "ns", Name: "a"}], got[model.ServiceName{Namespace: "ns", Name: "b"}],
+		got[model.ServiceName{Namespace: "ns", Name: "c"}]
+	if changed != 2 || len(got) != 3 || !a.Deleted || b.Deleted || b.Value.ClusterIPs[0].String() != "10.96.0.3" || c.Deleted {
+		t.Errorf("relist with changes: Changed %d times, pending %+v", changed, got)
+	}
+	if err := s.Replace([]any{&v1.Node{}}, "4"); err == nil {
+		t.Error("a Node in a Service list was accepted")
 	}
 }
