@@ -148,6 +148,12 @@ func (t *Tracker[K, V]) Applied(s Snapshot[K, V]) {
 		} else {
 			t.applied[k] = c.Value
 		}
-		t.markLocked(k)
+		// markLocked, knowing what is applied now.
+		cur, hasCur := t.current[k]
+		if hasCur == !c.Deleted && (!hasCur || t.equal(cur, c.Value)) {
+			delete(t.dirty, k)
+		} else {
+			t.dirty[k] = struct{}{}
+		}
 	}
 }

@@ -40,10 +40,15 @@ type (
 // NewTrackers returns empty trackers that drop no-op changes.
 func NewTrackers() Trackers {
 	return Trackers{
-		Services: changes.New[model.ServiceName, *model.Service](func(a, b *model.Service) bool { return reflect.DeepEqual(a, b) }),
-		Slices:   changes.New[model.SliceKey, *model.EndpointSlice](func(a, b *model.EndpointSlice) bool { return reflect.DeepEqual(a, b) }),
+		Services: changes.New[model.ServiceName](same[model.Service]),
+		Slices:   changes.New[model.SliceKey](same[model.EndpointSlice]),
 	}
 }
+
+// same reports whether two model values are equal. Most comparisons (a
+// sync marking what it applied, a relist of unchanged objects whose values
+// the tracker keeps) are of a value with itself: the pointers tell at once.
+func same[V any](a, b *V) bool { return a == b || reflect.DeepEqual(a, b) }
 
 // Hooks are the watcher's calls out: all optional.
 type Hooks struct {
