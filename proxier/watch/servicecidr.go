@@ -152,7 +152,7 @@ func (s *serviceCIDRs) discover(ctx context.Context) (bool, error) {
 // watch starts the ServiceCIDR informer and returns its HasSynced.
 func (s *serviceCIDRs) watch(ctx context.Context) (cache.InformerSynced, error) {
 	client := s.w.client
-	inf := s.w.informer(&networking.ServiceCIDR{}, "servicecidrs", nil,
+	inf := s.w.informer(&networking.ServiceCIDR{}, "servicecidrs",
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return client.NetworkingV1().ServiceCIDRs().List(ctx, o)
 		},

@@ -81,8 +81,8 @@ type Watcher struct {
 	cidrs      *serviceCIDRs // nil: ServiceCIDRs not watched
 }
 
-// New sets up informers for Services, EndpointSlices and this node that
-// record into t. resync is the Node informer's resync period (0: none).
+// New sets up reflectors of Services and EndpointSlices that record into
+// t, and an informer of this node. resync is the Node informer's resync period (0: none).
 func New(client kubernetes.Interface, nodeName string, resync time.Duration, t Trackers, h Hooks) (*Watcher, error) {
 	return newWatcher(client, clock.RealClock{}, readyzProbe(client), nodeName, resync, t, h)
 }
@@ -131,7 +131,7 @@ func (w *Watcher) nodeInformer(nodeName string, h Hooks) (cache.ResourceEventHan
 	thisNode := func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 	}
-	inf := w.informer(&v1.Node{}, "node "+nodeName, nil,
+	inf := w.informer(&v1.Node{}, "node "+nodeName,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			thisNode(&o)
 			return w.client.CoreV1().Nodes().List(ctx, o)
@@ -160,8 +160,9 @@ func (w *Watcher) reflector(obj runtime.Object, what string, store cache.Reflect
 }
 
 // reflectorBackoff is client-go's default backoff between a reflector's
-// failed List-and-Watch calls (800 ms doubling to 30 s, with jitter), and
-// backoffReset the quiet time after which it starts over.
+// failed List-and-Watch calls (800 ms doubling to 30 s, with jitter; as
+// client-go, enough steps to reach the cap), and backoffReset the quiet
+// time after which it starts over.
 var reflectorBackoff = wait.Backoff{Duration: 800 * time.Millisecond, Cap: 30 * time.Second, Steps: 38, Factor: 2, Jitter: 1}
 
 const backoffReset = 2 * time.Minute
@@ -179,15 +180,12 @@ func runReflector(ctx context.Context, r *cache.Reflector) {
 }
 
 // informer returns an informer of objects like obj, listed and watched
-// through the gate, and transformed (if transform is not nil) on arrival.
-func (w *Watcher) informer(obj runtime.Object, what string, transform cache.TransformFunc,
+// through the gate.
+func (w *Watcher) informer(obj runtime.Object, what string,
 	list cache.ListWithContextFunc, watchFn cache.WatchFuncWithContext) cache.SharedIndexInformer {
 	inf := cache.NewSharedIndexInformerWithOptions(newGatedLW(w.gate, what, w.client, list, watchFn), obj,
 		cache.SharedIndexInformerOptions{ResyncPeriod: w.resync})
-	// Both only fail once the informer runs.
-	if transform != nil {
-		_ = inf.SetTransform(transform)
-	}
+	// It fails only once the informer runs.
 	_ = inf.SetWatchErrorHandlerWithContext(watchErrorHandler)
 	return inf
 }
