@@ -80,8 +80,13 @@ func (t *Tracker[K, V]) Delete(k K) bool {
 }
 
 func (t *Tracker[K, V]) markLocked(k K) {
-	cur, hasCur := t.current[k]
 	app, hasApp := t.applied[k]
+	t.markAppliedLocked(k, app, hasApp)
+}
+
+// markAppliedLocked is markLocked given what is applied for k.
+func (t *Tracker[K, V]) markAppliedLocked(k K, app V, hasApp bool) {
+	cur, hasCur := t.current[k]
 	if hasCur == hasApp && (!hasCur || t.equal(cur, app)) {
 		delete(t.dirty, k)
 		return
@@ -148,12 +153,6 @@ func (t *Tracker[K, V]) Applied(s Snapshot[K, V]) {
 		} else {
 			t.applied[k] = c.Value
 		}
-		// markLocked, knowing what is applied now.
-		cur, hasCur := t.current[k]
-		if hasCur == !c.Deleted && (!hasCur || t.equal(cur, c.Value)) {
-			delete(t.dirty, k)
-		} else {
-			t.dirty[k] = struct{}{}
-		}
+		t.markAppliedLocked(k, c.Value, !c.Deleted)
 	}
 }
