@@ -120,6 +120,15 @@ type Loader interface {
 	Load(ctx context.Context, f Family) (*Ruleset, error)
 }
 
+// GenerationReader reads the ruleset generation: a counter the kernel
+// moves with every commit to any table of the network namespace, by any
+// process. A table read back is still the kernel's state while the
+// generation is the one it was read at (Ruleset.Generation), so a reading
+// made ahead of its use can be checked before it is built on.
+type GenerationReader interface {
+	Generation(ctx context.Context) (uint32, error)
+}
+
 // Target names the object an op works on, for error messages.
 func (op Op) Target() string {
 	switch {

@@ -236,6 +236,9 @@ type Ruleset struct {
 	Family Family
 	Chains map[string]*Chain
 	Sets   map[string]*Set
+	// Generation is the ruleset generation a Loader read it at (see
+	// GenerationReader); 0 for a ruleset that was not read back.
+	Generation uint32
 }
 
 // NewRuleset returns an empty ruleset for a family.
@@ -357,6 +360,7 @@ func (s *Set) TypeString() string {
 // are shared).
 func (r *Ruleset) Clone() *Ruleset {
 	out := NewRuleset(r.Family)
+	out.Generation = r.Generation
 	for n, c := range r.Chains {
 		cc := *c
 		cc.Rules = append([]Rule(nil), c.Rules...)

@@ -100,6 +100,9 @@ type familyState struct {
 
 	// synced: a sync of this family succeeded (Deps.FirstSync was called).
 	synced bool
+	// ahead is the table read back while the informers listed, until the
+	// first full sync takes it (nil: none was read ahead).
+	ahead *tableReading
 
 	// Health check ports and local ready endpoints of the Services with
 	// externalTrafficPolicy: Local.
@@ -161,6 +164,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 		return err
 	}
 	go p.watchTables(ctx)
+	p.readTablesAhead(ctx)
 	w.WatchServiceCIDRs(hooks, p.setAPIServiceCIDRs)
 	klog.InfoS("Waiting for informers to sync")
 	if err := w.Start(ctx); err != nil {
@@ -432,7 +436,10 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 	}
 	var loaded *nft.Ruleset
 	if fs.mode.readsTable() {
-		loaded = p.loadTable(ctx, f, backend)
+		var ok bool
+		if loaded, ok = takeReading(ctx, f, backend, fs); !ok {
+			loaded = p.loadTable(ctx, f, backend)
+		}
 	}
 	if loaded != nil {
 		fs.mode = fs.mode.next(eventRead)
@@ -479,6 +486,77 @@ func seedSlots(f nft.Family, loaded *nft.Ruleset) *ruleset.Slots {
 	slots.Settle()
 	slots.SeedPicks(f, loaded)
 	return slots
+}
+
+// tableReading is a family's table read back ahead of its first full sync.
+type tableReading struct {
+	done chan struct{} // closed once read
+	rs   *nft.Ruleset  // loadTable's result
+	gen  uint32        // the ruleset generation rs stands for
+	// checked: gen was read, so the reading can be checked before it is
+	// built on.
+	checked bool
+}
+
+// readTablesAhead reads every family's table back while the informers
+// list: at a restart the first full sync diffs against it, and reading it
+// needs nothing from the API, so its time overlaps the list's instead of
+// adding to it. Only a backend that reads the ruleset generation takes
+// part: the first full sync builds on the reading only if the generation
+// has not moved since (takeReading).
+func (p *Proxier) readTablesAhead(ctx context.Context) {
+	for f, backend := range p.deps.NFT {
+		gr, ok := backend.(nft.GenerationReader)
+		if _, loads := backend.(nft.Loader); !ok || !loads {
+			continue
+		}
+		r := &tableReading{done: make(chan struct{})}
+		p.families[f].ahead = r
+		go func() {
+			defer close(r.done)
+			// The generation before the reading stands for a table that is
+			// absent or cannot be read: that table is written whole, over
+			// whatever the kernel holds by then, so it is only read again
+			// if anyone committed since.
+			gen, err := gr.Generation(ctx)
+			if err != nil {
+				klog.V(2).InfoS("Cannot read the ruleset generation; the table is read at the first sync",
+					"ipFamily", f.IPFamily(), "err", err)
+				return
+			}
+			r.rs, r.gen, r.checked = p.loadTable(ctx, f, backend), gen, true
+			if r.rs != nil {
+				r.gen = r.rs.Generation
+			}
+		}()
+	}
+}
+
+// takeReading returns the table read ahead for family f, once it is read,
+// and forgets it. ok is false when there is none to build on: none was
+// read ahead, or another commit has moved the ruleset's generation since
+// (the caller reads the table again).
+func takeReading(ctx context.Context, f nft.Family, backend nft.Interface, fs *familyState) (rs *nft.Ruleset, ok bool) {
+	r := fs.ahead
+	if r == nil {
+		return nil, false
+	}
+	fs.ahead = nil
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		return nil, false
+	}
+	if !r.checked {
+		return nil, false
+	}
+	now, err := backend.(nft.GenerationReader).Generation(ctx)
+	if err != nil || now != r.gen {
+		klog.InfoS("The ruleset changed since the table was read ahead; reading it again", "ipFamily", f.IPFamily(),
+			"readAt", r.gen, "now", now, "err", err)
+		return nil, false
+	}
+	return r.rs, true
 }
 
 // loadTable reads the family's table back from the kernel, for a full sync

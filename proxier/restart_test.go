@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/healthz"
@@ -68,13 +69,19 @@ func run(t *testing.T, backend nft.Interface, objs ...runtime.Object) *instance 
 // runCounting is run with --service-traffic-metrics.
 func runCounting(t *testing.T, backend nft.Interface, counters ruleset.Counters, objs ...runtime.Object) *instance {
 	t.Helper()
+	return runClient(t, backend, counters, fake.NewClientset(objs...))
+}
+
+// runClient is runCounting with the API client given.
+func runClient(t *testing.T, backend nft.Interface, counters ruleset.Counters, client *fake.Clientset) *instance {
+	t.Helper()
 	in := &instance{health: healthz.NewProxyHealth(time.Minute, nil)}
 	var err error
 	in.p, err = New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute,
 		ClusterCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 		ServiceCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")},
 		TrafficCounters: counters},
-		Deps{Client: fake.NewClientset(objs...), NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}, Health: in.health})
+		Deps{Client: client, NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}, Health: in.health})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,6 +258,96 @@ func TestRestartFallsBackToRewrite(t *testing.T) {
 	if rec.Loads != loads+1 {
 		t.Errorf("read the table back %d times, want once", rec.Loads-loads)
 	}
+}
+
+// TestRestartReadsTableDuringList: the table is read back while the
+// Services are listed, not after: the list waits for the reading to begin,
+// and the restart still reads once and writes nothing.
+func TestRestartReadsTableDuringList(t *testing.T) {
+	rec := &recorder{Fake: nftfake.New()}
+	objs := apiState(50)
+	run(t, rec, objs...).stop()
+	written, loads := rec.count(), rec.Loads
+
+	reading := make(chan struct{})
+	backend := &loadHook{recorder: rec, before: func() { close(reading) }}
+	client := fake.NewClientset(objs...)
+	var duringList atomic.Bool
+	client.PrependReactor("list", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+		select {
+		case <-reading:
+			duringList.Store(true)
+		case <-time.After(time.Second):
+		}
+		return false, nil, nil
+	})
+	h := &harness{t: t, fk: rec.Fake}
+	runClient(t, backend, ruleset.CountNone, client)
+	if !duringList.Load() {
+		t.Error("the Services' list ended before the table was read")
+	}
+	if txs := rec.since(written); len(txs) != 0 {
+		t.Errorf("restart with unchanged state: %d transactions %v", len(txs), opKinds(txs))
+	}
+	if rec.Loads != loads+1 {
+		t.Errorf("restart read the table back %d times, want once", rec.Loads-loads)
+	}
+	h.eventually(tcp("10.96.0.8", 80), nft.VerdictAccept, "10.244.0.8:8080")
+}
+
+// TestRestartRereadsTableChangedAfterReading: a commit by another process
+// between the reading ahead and the first sync makes the first sync read
+// the table again, so it builds on what the kernel holds: the element the
+// other process deleted is put back.
+func TestRestartRereadsTableChangedAfterReading(t *testing.T) {
+	rec := &recorder{Fake: nftfake.New()}
+	objs := apiState(50)
+	run(t, rec, objs...).stop()
+	written, loads := rec.count(), rec.Loads
+
+	vip := netip.MustParseAddr("10.96.0.8")
+	backend := &loadHook{recorder: rec, after: func() {
+		set := rec.Ruleset(nft.IPv4).Sets["service-ips"]
+		for e := range set.Elements.All() {
+			if e.Key[0].Addr == vip {
+				tamper := &nft.Transaction{Family: nft.IPv4, Ops: []nft.Op{{Kind: nft.OpDeleteElements, Set: set, Elements: []nft.Element{e}}}}
+				if err := rec.Fake.Apply(context.Background(), tamper); err != nil {
+					t.Error(err)
+				}
+				return
+			}
+		}
+		t.Errorf("no element of %s in service-ips", vip)
+	}}
+	h := &harness{t: t, fk: rec.Fake}
+	runClient(t, backend, ruleset.CountNone, fake.NewClientset(objs...))
+	h.eventually(tcp("10.96.0.8", 80), nft.VerdictAccept, "10.244.0.8:8080")
+	if rec.Loads != loads+2 {
+		t.Errorf("read the table back %d times, want twice", rec.Loads-loads)
+	}
+	if txs := rec.since(written); len(txs) != 1 || len(txs[0].Ops) != 1 || txs[0].Ops[0].Kind != nft.OpAddElements {
+		t.Errorf("after a change behind the reading: %d transactions %v, want the one element added back", len(txs), opKinds(txs))
+	}
+}
+
+// loadHook calls before and after around the first read of the table.
+type loadHook struct {
+	*recorder
+	once          sync.Once
+	before, after func()
+}
+
+func (l *loadHook) Load(ctx context.Context, f nft.Family) (*nft.Ruleset, error) {
+	first := false
+	l.once.Do(func() { first = true })
+	if first && l.before != nil {
+		l.before()
+	}
+	rs, err := l.recorder.Load(ctx, f)
+	if first && l.after != nil {
+		l.after()
+	}
+	return rs, err
 }
 
 // countingLoader counts the reads of the table.

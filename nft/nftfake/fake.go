@@ -31,6 +31,9 @@ import (
 type Fake struct {
 	mu     sync.Mutex
 	tables map[nft.Family]*nft.Ruleset
+	// gen is the ruleset generation: like the kernel's, it moves with
+	// every commit, whatever its family.
+	gen uint32
 	// digests holds, per family and chain, the digest its first rule
 	// carries.
 	digests map[nft.Family]map[string]nft.RulesDigest
@@ -46,7 +49,10 @@ type Fake struct {
 	FailNextLoad error
 }
 
-var _ nft.Loader = (*Fake)(nil)
+var (
+	_ nft.Loader           = (*Fake)(nil)
+	_ nft.GenerationReader = (*Fake)(nil)
+)
 
 // New returns an empty Fake.
 func New() *Fake {
@@ -80,6 +86,7 @@ func (fk *Fake) Apply(_ context.Context, tx *nft.Transaction) error {
 		fk.tables[tx.Family] = rs
 	}
 	fk.digests[tx.Family] = digests
+	fk.gen++
 	fk.Transactions++
 	fk.Ops += len(tx.Ops)
 	return nil
@@ -123,6 +130,7 @@ func (fk *Fake) Load(_ context.Context, f nft.Family) (*nft.Ruleset, error) {
 		return nil, nil
 	}
 	rs := cur.Clone()
+	rs.Generation = fk.gen
 	for name, c := range rs.Chains {
 		d, ok := fk.digests[f][name]
 		c.Loaded = &nft.LoadedRules{Count: len(c.Rules), Digest: d, HasDigest: ok, Slots: nft.DNATMapSlots(c.Rules)}
@@ -134,6 +142,13 @@ func (fk *Fake) Load(_ context.Context, f nft.Family) (*nft.Ruleset, error) {
 		}
 	}
 	return rs, nil
+}
+
+// Generation implements GenerationReader.
+func (fk *Fake) Generation(context.Context) (uint32, error) {
+	fk.mu.Lock()
+	defer fk.mu.Unlock()
+	return fk.gen, nil
 }
 
 // Ruleset returns a copy of the table of a family, or nil if there is none.

@@ -123,7 +123,30 @@ func (n *Netlink) loadOnce(ctx context.Context, deadline time.Time, f nft.Family
 	} else if after != gen {
 		return nil, errLoadRaced
 	}
+	if rs != nil {
+		rs.Generation = gen
+	}
 	return rs, nil
+}
+
+var _ nft.GenerationReader = (*Netlink)(nil)
+
+// Generation implements GenerationReader.
+func (n *Netlink) Generation(ctx context.Context) (uint32, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.conn == nil {
+		return 0, errors.New("netlink socket closed")
+	}
+	stop, err := nfnl.Deadline(ctx, n.conn, nfnl.Until(ctx, replyTimeout))
+	if err != nil {
+		return 0, err
+	}
+	defer stop()
+	return n.generation()
 }
 
 // claimExisting claims the table for this socket before it is read back,

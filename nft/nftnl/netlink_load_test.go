@@ -72,6 +72,28 @@ func TestNetlinkLoadRoundTrip(t *testing.T) {
 	}
 }
 
+// TestNetlinkLoadGeneration: a table read back carries the ruleset
+// generation it was read at, which Generation reads while nobody commits;
+// any commit moves it, another process's in another table too.
+func TestNetlinkLoadGeneration(t *testing.T) {
+	ns := newTestNS(t)
+	n := ns.netlink(t)
+	ctx := context.Background()
+	apply(t, n, nft.Diff(nil, nfttest.EveryPhraseRuleset(nft.IPv4)))
+	rs, err := n.Load(ctx, nft.IPv4)
+	if err != nil || rs == nil {
+		t.Fatalf("Load: %v, %v", rs, err)
+	}
+	now, err := n.Generation(ctx)
+	if err != nil || now != rs.Generation || now == 0 {
+		t.Fatalf("read at generation %d, now %d (%v): want the same, not 0", rs.Generation, now, err)
+	}
+	ns.mustNft(t, "", "add", "table", "ip", "other")
+	if moved, err := n.Generation(ctx); err != nil || moved == now {
+		t.Errorf("after nft added a table: generation %d (%v), was %d", moved, err, now)
+	}
+}
+
 // TestNetlinkLoadNoTable: no table, a table of the other family only, or a
 // dormant table all load as nil (the first transaction writes it whole).
 func TestNetlinkLoadNoTable(t *testing.T) {
