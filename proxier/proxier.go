@@ -505,6 +505,15 @@ type tableReading struct {
 // part: the first full sync builds on the reading only if the generation
 // has not moved since (takeReading).
 func (p *Proxier) readTablesAhead(ctx context.Context) {
+	// A claim is a commit (tableClaimer): every table is claimed before
+	// any is read, or a later claim would make an earlier reading stale.
+	for f, backend := range p.deps.NFT {
+		if c, ok := backend.(tableClaimer); ok {
+			if err := c.Claim(ctx, f); err != nil {
+				klog.V(2).InfoS("Cannot claim the table before reading it", "ipFamily", f.IPFamily(), "err", err)
+			}
+		}
+	}
 	for f, backend := range p.deps.NFT {
 		gr, ok := backend.(nft.GenerationReader)
 		if _, loads := backend.(nft.Loader); !ok || !loads {
@@ -530,6 +539,12 @@ func (p *Proxier) readTablesAhead(ctx context.Context) {
 			}
 		}()
 	}
+}
+
+// tableClaimer is a backend that owns its table (nftnl.Netlink): Claim
+// takes an existing table over, with a commit, before it is read.
+type tableClaimer interface {
+	Claim(ctx context.Context, f nft.Family) error
 }
 
 // takeReading returns the table read ahead for family f, once it is read,

@@ -149,6 +149,31 @@ func (n *Netlink) Generation(ctx context.Context) (uint32, error) {
 	return n.generation()
 }
 
+// Claim claims table nftproxy of family f for this socket now, if it is
+// to be owned and exists (see claimExisting; Load claims it otherwise). A
+// claim is a commit: it moves the ruleset generation, which makes a
+// reading of any family made before it stale, so a caller reading several
+// families' tables ahead of time claims them all first.
+func (n *Netlink) Claim(ctx context.Context, f nft.Family) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.conn == nil {
+		return errors.New("netlink socket closed")
+	}
+	stop, err := nfnl.Deadline(ctx, n.conn, nfnl.Until(ctx, replyTimeout))
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if err := n.claimExisting(ctx, f); err != nil {
+		return fmt.Errorf("claim table %s %s: %w", f, nft.TableName, err)
+	}
+	return nil
+}
+
 // claimExisting claims the table for this socket before it is read back,
 // when it is to be owned and can be claimed: then nobody can change it
 // between the reading and the transaction diffed against it. A table owned

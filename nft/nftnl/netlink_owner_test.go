@@ -219,3 +219,42 @@ func TestNetlinkReadOnly(t *testing.T) {
 	}
 	apply(t, owner, nft.Diff(loadOn(t, owner, f), desired))
 }
+
+// TestNetlinkClaimThenRead: claiming both families' ownerless tables before
+// reading either leaves both readings current; a claim after a reading
+// (which Load makes when nothing was claimed) makes it stale.
+func TestNetlinkClaimThenRead(t *testing.T) {
+	ns := newTestNS(t)
+	ctx := context.Background()
+	for _, f := range []nft.Family{nft.IPv4, nft.IPv6} {
+		first := ns.ownedNetlink(t)
+		apply(t, first, nft.FullRewrite(nfttest.RealisticRuleset(f, nfttest.MakeServices(f, 5, 2))))
+		first.Close() // ownerless now, as after kill -9
+	}
+	v4, v6 := ns.ownedNetlink(t), ns.ownedNetlink(t)
+	for f, n := range map[nft.Family]*Netlink{nft.IPv4: v4, nft.IPv6: v6} {
+		if err := n.Claim(ctx, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r4, r6 := loadOn(t, v4, nft.IPv4), loadOn(t, v6, nft.IPv6)
+	now, err := v4.Generation(ctx)
+	if err != nil || r4 == nil || r6 == nil || r4.Generation != now || r6.Generation != now {
+		t.Fatalf("claimed first, then read: readings at %v and %v, generation now %d (%v); want both current",
+			r4 != nil && r4.Generation == now, r6 != nil && r6.Generation == now, now, err)
+	}
+	if _, err := ns.nft("", "add", "chain", "ip6", nft.TableName, "intruder"); err == nil {
+		t.Fatal("another process changed a claimed table")
+	}
+
+	// Unclaimed: the second family's claim, inside its Load, moves the
+	// generation past the first family's reading.
+	v4.Close()
+	v6.Close()
+	v4, v6 = ns.ownedNetlink(t), ns.ownedNetlink(t)
+	r4 = loadOn(t, v4, nft.IPv4)
+	loadOn(t, v6, nft.IPv6)
+	if now, err := v4.Generation(ctx); err != nil || now == r4.Generation {
+		t.Errorf("a claim after a reading left the generation at %d (%v)", now, err)
+	}
+}
