@@ -155,4 +155,9 @@ func (t *Tracker[K, V]) Applied(s Snapshot[K, V]) {
 		}
 		t.markAppliedLocked(k, c.Value, !c.Deleted)
 	}
+	if len(t.dirty) == 0 {
+		// A map keeps the room it grew to: after the first sync that
+		// is room for every object, held for nothing.
+		t.dirty = map[K]struct{}{}
+	}
 }
