@@ -491,10 +491,10 @@ func seedSlots(f nft.Family, loaded *nft.Ruleset) *ruleset.Slots {
 // tableReading is a family's table read back ahead of its first full sync.
 type tableReading struct {
 	done chan struct{} // closed once read
-	rs   *nft.Ruleset  // loadTable's result
+	rs   *nft.Ruleset  // nil: no table nftproxy can build on
 	gen  uint32        // the ruleset generation rs stands for
-	// checked: gen was read, so the reading can be checked before it is
-	// built on.
+	// checked: the table and the generation were read, so the reading can
+	// be checked before it is built on.
 	checked bool
 }
 
@@ -516,7 +516,8 @@ func (p *Proxier) readTablesAhead(ctx context.Context) {
 	}
 	for f, backend := range p.deps.NFT {
 		gr, ok := backend.(nft.GenerationReader)
-		if _, loads := backend.(nft.Loader); !ok || !loads {
+		l, loads := backend.(nft.Loader)
+		if !ok || !loads {
 			continue
 		}
 		r := &tableReading{done: make(chan struct{})}
@@ -524,16 +525,18 @@ func (p *Proxier) readTablesAhead(ctx context.Context) {
 		go func() {
 			defer close(r.done)
 			// The generation before the reading stands for a table that is
-			// absent or cannot be read: that table is written whole, over
-			// whatever the kernel holds by then, so it is only read again
-			// if anyone committed since.
+			// absent or one nftproxy cannot build on: that table is
+			// written whole, over whatever the kernel holds by then, so it
+			// is only read again if anyone committed since.
 			gen, err := gr.Generation(ctx)
+			if err == nil {
+				r.rs, err = readTable(ctx, f, l)
+			}
 			if err != nil {
-				klog.V(2).InfoS("Cannot read the ruleset generation; the table is read at the first sync",
-					"ipFamily", f.IPFamily(), "err", err)
+				klog.V(2).InfoS("Cannot read the table back yet; the first sync reads it", "ipFamily", f.IPFamily(), "err", err)
 				return
 			}
-			r.rs, r.gen, r.checked = p.loadTable(ctx, f, backend), gen, true
+			r.gen, r.checked = gen, true
 			if r.rs != nil {
 				r.gen = r.rs.Generation
 			}
@@ -582,19 +585,28 @@ func (p *Proxier) loadTable(ctx context.Context, f nft.Family, backend nft.Inter
 	if !ok {
 		return nil
 	}
-	start := time.Now()
-	rs, err := l.Load(ctx, f)
+	rs, err := readTable(ctx, f, l)
 	if err != nil {
 		klog.ErrorS(err, "Cannot read the table back; rewriting it", "ipFamily", f.IPFamily())
 		return nil
 	}
+	return rs
+}
+
+// readTable reads the family's table back and logs what it found.
+func readTable(ctx context.Context, f nft.Family, l nft.Loader) (*nft.Ruleset, error) {
+	start := time.Now()
+	rs, err := l.Load(ctx, f)
+	if err != nil {
+		return nil, err
+	}
 	if rs == nil {
 		klog.InfoS("No table to read back; writing it", "ipFamily", f.IPFamily(), "elapsed", time.Since(start))
-		return nil
+		return nil, nil
 	}
 	klog.InfoS("Read the table back; the first sync writes only what differs", "ipFamily", f.IPFamily(),
 		"chains", len(rs.Chains), "sets", len(rs.Sets), "elapsed", time.Since(start))
-	return rs
+	return rs, nil
 }
 
 // syncService replaces the fragment of one Service in one family and

@@ -234,8 +234,7 @@ func TestRestartFallsBackToRewrite(t *testing.T) {
 	run(t, rec, objs...).stop()
 
 	written := rec.count()
-	rec.FailNextLoad = errors.New("injected: dump interrupted")
-	run(t, rec, objs...).stop()
+	run(t, &unreadable{rec}, objs...).stop()
 	if kinds := opKinds(rec.since(written)); kinds[nft.OpResetTable] != 1 {
 		t.Errorf("unreadable table: %v, want a rewrite", kinds)
 	}
@@ -330,6 +329,25 @@ func TestRestartRereadsTableChangedAfterReading(t *testing.T) {
 	}
 }
 
+// TestRestartRereadsTableAfterFailedReading: when the reading ahead fails,
+// the first sync reads the table itself and builds on it, instead of
+// rewriting the table.
+func TestRestartRereadsTableAfterFailedReading(t *testing.T) {
+	rec := &recorder{Fake: nftfake.New()}
+	objs := apiState(50)
+	run(t, rec, objs...).stop()
+	written, loads := rec.count(), rec.Loads
+
+	rec.FailNextLoad = errors.New("injected EINTR")
+	run(t, rec, objs...)
+	if txs := rec.since(written); len(txs) != 0 {
+		t.Errorf("restart after a failed reading: %d transactions %v, want none", len(txs), opKinds(txs))
+	}
+	if rec.Loads != loads+1 {
+		t.Errorf("read the table back %d times after the failure, want once", rec.Loads-loads)
+	}
+}
+
 // loadHook calls before and after around the first read of the table.
 type loadHook struct {
 	*recorder
@@ -348,6 +366,13 @@ func (l *loadHook) Load(ctx context.Context, f nft.Family) (*nft.Ruleset, error)
 		l.after()
 	}
 	return rs, err
+}
+
+// unreadable is a backend whose table cannot be read back.
+type unreadable struct{ *recorder }
+
+func (u *unreadable) Load(context.Context, nft.Family) (*nft.Ruleset, error) {
+	return nil, errors.New("injected: dump interrupted")
 }
 
 // countingLoader counts the reads of the table.
