@@ -133,20 +133,13 @@ var _ nft.GenerationReader = (*Netlink)(nil)
 
 // Generation implements GenerationReader.
 func (n *Netlink) Generation(ctx context.Context) (uint32, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.conn == nil {
-		return 0, errors.New("netlink socket closed")
-	}
-	stop, err := nfnl.Deadline(ctx, n.conn, nfnl.Until(ctx, replyTimeout))
-	if err != nil {
-		return 0, err
-	}
-	defer stop()
-	return n.generation()
+	var gen uint32
+	err := n.locked(ctx, func(err error) error { return fmt.Errorf("read the ruleset generation: %w", err) }, func() error {
+		var err error
+		gen, err = n.generation()
+		return err
+	})
+	return gen, err
 }
 
 // Claim claims table nftproxy of family f for this socket now, if it is
@@ -155,23 +148,8 @@ func (n *Netlink) Generation(ctx context.Context) (uint32, error) {
 // reading of any family made before it stale, so a caller reading several
 // families' tables ahead of time claims them all first.
 func (n *Netlink) Claim(ctx context.Context, f nft.Family) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.conn == nil {
-		return errors.New("netlink socket closed")
-	}
-	stop, err := nfnl.Deadline(ctx, n.conn, nfnl.Until(ctx, replyTimeout))
-	if err != nil {
-		return err
-	}
-	defer stop()
-	if err := n.claimExisting(ctx, f); err != nil {
-		return fmt.Errorf("claim table %s %s: %w", f, nft.TableName, err)
-	}
-	return nil
+	return n.locked(ctx, func(err error) error { return fmt.Errorf("claim table %s %s: %w", f, nft.TableName, err) },
+		func() error { return n.claimExisting(ctx, f) })
 }
 
 // claimExisting claims the table for this socket before it is read back,
