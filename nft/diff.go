@@ -114,13 +114,13 @@ func changedKeys(want *Set, have *Elements) []string {
 // once into a slice of its final size.
 func FullRewrite(desired *Ruleset) *Transaction {
 	setNames := desired.SortedSetNames()
-	chainNames := sortedKeys(desired.Chains)
-	n, digests := 1+len(setNames)+len(chainNames), 0
-	for _, ch := range desired.Chains {
-		n += len(ch.Rules)
-		if len(ch.Rules) > 0 {
-			digests++
-		}
+	chains := make([]*Chain, 0, len(desired.Chains))
+	for _, name := range sortedKeys(desired.Chains) {
+		chains = append(chains, desired.Chains[name])
+	}
+	n := 1 + len(setNames)
+	for _, ch := range chains {
+		n += 1 + len(ch.Rules)
 	}
 	for _, s := range desired.Sets {
 		if s.Elements.Len() > 0 {
@@ -132,25 +132,7 @@ func FullRewrite(desired *Ruleset) *Transaction {
 	for _, name := range setNames {
 		tx.add(Op{Kind: OpAddSet, Set: desired.Sets[name]})
 	}
-	for _, name := range chainNames {
-		tx.add(Op{Kind: OpAddChain, Chain: desired.Chains[name]})
-	}
-	// One array for the digests of every chain, not one allocation each.
-	ds := make([]RulesDigest, 0, digests)
-	var buf []byte
-	for _, name := range chainNames {
-		ch := desired.Chains[name]
-		for i, r := range ch.Rules {
-			op := Op{Kind: OpAddRule, ChainName: ch.Name, Rule: r}
-			if i == 0 {
-				var d RulesDigest
-				d, buf = digestRules(buf, desired.Family, ch.Rules)
-				ds = append(ds, d)
-				op.Digest = &ds[len(ds)-1]
-			}
-			tx.add(op)
-		}
-	}
+	tx.addChains(chains)
 	for _, name := range setNames {
 		s := desired.Sets[name]
 		if s.Elements.Len() > 0 {
@@ -158,6 +140,33 @@ func FullRewrite(desired *Ruleset) *Transaction {
 		}
 	}
 	return tx
+}
+
+// addChains adds new chains and their rules, the first rule of each with
+// the digest of all of them.
+func (t *Transaction) addChains(chains []*Chain) {
+	digests := 0
+	for _, ch := range chains {
+		t.add(Op{Kind: OpAddChain, Chain: ch})
+		if len(ch.Rules) > 0 {
+			digests++
+		}
+	}
+	// One array for the digests of every chain, not one allocation each.
+	ds := make([]RulesDigest, 0, digests)
+	var buf []byte
+	for _, ch := range chains {
+		for i, r := range ch.Rules {
+			op := Op{Kind: OpAddRule, ChainName: ch.Name, Rule: r}
+			if i == 0 {
+				var d RulesDigest
+				d, buf = digestRules(buf, t.Family, ch.Rules)
+				ds = append(ds, d)
+				op.Digest = &ds[len(ds)-1]
+			}
+			t.add(op)
+		}
+	}
 }
 
 // sortedKeys returns the keys of m, sorted.

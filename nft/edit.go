@@ -84,6 +84,8 @@ type Editor struct {
 	elemsBefore  map[setKey]*Element
 
 	keyBuf, valBuf []byte // scratch space of packed
+
+	pieces *pieces // what Piece handed out
 }
 
 type setKey struct{ set, key string }
@@ -479,7 +481,7 @@ func (e *Editor) Transaction() *Transaction {
 
 // Commit records that the last Transaction was applied.
 func (e *Editor) Commit() {
-	e.reset, e.loaded, e.adopted = false, nil, nil
+	e.reset, e.loaded, e.adopted, e.pieces = false, nil, nil, nil
 	// Fresh maps, not clear(): a cleared map keeps the buckets of the full
 	// sync's before-images (one per element), and the next Transaction
 	// would walk them all (docs/profiles.md).

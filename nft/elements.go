@@ -43,6 +43,36 @@ type Elements struct {
 	// that slot was put since startMarking (see Editor, adopting a set
 	// read back).
 	marks []uint64
+	// moved counts the changes that left a record of the slab stale or
+	// moved it: a value replaced, an element deleted, the slab rebuilt,
+	// a range end written in place. While it stays, the records past an
+	// offset are the elements put since, and only those (appended).
+	moved int
+}
+
+// slabMark is how far the slab of an Elements went at one moment.
+type slabMark struct{ off, n, moved int }
+
+func (es *Elements) slabMark() slabMark { return slabMark{len(es.slab), es.n, es.moved} }
+
+// slabStart is the mark before every element: ok is false when the slab
+// holds stale records (those of replaced or deleted elements), so that
+// its records are not just its elements.
+func (es *Elements) slabStart() (m slabMark, ok bool) {
+	return slabMark{moved: es.moved}, es.garbage == 0
+}
+
+// appended returns the elements put since mark m was taken, read-only: a
+// view of the records past it, which later puts do not touch (they append
+// beyond it, or build a new slab). The view has no index: it can be
+// ranged over (All, Scan), not searched. ok is false when a record was made
+// stale or moved since: the records past the mark are then not those
+// elements.
+func (es *Elements) appended(m slabMark) (Elements, bool) {
+	if es.moved != m.moved {
+		return Elements{}, false
+	}
+	return Elements{slab: es.slab[m.off:len(es.slab):len(es.slab)], n: es.n - m.n}, true
 }
 
 const tombstone = ^uint32(0)
@@ -104,7 +134,7 @@ func (es *Elements) Clone() Elements {
 func (es *Elements) reserve(n int) {
 	if es.n == 0 && n > 0 {
 		marking := es.marks != nil
-		*es = Elements{index: make([]uint32, indexSize(n)), slab: make([]byte, 0, recordRoom*n)}
+		*es = Elements{index: make([]uint32, indexSize(n)), slab: make([]byte, 0, recordRoom*n), moved: es.moved}
 		if marking {
 			es.startMarking()
 		}
@@ -196,6 +226,7 @@ func (es *Elements) upsert(k, v string) (i int, existed bool, old string) {
 			return i, true, old
 		}
 		es.garbage += recordLen(k, old)
+		es.moved++
 	case (es.n+es.tombs+1)*4 > len(es.index)*3:
 		es.rehash(es.n + 1)
 		i, _ = es.find(k)
@@ -278,6 +309,7 @@ func (es *Elements) setEnd(k string, end uint32) bool {
 	// v is a view of the slab: its offset there is where to write.
 	at := int(uintptr(unsafe.Pointer(unsafe.StringData(v))) - uintptr(unsafe.Pointer(unsafe.SliceData(es.slab))))
 	binary.LittleEndian.PutUint32(es.slab[at+1:], end)
+	es.moved++
 	return true
 }
 
@@ -336,6 +368,7 @@ func (es *Elements) del(k string) {
 	}
 	rk, v := es.record(es.index[i] - 1)
 	es.garbage += recordLen(rk, v)
+	es.moved++
 	es.index[i] = tombstone
 	if es.marks != nil {
 		es.unmark(i)
@@ -360,11 +393,26 @@ func uvarintLen(n int) int {
 }
 
 // rehash rebuilds the index for n elements, and the slab without the
-// records no longer indexed.
+// records no longer indexed; a slab without such records stays as it is.
 func (es *Elements) rehash(n int) {
 	old := *es
 	*es = Elements{index: make([]uint32, indexSize(max(n, old.n))),
-		slab: make([]byte, 0, max(len(old.slab)-old.garbage, 0)+recordRoom*max(n-old.n, 0)+64)}
+		slab:  make([]byte, 0, max(len(old.slab)-old.garbage, 0)+recordRoom*max(n-old.n, 0)+64),
+		moved: old.moved}
+	if old.garbage == 0 && old.marks == nil {
+		// Every record is an element: the slab is kept as it is, in the
+		// order the elements were put (appended relies on it).
+		es.slab = append(es.slab, old.slab...)
+		for o := 0; o < len(es.slab); {
+			k, v := es.record(uint32(o))
+			i, _ := es.find(k)
+			es.index[i] = uint32(o) + 1
+			es.n++
+			o += recordLen(k, v)
+		}
+		return
+	}
+	es.moved++
 	if old.marks != nil {
 		es.startMarking()
 	}
@@ -382,11 +430,22 @@ func (es *Elements) rehash(n int) {
 	}
 }
 
-// each returns the packed keys and values, in index order. While it runs,
+// each returns the packed keys and values, in index order (in the order
+// they were put, for a view that appended returned). While it runs,
 // values may be replaced (put of a key present), but no key added or
 // deleted: that may rebuild the index and the slab under it.
 func (es *Elements) each() iter.Seq2[string, string] {
 	return func(yield func(k, v string) bool) {
+		if es.index == nil {
+			for o := 0; o < len(es.slab); {
+				k, v := es.record(uint32(o))
+				if !yield(k, v) {
+					return
+				}
+				o += recordLen(k, v)
+			}
+			return
+		}
 		for _, e := range es.index {
 			if e != 0 && e != tombstone {
 				if !yield(es.record(e - 1)) {

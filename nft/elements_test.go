@@ -205,3 +205,59 @@ func TestElementsMarksSurviveRehash(t *testing.T) {
 		t.Errorf("%d elements", es.Len())
 	}
 }
+
+// TestElementsAppended: the elements put after a mark are the records past
+// it, in the order they were put, through the index growing (rehash) and
+// untouched by later puts; a replaced or deleted element ends that.
+func TestElementsAppended(t *testing.T) {
+	el := func(i int) Element {
+		return Element{Key: []Datum{Addr(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}))}, Comment: strconv.Itoa(i)}
+	}
+	var es Elements
+	for i := range 10 {
+		es.Put(el(i))
+	}
+	m := es.slabMark()
+	for i := 10; i < 1000; i++ { // the index grows several times
+		es.Put(el(i))
+	}
+	es.Put(el(5)) // the same element again: nothing new
+	put, ok := es.appended(m)
+	if !ok {
+		t.Fatal("appended refused after puts of new keys only")
+	}
+	var got []string
+	for e := range put.All() {
+		got = append(got, e.Comment)
+	}
+	if len(got) != 990 || put.Len() != 990 || got[0] != "10" || got[989] != "999" {
+		t.Fatalf("appended %d elements (Len %d), %v … %v; want 10 … 999", len(got), put.Len(), got[:1], got[len(got)-1:])
+	}
+	m2 := es.slabMark()
+	for i := 1000; i < 3000; i++ {
+		es.Put(el(i))
+	}
+	if again, _ := es.appended(m); again.Len() != 2990 || put.Len() != 990 {
+		t.Fatalf("views of %d and %d elements, want 2990 and an unchanged 990", again.Len(), put.Len())
+	}
+	n := 0
+	for range put.All() {
+		n++
+	}
+	if n != 990 {
+		t.Fatalf("a view yields %d elements after later puts, want 990", n)
+	}
+	changed := el(7)
+	changed.Comment = "seven"
+	es.Put(changed)
+	if _, ok := es.appended(m2); ok {
+		t.Fatal("appended accepted after a value was replaced")
+	}
+	var fresh Elements
+	fresh.Put(el(1))
+	m3 := fresh.slabMark()
+	fresh.Delete(el(1).Key)
+	if _, ok := fresh.appended(m3); ok {
+		t.Fatal("appended accepted after a delete")
+	}
+}
