@@ -71,6 +71,9 @@ type Proxier struct {
 	// family what was programmed.
 	objects  objectStore
 	families map[nft.Family]*familyState
+	// pieceServices is the fewest Services a piece of a table written
+	// from nothing holds (minPieceServices; tests lower it).
+	pieceServices int
 }
 
 // familyState is what the proxier programmed in one family's table.
@@ -128,7 +131,7 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 		objects:  newObjectStore(),
 		families: map[nft.Family]*familyState{},
 		repairs:  map[nft.Family]*repair{},
-		started:  time.Now()}
+		started:  time.Now(), pieceServices: minPieceServices}
 	for f := range deps.NFT {
 		p.families[f] = &familyState{}
 		initFamilyMetrics(f.IPFamily())
@@ -314,6 +317,10 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	fs.editor.Replace(fs.base, base)
 	fs.base = base
 	changed, ctJob := 0, ctcleanup.NewJob()
+	var pw *piecewise
+	if full && fst.absent {
+		pw = p.startPiecewise(ctx, f, fs, backend, len(affected), ctJob)
+	}
 	for name := range affected {
 		old := fs.programmedPorts(f, name, oldNode)
 		now := p.syncService(f, fs, name, oldCfg, old)
@@ -321,14 +328,24 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 			changed++
 			ctJob.Add(name, old, now)
 		}
+		if pw != nil {
+			pw.serviceBuilt(f, fs)
+		}
 	}
 	if full {
 		fs.slots.ReleaseUnclaimed()
 	}
-	fs.picks = fs.slots.UpdatePicks(f, fs.editor, fs.picks)
-	tx := fs.editor.Transaction()
-	if err := p.apply(ctx, f, fs, backend, tx, ctJob); err != nil {
-		return err
+	var tx *nft.Transaction
+	written := false
+	if pw != nil {
+		tx, written = pw.finish(f, fs)
+	}
+	if !written {
+		fs.picks = fs.slots.UpdatePicks(f, fs.editor, fs.picks)
+		tx = fs.editor.Transaction()
+		if err := p.apply(ctx, f, fs, backend, tx, ctJob); err != nil {
+			return err
+		}
 	}
 	fs.editor.Commit()
 	fs.slots.Commit()
@@ -420,6 +437,9 @@ type fullStart struct {
 	at     time.Time     // when it began
 	took   time.Duration // reading the table back and starting over
 	repair bool          // it repairs a change by another process
+	// absent: the table was read and is not in the kernel, so the sync
+	// may write it in pieces (see piecewise).
+	absent bool
 }
 
 // startFull starts a full sync of family f when one is due (at start,
@@ -435,10 +455,10 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 		return nil
 	}
 	var loaded *nft.Ruleset
+	read := false // the table was read, or found absent
 	if fs.mode.readsTable() {
-		var ok bool
-		if loaded, ok = takeReading(ctx, f, backend, fs); !ok {
-			loaded = p.loadTable(ctx, f, backend)
+		if loaded, read = takeReading(ctx, f, backend, fs); !read {
+			loaded, read = p.loadTable(ctx, f, backend)
 		}
 	}
 	if loaded != nil {
@@ -459,7 +479,7 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 		fs.reserve = p.objects.counts(f, p.cfg.NodeName)
 		ruleset.Reserve(fs.editor, fs.reserve)
 	}
-	return &fullStart{at: start, took: time.Since(start), repair: fs.repairing != nil}
+	return &fullStart{at: start, took: time.Since(start), repair: fs.repairing != nil, absent: read && loaded == nil}
 }
 
 // seedSlots returns the slot table of a full sync: the slots the chains
@@ -578,19 +598,19 @@ func takeReading(ctx context.Context, f nft.Family, backend nft.Interface, fs *f
 }
 
 // loadTable reads the family's table back from the kernel, for a full sync
-// to diff against. nil means rewrite the table whole: there is none, the
-// backend cannot read it back, or reading failed.
-func (p *Proxier) loadTable(ctx context.Context, f nft.Family, backend nft.Interface) *nft.Ruleset {
+// to diff against. A nil rs means write the table whole: there is none
+// (read is true), the backend cannot read it back, or reading failed.
+func (p *Proxier) loadTable(ctx context.Context, f nft.Family, backend nft.Interface) (rs *nft.Ruleset, read bool) {
 	l, ok := backend.(nft.Loader)
 	if !ok {
-		return nil
+		return nil, false
 	}
 	rs, err := readTable(ctx, f, l)
 	if err != nil {
 		klog.ErrorS(err, "Cannot read the table back; rewriting it", "ipFamily", f.IPFamily())
-		return nil
+		return nil, false
 	}
-	return rs
+	return rs, true
 }
 
 // readTable reads the family's table back and logs what it found.

@@ -418,14 +418,16 @@ func BenchmarkProxierKernelDualStack(b *testing.B) {
 }
 
 // countingNetlink is nftnl.Netlink (Apply, Load, LastBatch) counting the
-// operations it applies.
+// transactions and operations it applies.
 type countingNetlink struct {
 	*nftnl.Netlink
-	ops int
+	ops     int
+	applied int // transactions
 }
 
 func (c *countingNetlink) Apply(ctx context.Context, tx *nft.Transaction) error {
 	c.ops += len(tx.Ops)
+	c.applied++
 	return c.Netlink.Apply(ctx, tx)
 }
 

@@ -1,0 +1,228 @@
+package proxier
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+	"github.com/nftproxy/nftproxy/nft/trace"
+	"github.com/nftproxy/nftproxy/proxier/model"
+	"github.com/nftproxy/nftproxy/proxier/model/benchstate"
+	"github.com/nftproxy/nftproxy/proxier/ruleset"
+)
+
+// afterApply is a backend that calls check after every transaction it
+// applied.
+type afterApply struct {
+	*nftfake.Fake
+	txs   []*nft.Transaction
+	check func()
+}
+
+func (a *afterApply) Apply(ctx context.Context, tx *nft.Transaction) error {
+	if err := a.Fake.Apply(ctx, tx); err != nil {
+		return err
+	}
+	a.txs = append(a.txs, tx)
+	a.check()
+	return nil
+}
+
+// TestFirstSyncInPieces: a table that is not in the kernel is written in
+// pieces, and ends as the table written in one transaction. After every
+// piece, each Service's traffic (to its ClusterIP, and to its external and
+// load balancer IPs) goes either as before the proxy started or as in the
+// final table: no piece shows part of a Service.
+func TestFirstSyncInPieces(t *testing.T) {
+	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour,
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
+	svcs, slices := testServices(200, 0)
+	var pkts []trace.Packet
+	from := netip.MustParseAddr("10.244.9.5")
+	for _, svc := range svcs {
+		for _, ip := range append(append([]netip.Addr{svc.ClusterIPs[0]}, svc.ExternalIPs...), svc.LoadBalancerIPs...) {
+			pkts = append(pkts, trace.Packet{Src: from, Dst: ip, Proto: nft.ProtoTCP, DPort: 80})
+		}
+	}
+	type outcome struct {
+		verdict nft.VerdictKind
+		dnat    []netip.AddrPort
+	}
+	traceAll := func(fk *nftfake.Fake) []outcome {
+		out := make([]outcome, len(pkts))
+		tr := trace.New(fk.Rulesets())
+		for i, pkt := range pkts {
+			r := tr.Trace(pkt)
+			out[i] = outcome{r.Verdict, r.DNAT}
+		}
+		return out
+	}
+	newProxier := func(backend nft.Interface, pieceServices int) *Proxier {
+		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.pieceServices = pieceServices
+		setAll(p, svcs, slices)
+		return p
+	}
+
+	whole := &afterApply{Fake: nftfake.New(), check: func() {}}
+	if err := newProxier(whole, 0).sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(whole.txs) != 1 {
+		t.Fatalf("without pieces, %d transactions", len(whole.txs))
+	}
+	final := traceAll(whole.Fake)
+
+	var before []outcome // as the table's base, without a Service, has it
+	var seen []string    // per piece: the packets that went as in the final table
+	pieces := &afterApply{Fake: nftfake.New()}
+	pieces.check = func() {
+		now := traceAll(pieces.Fake)
+		if before == nil {
+			before = now
+		}
+		done := 0
+		for i, o := range now {
+			switch {
+			case reflect.DeepEqual(o, final[i]):
+				done++
+			case !reflect.DeepEqual(o, before[i]):
+				t.Errorf("after piece %d, %v → %s %v; want as before (%s %v) or as at the end (%s %v)", len(pieces.txs),
+					pkts[i].Dst, o.verdict, o.dnat, before[i].verdict, before[i].dnat, final[i].verdict, final[i].dnat)
+			}
+		}
+		seen = append(seen, fmt.Sprint(done))
+	}
+	if err := newProxier(pieces, 20).sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(pieces.txs) < tablePieces {
+		t.Fatalf("%d transactions, want a table in %d pieces and its base", len(pieces.txs), tablePieces)
+	}
+	for i, tx := range pieces.txs[1:] {
+		for _, op := range tx.Ops {
+			if op.Kind != nft.OpAddSet && op.Kind != nft.OpAddChain && op.Kind != nft.OpAddRule && op.Kind != nft.OpAddElements {
+				t.Fatalf("piece %d: %v; a piece only adds", i+2, op.Kind)
+			}
+		}
+	}
+	if got, want := canonical(pieces.Fake), canonical(whole.Fake); got != want {
+		t.Fatalf("written in pieces:\n%s\nwritten whole:\n%s", got, want)
+	}
+	t.Logf("packets as at the end, piece by piece: %v of %d", seen, len(pkts))
+}
+
+// TestFirstSyncInPiecesFallsBack: when the backend refuses a piece, the
+// same sync writes the whole table in one transaction, over the pieces.
+func TestFirstSyncInPiecesFallsBack(t *testing.T) {
+	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour}
+	svcs, slices := testServices(200, 0)
+	fk := nftfake.New()
+	var resets int
+	applied := 0
+	backend := &refusing{Fake: fk, refuse: func(tx *nft.Transaction) bool {
+		applied++
+		if tx.Ops[0].Kind == nft.OpResetTable {
+			resets++
+		}
+		return applied == 3 // the second piece of Services
+	}}
+	p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.pieceServices = 20
+	setAll(p, svcs, slices)
+	if err := p.sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if applied != 4 || resets != 2 {
+		t.Fatalf("%d transactions, %d resetting the table; want 3 pieces (the last refused) and one whole table", applied, resets)
+	}
+	want := nftfake.New()
+	wp, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: want}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wp.pieceServices = 0
+	setAll(wp, svcs, slices)
+	if err := wp.sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got, w := canonical(fk), canonical(want); got != w {
+		t.Fatalf("after a refused piece:\n%s\nwant:\n%s", got, w)
+	}
+	if p.families[nft.IPv4].mode != modeIncremental {
+		t.Fatalf("mode %v after the table was written, want incremental", p.families[nft.IPv4].mode)
+	}
+}
+
+// canonical is fk's IPv4 table with its endpoints slots numbered in a
+// canonical order: they are handed out in the order the Services are
+// built, which is a map's.
+func canonical(fk *nftfake.Fake) string { return ruleset.CanonicalSlots(fk.Ruleset(nft.IPv4)).Dump() }
+
+// refusing is nftfake.Fake refusing the transactions refuse picks.
+type refusing struct {
+	*nftfake.Fake
+	refuse func(*nft.Transaction) bool
+}
+
+func (r *refusing) Apply(ctx context.Context, tx *nft.Transaction) error {
+	if r.refuse(tx) {
+		return fmt.Errorf("refused")
+	}
+	return r.Fake.Apply(ctx, tx)
+}
+
+// TestKernelFirstSyncInPieces: 1,000 Services written in pieces into a
+// kernel (a network namespace of its own) read back as the table they
+// make: a restart on it sends nothing.
+func TestKernelFirstSyncInPieces(t *testing.T) {
+	ns := netnstest.New(t, "nftproxy-pc")
+	open := func() *countingNetlink {
+		n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: ns.Fd, OwnTable: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return &countingNetlink{Netlink: n}
+	}
+	svcs, slices := benchstate.Cluster(benchstate.Sizes[0])
+	sync := func(backend *countingNetlink, pieceServices int) {
+		t.Helper()
+		p, err := New(benchConfig, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.pieceServices = pieceServices
+		for i, svc := range svcs {
+			p.trackers.Services.Set(svc.Name, svc)
+			p.trackers.Slices.Set(model.SliceKey{Namespace: svc.Name.Namespace, Name: slices[i].Name}, slices[i])
+		}
+		if err := p.sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := open()
+	sync(first, 100)
+	if first.applied < tablePieces {
+		t.Fatalf("%d transactions, want the table in %d pieces", first.applied, tablePieces)
+	}
+	first.Close() // as the process that wrote it exits: its table persists
+	again := open()
+	sync(again, 100)
+	if again.ops != 0 {
+		t.Fatalf("a restart on the table written in pieces sent %d operations", again.ops)
+	}
+}
