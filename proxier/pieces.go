@@ -65,7 +65,7 @@ func (p *Proxier) startPiecewise(ctx context.Context, f nft.Family, fs *familySt
 				continue // a piece failed: the sync writes the table whole
 			}
 			if pw.err = backend.Apply(ctx, tx); pw.err == nil {
-				p.committed()
+				p.committed(backend)
 			}
 		}
 	}()

@@ -385,7 +385,7 @@ func (p *Proxier) apply(ctx context.Context, f nft.Family, fs *familyState, back
 	resume := p.pauseMonitor(tx)
 	err := backend.Apply(ctx, tx)
 	if err == nil {
-		p.committed()
+		p.committed(backend)
 	}
 	resume()
 	if err == nil {

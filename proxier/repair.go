@@ -27,7 +27,7 @@ type Monitor interface {
 	Run(ctx context.Context, report func(nftnl.Commit)) error
 	// Pause and Committed: see nftnl.Monitor.
 	Pause() (resume func())
-	Committed()
+	Committed(gen uint32)
 }
 
 // pauseMonitorChanges is the size of a transaction (objects changed) from
@@ -134,11 +134,17 @@ func (p *Proxier) pauseMonitor(tx *nft.Transaction) (resume func()) {
 	return p.deps.Monitor.Pause()
 }
 
-// committed tells the monitor about a transaction of ours.
-func (p *Proxier) committed() {
-	if p.deps.Monitor != nil {
-		p.deps.Monitor.Committed()
+// committed tells the monitor about a transaction of ours that backend
+// committed, with the generation it made when the backend reports it.
+func (p *Proxier) committed(backend nft.Interface) {
+	if p.deps.Monitor == nil {
+		return
 	}
+	var gen uint32
+	if b, ok := backend.(batchReporter); ok {
+		gen = b.LastBatch().GenID
+	}
+	p.deps.Monitor.Committed(gen)
 }
 
 // ownershipReporter is a backend that can own its table (nftnl.Netlink).

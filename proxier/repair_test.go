@@ -105,8 +105,8 @@ func (r *pauseRecorder) Run(ctx context.Context, _ func(nftnl.Commit)) error {
 	<-ctx.Done()
 	return nil
 }
-func (r *pauseRecorder) Pause() func() { r.add("pause"); return func() { r.add("resume") } }
-func (r *pauseRecorder) Committed()    { r.add("commit") }
+func (r *pauseRecorder) Pause() func()    { r.add("pause"); return func() { r.add("resume") } }
+func (r *pauseRecorder) Committed(uint32) { r.add("commit") }
 
 func (r *pauseRecorder) get() []string {
 	r.mu.Lock()

@@ -226,13 +226,15 @@ func (m *Monitor) Pause() (resume func()) {
 }
 
 // Committed counts a transaction nftproxy committed, for a pause under
-// way. (One counted that the pause's first generation already held makes
-// the count too high: that reports a Lost commit for nothing, never hides
-// one.)
-func (m *Monitor) Committed() {
+// way; gen is the ruleset generation it made (BatchStats.GenID; 0:
+// unknown). A commit the pause's first generation already holds (another
+// family's, which committed just before the pause began and reported just
+// after) is not counted. One counted that it held makes the count too
+// high: that reports a Lost commit for nothing, never hides one.
+func (m *Monitor) Committed(gen uint32) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.paused > 0 {
+	if m.paused > 0 && (gen == 0 || m.pauseErr != nil || int32(gen-m.pauseGen) > 0) {
 		m.commits++
 	}
 }

@@ -122,11 +122,26 @@ func TestMonitorPause(t *testing.T) {
 
 	resume := m.Pause()
 	apply(t, n, nft.FullRewrite(rs))
-	m.Committed()
+	m.Committed(n.LastBatch().GenID)
 	resume()
 	ns.mustNft(t, "", "add", "chain", "ip6", nft.TableName, "probe-1")
 	if c := next(t, reports); c.Lost || len(c.Changes) != 1 || c.Changes[0].Name != "probe-1" {
 		t.Fatalf("after a pause with only our commit: %+v, want the probe's chain", c)
+	}
+
+	// A commit of ours that the kernel made before a pause began and that
+	// is reported after (another family's): not one the pause missed.
+	apply(t, n, nft.FullRewrite(rs))
+	early := n.LastBatch().GenID
+	if early == 0 {
+		t.Fatal("no generation reported for a commit")
+	}
+	resume = m.Pause()
+	m.Committed(early)
+	resume()
+	ns.mustNft(t, "", "add", "chain", "ip6", nft.TableName, "probe-early")
+	if c := next(t, reports); c.Lost || len(c.Changes) != 1 || c.Changes[0].Name != "probe-early" {
+		t.Fatalf("after a pause with a commit of ours from before it: %+v, want the probe's chain", c)
 	}
 
 	// Nested pauses, as two families syncing at once; another process
