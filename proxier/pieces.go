@@ -95,6 +95,9 @@ func (pw *piecewise) piece(f nft.Family, fs *familyState) {
 		pw.stopped = true
 		return
 	}
+	if tx.Empty() {
+		return // nothing since the last piece: no commit to count
+	}
 	pw.sent.Ops = append(pw.sent.Ops, tx.Ops...)
 	pw.txs <- tx
 }

@@ -19,7 +19,7 @@ import (
 )
 
 // afterApply is a backend that calls check after every transaction it
-// applied.
+// committed.
 type afterApply struct {
 	*nftfake.Fake
 	txs   []*nft.Transaction
@@ -27,6 +27,9 @@ type afterApply struct {
 }
 
 func (a *afterApply) Apply(ctx context.Context, tx *nft.Transaction) error {
+	if tx.Empty() {
+		return nil // as the kernel: no commit
+	}
 	if err := a.Fake.Apply(ctx, tx); err != nil {
 		return err
 	}
@@ -224,5 +227,33 @@ func TestKernelFirstSyncInPieces(t *testing.T) {
 	sync(again, 100)
 	if again.ops != 0 {
 		t.Fatalf("a restart on the table written in pieces sent %d operations", again.ops)
+	}
+}
+
+// TestFirstSyncInPiecesCountsItsCommits: the monitor is paused once for
+// all the pieces and told of each commit, and only of those: one it did
+// not see would read as another process's, and set off a repair. The
+// Services fill the pieces exactly, so that the last one is empty.
+func TestFirstSyncInPiecesCountsItsCommits(t *testing.T) {
+	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour}
+	svcs, slices := testServices(200, 0)
+	backend := &afterApply{Fake: nftfake.New(), check: func() {}}
+	rec := &pauseRecorder{}
+	p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}, Monitor: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.pieceServices = 25
+	setAll(p, svcs, slices)
+	if err := p.sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"pause"}
+	for range backend.txs {
+		want = append(want, "commit")
+	}
+	want = append(want, "resume")
+	if got := rec.get(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("monitor told %v for %d transactions, want %v", got, len(backend.txs), want)
 	}
 }
