@@ -38,6 +38,29 @@ func (a *afterApply) Apply(ctx context.Context, tx *nft.Transaction) error {
 	return nil
 }
 
+// firstSync runs the first sync of a proxier with deps that holds svcs and
+// slices, its pieces of at least pieceServices Services (0: one
+// transaction).
+func firstSync(t *testing.T, cfg Config, deps Deps, pieceServices int, svcs []*model.Service,
+	slices []*model.EndpointSlice) *Proxier {
+	t.Helper()
+	p, err := New(cfg, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.pieceServices = pieceServices
+	setAll(p, svcs, slices)
+	if err := p.sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// ipv4 is the backends of an IPv4 node.
+func ipv4(backend nft.Interface) Deps {
+	return Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}}
+}
+
 // TestFirstSyncInPieces: a table that is not in the kernel is written in
 // pieces, and ends as the table written in one transaction. After every
 // piece, each Service's traffic (to its ClusterIP, and to its external and
@@ -67,20 +90,8 @@ func TestFirstSyncInPieces(t *testing.T) {
 		}
 		return out
 	}
-	newProxier := func(backend nft.Interface, pieceServices int) *Proxier {
-		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.pieceServices = pieceServices
-		setAll(p, svcs, slices)
-		return p
-	}
-
 	whole := &afterApply{Fake: nftfake.New(), check: func() {}}
-	if err := newProxier(whole, 0).sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	firstSync(t, cfg, ipv4(whole), 0, svcs, slices)
 	if len(whole.txs) != 1 {
 		t.Fatalf("without pieces, %d transactions", len(whole.txs))
 	}
@@ -106,9 +117,7 @@ func TestFirstSyncInPieces(t *testing.T) {
 		}
 		seen = append(seen, fmt.Sprint(done))
 	}
-	if err := newProxier(pieces, 20).sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	firstSync(t, cfg, ipv4(pieces), 20, svcs, slices)
 	if len(pieces.txs) < tablePieces {
 		t.Fatalf("%d transactions, want a table in %d pieces and its base", len(pieces.txs), tablePieces)
 	}
@@ -140,28 +149,12 @@ func TestFirstSyncInPiecesFallsBack(t *testing.T) {
 		}
 		return applied == 3 // the second piece of Services
 	}}
-	p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.pieceServices = 20
-	setAll(p, svcs, slices)
-	if err := p.sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	p := firstSync(t, cfg, ipv4(backend), 20, svcs, slices)
 	if applied != 4 || resets != 2 {
 		t.Fatalf("%d transactions, %d resetting the table; want 3 pieces (the last refused) and one whole table", applied, resets)
 	}
 	want := nftfake.New()
-	wp, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: want}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wp.pieceServices = 0
-	setAll(wp, svcs, slices)
-	if err := wp.sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	firstSync(t, cfg, ipv4(want), 0, svcs, slices)
 	if got, w := canonical(fk), canonical(want); got != w {
 		t.Fatalf("after a refused piece:\n%s\nwant:\n%s", got, w)
 	}
@@ -202,29 +195,14 @@ func TestKernelFirstSyncInPieces(t *testing.T) {
 		return &countingNetlink{Netlink: n}
 	}
 	svcs, slices := benchstate.Cluster(benchstate.Sizes[0])
-	sync := func(backend *countingNetlink, pieceServices int) {
-		t.Helper()
-		p, err := New(benchConfig, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.pieceServices = pieceServices
-		for i, svc := range svcs {
-			p.trackers.Services.Set(svc.Name, svc)
-			p.trackers.Slices.Set(model.SliceKey{Namespace: svc.Name.Namespace, Name: slices[i].Name}, slices[i])
-		}
-		if err := p.sync(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
 	first := open()
-	sync(first, 100)
+	firstSync(t, benchConfig, ipv4(first), 100, svcs, slices)
 	if first.applied < tablePieces {
 		t.Fatalf("%d transactions, want the table in %d pieces", first.applied, tablePieces)
 	}
 	first.Close() // as the process that wrote it exits: its table persists
 	again := open()
-	sync(again, 100)
+	firstSync(t, benchConfig, ipv4(again), 100, svcs, slices)
 	if again.ops != 0 {
 		t.Fatalf("a restart on the table written in pieces sent %d operations", again.ops)
 	}
@@ -239,15 +217,9 @@ func TestFirstSyncInPiecesCountsItsCommits(t *testing.T) {
 	svcs, slices := testServices(200, 0)
 	backend := &afterApply{Fake: nftfake.New(), check: func() {}}
 	rec := &pauseRecorder{}
-	p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}, Monitor: rec})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.pieceServices = 25
-	setAll(p, svcs, slices)
-	if err := p.sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	deps := ipv4(backend)
+	deps.Monitor = rec
+	firstSync(t, cfg, deps, 25, svcs, slices)
 	want := []string{"pause"}
 	for range backend.txs {
 		want = append(want, "commit")
