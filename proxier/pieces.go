@@ -34,6 +34,7 @@ type piecewise struct {
 	built   int // Services built since the last piece
 	stopped bool
 	sent    *nft.Transaction // the operations of every piece, for the sync's figures
+	pieces  int
 	txs     chan *nft.Transaction
 	done    chan struct{}
 	err     error // the first piece the backend failed to apply; read after done
@@ -73,8 +74,8 @@ func (p *Proxier) startPiecewise(ctx context.Context, f nft.Family, fs *familySt
 	return pw
 }
 
-// built counts one more Service built, and hands out a piece after every
-// pw.every of them.
+// serviceBuilt counts one more Service built, and hands out a piece after
+// every pw.every of them.
 func (pw *piecewise) serviceBuilt(f nft.Family, fs *familyState) {
 	if pw.built++; pw.built >= pw.every {
 		pw.piece(f, fs)
@@ -99,6 +100,7 @@ func (pw *piecewise) piece(f nft.Family, fs *familyState) {
 		return // nothing since the last piece: no commit to count
 	}
 	pw.sent.Ops = append(pw.sent.Ops, tx.Ops...)
+	pw.pieces++
 	pw.txs <- tx
 }
 
@@ -120,5 +122,6 @@ func (pw *piecewise) finish(f nft.Family, fs *familyState) (*nft.Transaction, bo
 		klog.V(2).InfoS("The table cannot be written in pieces; writing it whole", "ipFamily", f.IPFamily())
 		return nil, false
 	}
+	klog.V(2).InfoS("Wrote the table in pieces", "ipFamily", f.IPFamily(), "pieces", pw.pieces, "servicesPerPiece", pw.every)
 	return pw.sent, true
 }
