@@ -33,7 +33,7 @@ type piecewise struct {
 	every   int // Services per piece
 	built   int // Services built since the last piece
 	stopped bool
-	sent    *nft.Transaction // the operations of every piece, for the sync's figures
+	sent    txSize // by every piece; the pieces are not kept
 	pieces  int
 	txs     chan *nft.Transaction
 	done    chan struct{}
@@ -50,7 +50,7 @@ func (p *Proxier) startPiecewise(ctx context.Context, f nft.Family, fs *familySt
 	if p.pieceServices <= 0 || services < 2*every {
 		return nil
 	}
-	pw := &piecewise{every: every, sent: &nft.Transaction{Family: f}, txs: make(chan *nft.Transaction),
+	pw := &piecewise{every: every, txs: make(chan *nft.Transaction),
 		done: make(chan struct{}), resume: func() {}}
 	if p.deps.Monitor != nil {
 		// The table's own commits come back as notifications, by the
@@ -99,17 +99,17 @@ func (pw *piecewise) piece(f nft.Family, fs *familyState) {
 	if tx.Empty() {
 		return // nothing since the last piece: no commit to count
 	}
-	pw.sent.Ops = append(pw.sent.Ops, tx.Ops...)
+	pw.sent.add(sizeOf(tx))
 	pw.pieces++
 	pw.txs <- tx
 }
 
 // finish hands out the last piece and waits until every piece is applied.
-// It returns the operations the pieces sent, and false when the table is
+// It returns what the pieces sent, and false when the table is
 // not written: the pieces stopped (the editor could not go on with them)
 // or the backend failed one. The sync then writes the whole table in one
 // transaction, over what the pieces wrote.
-func (pw *piecewise) finish(f nft.Family, fs *familyState) (*nft.Transaction, bool) {
+func (pw *piecewise) finish(f nft.Family, fs *familyState) (txSize, bool) {
 	pw.piece(f, fs)
 	close(pw.txs)
 	<-pw.done
@@ -117,10 +117,10 @@ func (pw *piecewise) finish(f nft.Family, fs *familyState) (*nft.Transaction, bo
 	switch {
 	case pw.err != nil:
 		klog.ErrorS(pw.err, "A piece of the table failed; writing the table whole", "ipFamily", f.IPFamily())
-		return nil, false
+		return txSize{}, false
 	case pw.stopped:
 		klog.V(2).InfoS("The table cannot be written in pieces; writing it whole", "ipFamily", f.IPFamily())
-		return nil, false
+		return txSize{}, false
 	}
 	klog.V(2).InfoS("Wrote the table in pieces", "ipFamily", f.IPFamily(), "pieces", pw.pieces, "servicesPerPiece", pw.every)
 	return pw.sent, true

@@ -335,17 +335,18 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	if full {
 		fs.slots.ReleaseUnclaimed()
 	}
-	var tx *nft.Transaction
+	var sent txSize
 	written := false
 	if pw != nil {
-		tx, written = pw.finish(f, fs)
+		sent, written = pw.finish(f, fs)
 	}
 	if !written {
 		fs.picks = fs.slots.UpdatePicks(f, fs.editor, fs.picks)
-		tx = fs.editor.Transaction()
+		tx := fs.editor.Transaction()
 		if err := p.apply(ctx, f, fs, backend, tx, ctJob); err != nil {
 			return err
 		}
+		sent = sizeOf(tx)
 	}
 	fs.editor.Commit()
 	fs.slots.Commit()
@@ -355,16 +356,16 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 		fs.lastFull = fst.at
 	}
 	if fs.repairing != nil {
-		repaired(f, fs.repairing, len(tx.Ops))
+		repaired(f, fs.repairing, sent.ops)
 		fs.repairing = nil
 	}
 	if !fs.ownershipLogged {
 		fs.ownershipLogged = logOwnership(f, backend)
 	}
 	metrics.ServiceRuleChangesTotal.WithLabelValues(fam).Add(float64(changed))
-	p.recordSync(f, fs, full, time.Since(start), tx)
+	p.recordSync(f, fs, full, time.Since(start), sent)
 	if klog.V(2).Enabled() {
-		logSynced(f, fs, backend, tx, time.Since(start), full, fromKernel, fst != nil && fst.repair)
+		logSynced(f, fs, backend, sent, time.Since(start), full, fromKernel, fst != nil && fst.repair)
 	}
 	p.firstSync(ctx, f, fs)
 	p.cleanConntrack(f, fs, ctJob)

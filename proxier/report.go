@@ -43,23 +43,31 @@ func observeProgrammingLatency(slices watch.SliceChanges, started time.Time) {
 
 // logSynced logs a successful sync at -v 2, with where the time went when
 // the backend reports its batches (the rest of elapsed is building).
-func logSynced(f nft.Family, fs *familyState, backend nft.Interface, tx *nft.Transaction, elapsed time.Duration,
+func logSynced(f nft.Family, fs *familyState, backend nft.Interface, sent txSize, elapsed time.Duration,
 	full, fromKernel, repair bool) {
 	kv := []any{"ipFamily", f.IPFamily(), "full", full, "fromKernel", fromKernel, "repair", repair, "servicePorts", fs.ports,
-		"ops", len(tx.Ops), "changes", tx.Changes(), "elapsed", elapsed}
-	if b, ok := backend.(batchReporter); ok && !tx.Empty() {
+		"ops", sent.ops, "changes", sent.changes, "elapsed", elapsed}
+	if b, ok := backend.(batchReporter); ok && sent.ops > 0 {
 		st := b.LastBatch()
 		kv = append(kv, "bytes", st.Bytes, "encode", st.Encode, "kernel", st.Kernel, "kernelCPU", st.KernelCPU)
 	}
 	klog.V(2).InfoS("Synced", kv...)
 }
 
+// txSize is what a sync sent: operations, and the objects they changed
+// (nft.Transaction.Changes).
+type txSize struct{ ops, changes int }
+
+func sizeOf(tx *nft.Transaction) txSize { return txSize{len(tx.Ops), tx.Changes()} }
+
+func (s *txSize) add(o txSize) { s.ops, s.changes = s.ops+o.ops, s.changes+o.changes }
+
 // batchReporter is a backend that reports on the batch it sent last
 // (nftnl.Netlink).
 type batchReporter interface{ LastBatch() nftnl.BatchStats }
 
 // recordSync updates the metrics and health after a successful sync.
-func (p *Proxier) recordSync(f nft.Family, fs *familyState, full bool, elapsed time.Duration, tx *nft.Transaction) {
+func (p *Proxier) recordSync(f nft.Family, fs *familyState, full bool, elapsed time.Duration, sent txSize) {
 	fam := f.IPFamily()
 	metrics.SyncProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
 	if full {
@@ -68,9 +76,9 @@ func (p *Proxier) recordSync(f nft.Family, fs *familyState, full bool, elapsed t
 		metrics.SyncPartialProxyRulesLatency.WithLabelValues(fam).Observe(elapsed.Seconds())
 	}
 	metrics.SyncProxyRulesLastTimestamp.WithLabelValues(fam).Set(float64(time.Now().Unix()))
-	metrics.SyncKernelOperations.WithLabelValues(fam).Observe(float64(len(tx.Ops)))
+	metrics.SyncKernelOperations.WithLabelValues(fam).Observe(float64(sent.ops))
 	result := metrics.ResultSuccess
-	if tx.Empty() {
+	if sent.ops == 0 {
 		result = metrics.ResultUnchanged
 	}
 	metrics.SyncsTotal.WithLabelValues(fam, result).Inc()
