@@ -229,3 +229,44 @@ func TestFirstSyncInPiecesCountsItsCommits(t *testing.T) {
 		t.Fatalf("monitor told %v for %d transactions, want %v", got, len(backend.txs), want)
 	}
 }
+
+// TestRestartAfterSomePieces: a proxy that dies while its first table goes
+// in (here: the kernel takes nothing after the third transaction) leaves
+// the pieces committed so far. The next one reads them back and writes
+// only the rest, without resetting the table.
+func TestRestartAfterSomePieces(t *testing.T) {
+	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour}
+	svcs, slices := testServices(200, 0)
+	fk := nftfake.New()
+	applied := 0
+	dying := &refusing{Fake: fk, refuse: func(*nft.Transaction) bool { applied++; return applied > 3 }}
+	p, err := New(cfg, ipv4(dying))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.pieceServices = 20
+	setAll(p, svcs, slices)
+	if err := p.sync(context.Background()); err == nil {
+		t.Fatal("the first sync succeeded though the kernel took only three transactions")
+	}
+	partial := fk.Ruleset(nft.IPv4).Sets["service-ips"].Elements.Len()
+	if partial == 0 {
+		t.Fatal("no Service committed by the pieces that went in")
+	}
+
+	restarted := &afterApply{Fake: fk, check: func() {}}
+	firstSync(t, cfg, ipv4(restarted), 20, svcs, slices)
+	for _, tx := range restarted.txs {
+		for _, op := range tx.Ops {
+			if op.Kind == nft.OpResetTable || op.Kind == nft.OpDeleteElements || op.Kind == nft.OpDeleteChain {
+				t.Fatalf("the restart %v; it should only add what the pieces did not", op.Kind)
+			}
+		}
+	}
+	want := nftfake.New()
+	firstSync(t, cfg, ipv4(want), 0, svcs, slices)
+	if got, w := canonical(fk), canonical(want); got != w {
+		t.Fatalf("after the restart:\n%s\nwant:\n%s", got, w)
+	}
+	t.Logf("%d service-ips elements from the pieces, %d transactions at the restart", partial, len(restarted.txs))
+}
