@@ -142,7 +142,7 @@ func TestFirstSyncInPiecesFallsBack(t *testing.T) {
 	fk := nftfake.New()
 	var resets int
 	applied := 0
-	backend := &refusing{Fake: fk, refuse: func(tx *nft.Transaction) bool {
+	backend := &refusingBackend{Fake: fk, picks: func(tx *nft.Transaction) bool {
 		applied++
 		if tx.Ops[0].Kind == nft.OpResetTable {
 			resets++
@@ -167,19 +167,6 @@ func TestFirstSyncInPiecesFallsBack(t *testing.T) {
 // canonical order: they are handed out in the order the Services are
 // built, which is a map's.
 func canonical(fk *nftfake.Fake) string { return ruleset.CanonicalSlots(fk.Ruleset(nft.IPv4)).Dump() }
-
-// refusing is nftfake.Fake refusing the transactions refuse picks.
-type refusing struct {
-	*nftfake.Fake
-	refuse func(*nft.Transaction) bool
-}
-
-func (r *refusing) Apply(ctx context.Context, tx *nft.Transaction) error {
-	if r.refuse(tx) {
-		return fmt.Errorf("refused")
-	}
-	return r.Fake.Apply(ctx, tx)
-}
 
 // TestKernelFirstSyncInPieces: 1,000 Services written in pieces into a
 // kernel (a network namespace of its own) read back as the table they
@@ -239,7 +226,7 @@ func TestRestartAfterSomePieces(t *testing.T) {
 	svcs, slices := testServices(200, 0)
 	fk := nftfake.New()
 	applied := 0
-	dying := &refusing{Fake: fk, refuse: func(*nft.Transaction) bool { applied++; return applied > 3 }}
+	dying := &refusingBackend{Fake: fk, picks: func(*nft.Transaction) bool { applied++; return applied > 3 }}
 	p, err := New(cfg, ipv4(dying))
 	if err != nil {
 		t.Fatal(err)

@@ -143,15 +143,17 @@ func TestMonitorPausedForLargeCommits(t *testing.T) {
 }
 
 // refusingBackend refuses every transaction while refuse is set, as a
-// kernel does when another process owns the table.
+// kernel does when another process owns the table, and those picks
+// returns true for, when it is set.
 type refusingBackend struct {
 	*nftfake.Fake
 	refuse  atomic.Bool
 	refused atomic.Int32
+	picks   func(*nft.Transaction) bool
 }
 
 func (b *refusingBackend) Apply(ctx context.Context, tx *nft.Transaction) error {
-	if b.refuse.Load() {
+	if b.refuse.Load() || b.picks != nil && b.picks(tx) {
 		b.refused.Add(1)
 		return fmt.Errorf("apply transaction (%d ops): %w", len(tx.Ops), syscall.EPERM)
 	}
