@@ -305,8 +305,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 		start = start.Add(-fst.took) // the sync's time includes its reading
 	}
 	if full || !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node) {
-		affected = make(map[model.ServiceName]bool, p.objects.len()+len(fs.services))
-		p.objects.addNames(affected)
+		affected = p.objects.names(f, len(fs.services))
 		for name := range fs.services {
 			affected[name] = true
 		}
@@ -467,7 +466,7 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 	} else {
 		fs.mode = fs.mode.next(eventNotRead)
 	}
-	fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, make(map[model.ServiceName]programmed, p.objects.len()), 0
+	fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, make(map[model.ServiceName]programmed, p.objects.familyLen(f)), 0
 	fs.picks = nil
 	fs.slots = seedSlots(f, loaded)
 	fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}

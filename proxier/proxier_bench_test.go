@@ -116,10 +116,12 @@ func benchProxierWith(b *testing.B, cfg Config, backends map[nft.Family]nft.Inte
 // trackers hold every object: checkout, record, the model and fragment of
 // every Service, the Editor, the full-rewrite transaction and its Apply to
 // a backend that discards it (the proxier's own cost) or to nftfake.Fake.
+// other-family is the IPv6 family of a dual-stack node whose Services are
+// all IPv4: what a family without Services costs.
 func BenchmarkProxierFullSync(b *testing.B) {
 	for _, sz := range benchstate.Sizes {
 		svcs, slices := benchstate.Cluster(sz)
-		for _, backend := range []string{"discard", "fake"} {
+		for _, backend := range []string{"discard", "fake", "other-family"} {
 			b.Run(sz.String()+"/"+backend, func(b *testing.B) {
 				b.ReportAllocs()
 				for i := 0; i < b.N; i++ {
@@ -128,7 +130,12 @@ func BenchmarkProxierFullSync(b *testing.B) {
 					if backend == "fake" {
 						be = nftfake.New()
 					}
-					p := benchProxier(b, be, svcs, slices)
+					var p *Proxier
+					if backend == "other-family" {
+						p = benchProxierWith(b, benchConfig, map[nft.Family]nft.Interface{nft.IPv6: be}, svcs, slices)
+					} else {
+						p = benchProxier(b, be, svcs, slices)
+					}
 					runtime.GC()
 					b.StartTimer()
 					if err := p.sync(context.Background()); err != nil {

@@ -76,14 +76,40 @@ func (s *objectStore) removeSlice(svc model.ServiceName, name string) {
 	}
 }
 
-// len returns how many Services the store holds.
-func (s *objectStore) len() int { return len(s.services) }
-
-// addNames adds the name of every Service the store holds to names.
-func (s *objectStore) addNames(names map[model.ServiceName]bool) {
-	for name := range s.services {
-		names[name] = true
+// familyLen returns how many Services the store holds with a ClusterIP
+// of family f.
+func (s *objectStore) familyLen(f nft.Family) int {
+	n := 0
+	for _, svc := range s.services {
+		if hasFamily(f, svc) {
+			n++
+		}
 	}
+	return n
+}
+
+// names returns the name of every Service the store holds with a
+// ClusterIP of family f, in a map with room for extra more. A Service
+// without one has no service port in f's table (model.ServicePorts), so a
+// family sync need not look at it: the IPv6 family of a dual-stack node
+// whose Services are IPv4 walks none.
+func (s *objectStore) names(f nft.Family, extra int) map[model.ServiceName]bool {
+	names := make(map[model.ServiceName]bool, s.familyLen(f)+extra)
+	for name, svc := range s.services {
+		if hasFamily(f, svc) {
+			names[name] = true
+		}
+	}
+	return names
+}
+
+func hasFamily(f nft.Family, svc *model.Service) bool {
+	for _, ip := range svc.ClusterIPs {
+		if f.Contains(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // service returns the Service named name, nil if there is none.

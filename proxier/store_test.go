@@ -51,8 +51,8 @@ func TestObjectStoreRecord(t *testing.T) {
 		t.Fatalf("first checkout affects %v, want web and db", got)
 	}
 	first() // a failed sync's changes come again: nothing is doubled
-	if n := len(s.slicesOf(nft.IPv4, web)); n != 2 || s.len() != 2 {
-		t.Fatalf("after recording twice: %d IPv4 slices of web, %d Services; want 2 and 2", n, s.len())
+	if n, v4, v6 := len(s.slicesOf(nft.IPv4, web)), s.familyLen(nft.IPv4), s.familyLen(nft.IPv6); n != 2 || v4 != 2 || v6 != 1 {
+		t.Fatalf("after recording twice: %d IPv4 slices of web, %d IPv4 and %d IPv6 Services; want 2, 2 and 1", n, v4, v6)
 	}
 	want := ruleset.Counts{Services: 2, Ports: 4, Endpoints: 3, LocalEndpoints: 2}
 	if got := s.counts(nft.IPv4, "a"); got != want {
@@ -69,8 +69,8 @@ func TestObjectStoreRecord(t *testing.T) {
 	if !reflect.DeepEqual(got, map[model.ServiceName]bool{web: true, db: true}) {
 		t.Fatalf("the move affects %v, want web and db", got)
 	}
-	if s.service(web) != nil || s.len() != 1 {
-		t.Errorf("web is still stored after its deletion (%d Services)", s.len())
+	if s.service(web) != nil || s.familyLen(nft.IPv4) != 1 {
+		t.Errorf("web is still stored after its deletion (%d Services)", s.familyLen(nft.IPv4))
 	}
 	if got := s.slicesOf(nft.IPv4, db); !reflect.DeepEqual(got, []*model.EndpointSlice{moved}) {
 		t.Errorf("db's slices = %v, want the moved web-2", got)
@@ -85,9 +85,10 @@ func TestObjectStoreRecord(t *testing.T) {
 	if _, ok := s.slicesBySvc[web]; ok {
 		t.Errorf("web keeps an entry for its slices after they were all deleted")
 	}
-	names := map[model.ServiceName]bool{}
-	s.addNames(names)
-	if !reflect.DeepEqual(names, map[model.ServiceName]bool{db: true}) {
-		t.Errorf("names = %v, want db", names)
+	if names := s.names(nft.IPv4, 0); !reflect.DeepEqual(names, map[model.ServiceName]bool{db: true}) {
+		t.Errorf("IPv4 names = %v, want db", names)
+	}
+	if names := s.names(nft.IPv6, 0); len(names) != 0 {
+		t.Errorf("IPv6 names = %v, want none (db is IPv4 only)", names)
 	}
 }
