@@ -13,17 +13,32 @@ import "sync"
 
 // Tracker tracks objects of type V by key K. V values must be treated as
 // immutable once handed to the tracker.
+//
+// What the last successful sync applied is not kept for every object: an
+// object that is not pending has its latest value applied. Only a pending
+// object keeps its applied value, so the tracker holds one map as large as
+// the cluster, not two.
 type Tracker[K comparable, V any] struct {
 	mu      sync.Mutex
 	equal   func(a, b V) bool
-	current map[K]V        // latest value; absent: deleted
-	applied map[K]V        // value the last successful sync applied
-	dirty   map[K]struct{} // keys whose current differs from applied
+	current map[K]V // latest value; absent: deleted
+	// pending holds, for each object whose latest value differs from the
+	// value the last successful sync applied, that applied value.
+	pending map[K]version[V]
+	// gen counts the changes to pending, so that a snapshot taken after
+	// the last of them is applied without a look at each object.
+	gen uint64
+}
+
+// version is a value of an object, or its absence (ok false).
+type version[V any] struct {
+	v  V
+	ok bool
 }
 
 // New returns a tracker that uses equal to drop no-op changes.
 func New[K comparable, V any](equal func(a, b V) bool) *Tracker[K, V] {
-	return &Tracker[K, V]{equal: equal, current: map[K]V{}, applied: map[K]V{}, dirty: map[K]struct{}{}}
+	return &Tracker[K, V]{equal: equal, current: map[K]V{}, pending: map[K]version[V]{}}
 }
 
 // Set records the latest value of an object (add or update). It reports
@@ -31,11 +46,12 @@ func New[K comparable, V any](equal func(a, b V) bool) *Tracker[K, V] {
 func (t *Tracker[K, V]) Set(k K, v V) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if old, ok := t.current[k]; ok && t.equal(old, v) {
+	old, ok := t.current[k]
+	if ok && t.equal(old, v) {
 		return false
 	}
 	t.current[k] = v
-	t.markLocked(k)
+	t.markLocked(k, version[V]{old, ok})
 	return true
 }
 
@@ -50,16 +66,17 @@ func (t *Tracker[K, V]) Replace(next map[K]V) bool {
 	old, changed := t.current, false
 	t.current = next
 	for k, v := range next {
-		if o, ok := old[k]; ok && t.equal(o, v) {
+		o, ok := old[k]
+		if ok && t.equal(o, v) {
 			next[k] = o
 			continue
 		}
-		t.markLocked(k)
+		t.markLocked(k, version[V]{o, ok})
 		changed = true
 	}
-	for k := range old {
+	for k, o := range old {
 		if _, ok := next[k]; !ok {
-			t.markLocked(k)
+			t.markLocked(k, version[V]{o, true})
 			changed = true
 		}
 	}
@@ -71,34 +88,41 @@ func (t *Tracker[K, V]) Replace(next map[K]V) bool {
 func (t *Tracker[K, V]) Delete(k K) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.current[k]; !ok {
+	old, ok := t.current[k]
+	if !ok {
 		return false
 	}
 	delete(t.current, k)
-	t.markLocked(k)
+	t.markLocked(k, version[V]{old, true})
 	return true
 }
 
-func (t *Tracker[K, V]) markLocked(k K) {
-	app, hasApp := t.applied[k]
-	t.markAppliedLocked(k, app, hasApp)
+// markLocked records that object k's latest value changed from prev.
+func (t *Tracker[K, V]) markLocked(k K, prev version[V]) {
+	app, ok := t.pending[k]
+	if !ok {
+		app = prev // k was not pending: prev is what is applied
+	}
+	t.settleLocked(k, app)
 }
 
-// markAppliedLocked is markLocked given what is applied for k.
-func (t *Tracker[K, V]) markAppliedLocked(k K, app V, hasApp bool) {
-	cur, hasCur := t.current[k]
-	if hasCur == hasApp && (!hasCur || t.equal(cur, app)) {
-		delete(t.dirty, k)
+// settleLocked makes k pending with applied value app, unless its latest
+// value is app.
+func (t *Tracker[K, V]) settleLocked(k K, app version[V]) {
+	t.gen++
+	cur, ok := t.current[k]
+	if ok == app.ok && (!ok || t.equal(cur, app.v)) {
+		delete(t.pending, k)
 		return
 	}
-	t.dirty[k] = struct{}{}
+	t.pending[k] = app
 }
 
 // Pending is the number of objects whose latest value is not applied yet.
 func (t *Tracker[K, V]) Pending() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.dirty)
+	return len(t.pending)
 }
 
 // Change is the latest state of one object: its value, or deleted.
@@ -110,6 +134,7 @@ type Change[V any] struct {
 // Snapshot holds the changes pending when it was taken.
 type Snapshot[K comparable, V any] struct {
 	Changed map[K]Change[V]
+	gen     uint64 // the tracker's gen when it was taken
 }
 
 // Checkout returns the pending changes. It changes nothing: call Applied
@@ -118,8 +143,8 @@ type Snapshot[K comparable, V any] struct {
 func (t *Tracker[K, V]) Checkout() Snapshot[K, V] {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s := Snapshot[K, V]{Changed: make(map[K]Change[V], len(t.dirty))}
-	for k := range t.dirty {
+	s := Snapshot[K, V]{Changed: make(map[K]Change[V], len(t.pending)), gen: t.gen}
+	for k := range t.pending {
 		v, ok := t.current[k]
 		s.Changed[k] = Change[V]{Value: v, Deleted: !ok}
 	}
@@ -142,22 +167,17 @@ func (t *Tracker[K, V]) All() map[K]V {
 func (t *Tracker[K, V]) Applied(s Snapshot[K, V]) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(t.applied) == 0 {
-		// The first sync applies every object: sized once, the map does
-		// not grow (and rehash) as it fills.
-		t.applied = make(map[K]V, len(s.Changed))
+	if s.gen == t.gen {
+		// Nothing changed since s was taken: s holds every pending
+		// object, as it is now. (A new map: a map keeps the room it grew
+		// to, after the first sync room for every object.)
+		t.pending = map[K]version[V]{}
+		return
 	}
 	for k, c := range s.Changed {
-		if c.Deleted {
-			delete(t.applied, k)
-		} else {
-			t.applied[k] = c.Value
-		}
-		t.markAppliedLocked(k, c.Value, !c.Deleted)
+		t.settleLocked(k, version[V]{c.Value, !c.Deleted})
 	}
-	if len(t.dirty) == 0 {
-		// A map keeps the room it grew to: after the first sync that
-		// is room for every object, held for nothing.
-		t.dirty = map[K]struct{}{}
+	if len(t.pending) == 0 {
+		t.pending = map[K]version[V]{}
 	}
 }

@@ -79,3 +79,43 @@ func TestReplace(t *testing.T) {
 		t.Errorf("current after relist: %v", all)
 	}
 }
+
+// TestRevertDuringSync: an object set back, while a sync runs, to the
+// value applied before that sync is pending once the sync has applied the
+// value it checked out; an object first changed during the sync stays
+// pending too.
+func TestRevertDuringSync(t *testing.T) {
+	tr := newIntTracker()
+	tr.Set("a", 1)
+	tr.Applied(tr.Checkout())
+	tr.Set("a", 2)
+	s := tr.Checkout()
+	tr.Set("a", 1) // what is applied until s is
+	tr.Set("c", 1)
+	if tr.Pending() != 1 {
+		t.Fatalf("pending during the sync: %d, want 1 (c)", tr.Pending())
+	}
+	tr.Applied(s)
+	got := tr.Checkout().Changed
+	if len(got) != 2 || got["a"].Value != 1 || got["c"].Value != 1 {
+		t.Fatalf("pending after the sync: %+v, want a=1 and c=1", got)
+	}
+}
+
+// TestAppliedForgetsWhatItApplied: once every pending change is applied,
+// nothing is pending and the next change is measured against it.
+func TestAppliedForgetsWhatItApplied(t *testing.T) {
+	tr := newIntTracker()
+	for i := range 100 {
+		tr.Set(string(rune('a'+i%26))+string(rune('a'+i/26)), i)
+	}
+	tr.Applied(tr.Checkout())
+	if tr.Pending() != 0 {
+		t.Fatalf("pending after everything was applied: %d", tr.Pending())
+	}
+	tr.Set("aa", 0) // the applied value
+	tr.Set("ba", 7)
+	if got := tr.Checkout().Changed; len(got) != 1 || got["ba"].Value != 7 {
+		t.Fatalf("pending %+v, want ba=7 only", got)
+	}
+}
