@@ -134,11 +134,9 @@ func (s *objectStore) slicesOf(f nft.Family, name model.ServiceName) []*model.En
 func (s *objectStore) counts(f nft.Family, nodeName string) ruleset.Counts {
 	var c ruleset.Counts
 	for _, svc := range s.services {
-		for _, ip := range svc.ClusterIPs {
-			if f.Contains(ip) {
-				c.Services++
-				c.Ports += len(svc.Ports)
-			}
+		if hasFamily(f, svc) {
+			c.Services++
+			c.Ports += len(svc.Ports)
 		}
 	}
 	for _, slices := range s.slicesBySvc {
