@@ -68,7 +68,7 @@ func benchDualModels(sz benchstate.Size) ([]*model.Service, []*model.EndpointSli
 		es6.Name, es6.Family = svcs[i].Name.Name+"-2", nft.IPv6
 		es6.Endpoints = slices.Clone(es.Endpoints)
 		for j := range es6.Endpoints {
-			es6.Endpoints[j].Addr = benchIPv6(0xfd00_0128, uint32(i*sz.Endpoints+j))
+			es6.Endpoints[j].IP = model.IPOf(benchIPv6(0xfd00_0128, uint32(i*sz.Endpoints+j)))
 		}
 		all = append(all, es, &es6)
 	}

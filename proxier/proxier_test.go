@@ -225,8 +225,8 @@ func testServices(n, gen int) ([]*model.Service, []*model.EndpointSlice) {
 		es := &model.EndpointSlice{Name: name.Name + "-1", Service: name, Family: nft.IPv4,
 			Ports: []model.EndpointPort{{Name: "p", Protocol: nft.ProtoTCP, Port: 8080}}}
 		for j := 0; j < i%4; j++ {
-			es.Endpoints = append(es.Endpoints, model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(gen + j), byte(i)}),
-				Ready: true, Serving: true, NodeName: fmt.Sprintf("n%d", (i+j+gen)%3)})
+			es.Endpoints = append(es.Endpoints, model.Endpoint{IP: model.IPOf(netip.AddrFrom4([4]byte{10, 244, byte(gen + j), byte(i)})),
+				Ready: true, Serving: true, Place: &model.Placement{NodeName: fmt.Sprintf("n%d", (i+j+gen)%3)}})
 		}
 		svcs, slices = append(svcs, svc), append(slices, es)
 	}
@@ -269,7 +269,11 @@ func TestIncrementalSyncsMatchFullBuild(t *testing.T) {
 			c := *es
 			c.Endpoints = append([]model.Endpoint(nil), es.Endpoints...)
 			for j := range c.Endpoints {
-				c.Endpoints[j].Hints = &model.Hints{Zones: []string{[]string{"a", "b"}[j%2]}}
+				place := &model.Placement{Zones: []string{[]string{"a", "b"}[j%2]}}
+				if e := c.Endpoints[j]; e.Place != nil {
+					place.NodeName = e.Place.NodeName
+				}
+				c.Endpoints[j].Place = place
 			}
 			slices[i] = &c
 		}

@@ -27,7 +27,7 @@ func TestObjectStoreRecord(t *testing.T) {
 	slice := func(name string, n model.ServiceName, f nft.Family, nodes ...string) *model.EndpointSlice {
 		es := &model.EndpointSlice{Name: name, Service: n, Family: f, Ports: []model.EndpointPort{{Port: 8080}}}
 		for _, node := range nodes {
-			es.Endpoints = append(es.Endpoints, model.Endpoint{NodeName: node})
+			es.Endpoints = append(es.Endpoints, model.Endpoint{Place: &model.Placement{NodeName: node}})
 		}
 		return es
 	}

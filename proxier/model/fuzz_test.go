@@ -111,7 +111,7 @@ func candidates(ess []*model.EndpointSlice, p model.ServicePort) []cand {
 			continue
 		}
 		for _, e := range es.Endpoints {
-			ap := netip.AddrPortFrom(e.Addr, port)
+			ap := netip.AddrPortFrom(e.IP.Addr(), port)
 			if !e.Ready && !(e.Serving && e.Terminating) || seen[ap] {
 				continue
 			}
@@ -145,7 +145,7 @@ func readyElseTerminating(cs []cand, keep func(model.Endpoint) bool) []netip.Add
 
 func hinted(cs []cand) bool {
 	for _, c := range cs {
-		if c.e.Hints != nil {
+		if len(c.e.ZoneHints()) > 0 || len(c.e.NodeHints()) > 0 {
 			return true
 		}
 	}

@@ -116,7 +116,7 @@ func categorize(sp *ServicePortState, node Node, p ServicePort, slices []*Endpoi
 		}
 		for i := range s.Endpoints {
 			e := &s.Endpoints[i]
-			ap := netip.AddrPortFrom(e.Addr, port)
+			ap := netip.AddrPortFrom(e.IP.Addr(), port)
 			if !(e.Ready || e.Serving && e.Terminating) || listed(all, seen, ap) {
 				continue
 			}

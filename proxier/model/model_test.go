@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -13,7 +14,7 @@ func TestServicePorts(t *testing.T) {
 	svc := &Service{Name: web, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")},
 		Ports: []ServicePort{{Name: "http", Protocol: nft.ProtoTCP, Port: 80}, {Name: "dns", Protocol: nft.ProtoUDP, Port: 53}}}
 	ep := func(addr string, ready, serving, terminating bool) Endpoint {
-		return Endpoint{Addr: netip.MustParseAddr(addr), Ready: ready, Serving: serving, Terminating: terminating}
+		return Endpoint{IP: IPOf(netip.MustParseAddr(addr)), Ready: ready, Serving: serving, Terminating: terminating}
 	}
 	ports := []EndpointPort{{Name: "http", Protocol: nft.ProtoTCP, Port: 8080}, {Name: "dns", Protocol: nft.ProtoUDP, Port: 5353}}
 	tests := []struct {
@@ -116,11 +117,9 @@ func TestLocalAndTopology(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			es := &EndpointSlice{Family: nft.IPv4, Ports: ports}
 			for _, e := range tc.eps {
-				es.Endpoints = append(es.Endpoints, Endpoint{Addr: netip.MustParseAddr(e.addr), NodeName: e.node,
-					Ready: e.ready, Serving: e.ready || e.terminating, Terminating: e.terminating})
-				if e.zones != nil || e.nodes != nil {
-					es.Endpoints[len(es.Endpoints)-1].Hints = &Hints{Zones: e.zones, Nodes: e.nodes}
-				}
+				es.Endpoints = append(es.Endpoints, Endpoint{IP: IPOf(netip.MustParseAddr(e.addr)),
+					Ready: e.ready, Serving: e.ready || e.terminating, Terminating: e.terminating,
+					Place: &Placement{NodeName: e.node, Zones: e.zones, Nodes: e.nodes}})
 			}
 			got := ServicePorts(nft.IPv4, node, svc, []*EndpointSlice{es})[0]
 			addrs := func(aps []netip.AddrPort) []string {
@@ -176,8 +175,8 @@ func TestDuplicateEndpoints(t *testing.T) {
 			a := netip.AddrFrom4([4]byte{10, 244, 0, byte(i)})
 			// Even: not serving, then ready on n1. Odd: ready on n1, then
 			// ready on n2 (ignored).
-			first = append(first, Endpoint{Addr: a, Ready: i%2 == 1, Serving: i%2 == 1, NodeName: "n1"})
-			second = append(second, Endpoint{Addr: a, Ready: true, Serving: true, NodeName: map[bool]string{true: "n2", false: "n1"}[i%2 == 1]})
+			first = append(first, Endpoint{IP: IPOf(a), Ready: i%2 == 1, Serving: i%2 == 1, Place: &Placement{NodeName: "n1"}})
+			second = append(second, Endpoint{IP: IPOf(a), Ready: true, Serving: true, Place: &Placement{NodeName: map[bool]string{true: "n2", false: "n1"}[i%2 == 1]}})
 		}
 		slices := []*EndpointSlice{{Family: nft.IPv4, Ports: ports, Endpoints: first}, {Family: nft.IPv4, Ports: ports, Endpoints: second}}
 		sp := ServicePorts(nft.IPv4, Node{Name: "n1"}, svc, slices)[0]
@@ -185,5 +184,25 @@ func TestDuplicateEndpoints(t *testing.T) {
 			t.Errorf("%d endpoints listed twice: %d cluster, %d local, %d local ready; want %d each",
 				n, len(sp.Endpoints), len(sp.LocalEndpoints), sp.LocalReady, n)
 		}
+	}
+}
+
+// TestEndpointSize: a million endpoints at 100,000 Services × 10; each
+// byte more is a megabyte of live heap.
+func TestEndpointSize(t *testing.T) {
+	if n := unsafe.Sizeof(Endpoint{}); n > 32 {
+		t.Errorf("an Endpoint takes %d bytes, want at most 32", n)
+	}
+}
+
+func TestIP(t *testing.T) {
+	for _, s := range []string{"10.1.2.3", "0.0.0.0", "255.255.255.255", "fd00::1", "::", "::ffff:10.1.2.3", "2001:db8::ffff:0:1"} {
+		a := netip.MustParseAddr(s)
+		if got := IPOf(a).Addr(); got != a {
+			t.Errorf("IPOf(%v).Addr() = %v", a, got)
+		}
+	}
+	if got := IPOf(netip.MustParseAddr("fe80::1%eth0")).Addr(); got != netip.MustParseAddr("fe80::1") {
+		t.Errorf("zone kept: %v", got)
 	}
 }

@@ -100,42 +100,68 @@ type EndpointPort struct {
 }
 
 // Endpoint is one endpoint of an EndpointSlice. Only the first address is
-// used, as upstream does. There are millions of them at scale, so the
-// rarely set hints are behind one pointer.
+// used, as upstream does. There are millions of them at scale, so an
+// Endpoint is kept to 32 bytes: a compact address, and its node and hints
+// behind one pointer that endpoints placed alike share.
 type Endpoint struct {
-	Addr        netip.Addr
+	IP          IP
 	Ready       bool
 	Serving     bool
 	Terminating bool
-	NodeName    string
-	Hints       *Hints // nil: none
+	Place       *Placement // nil: no node name and no hints
+}
+
+// Placement is where an endpoint runs and whom it should serve. The
+// converter gives endpoints with the same values one shared Placement, so
+// nothing may change one once it is made.
+type Placement struct {
+	NodeName string
+	// Zones and Nodes are the topology hints set by the EndpointSlice
+	// controller: the zones and nodes the endpoint should serve (none: no
+	// hint).
+	Zones, Nodes []string
 }
 
 // OnNode reports whether the endpoint is on the node of this name (an
 // unnamed node has none).
-func (e *Endpoint) OnNode(node string) bool { return node != "" && e.NodeName == node }
-
-// Hints are the topology hints set by the EndpointSlice controller: the
-// zones and nodes an endpoint should serve.
-type Hints struct {
-	Zones []string
-	Nodes []string
+func (e *Endpoint) OnNode(node string) bool {
+	return node != "" && e.Place != nil && e.Place.NodeName == node
 }
 
 // ZoneHints are the zones the endpoint should serve (none: no hint).
 func (e *Endpoint) ZoneHints() []string {
-	if e.Hints == nil {
+	if e.Place == nil {
 		return nil
 	}
-	return e.Hints.Zones
+	return e.Place.Zones
 }
 
 // NodeHints are the nodes the endpoint should serve (none: no hint).
 func (e *Endpoint) NodeHints() []string {
-	if e.Hints == nil {
+	if e.Place == nil {
 		return nil
 	}
-	return e.Hints.Nodes
+	return e.Place.Nodes
+}
+
+// IP is an IP address without a zone, in 17 bytes rather than the 24 of a
+// netip.Addr (whose zone is a pointer).
+type IP struct {
+	b   [16]byte
+	is4 bool
+}
+
+// IPOf is a's IP (its zone dropped; the zero Addr is IPv6 ::).
+func IPOf(a netip.Addr) IP {
+	return IP{b: a.As16(), is4: a.Is4()}
+}
+
+// Addr is the address as a netip.Addr.
+func (ip IP) Addr() netip.Addr {
+	if ip.is4 {
+		return netip.AddrFrom4([4]byte(ip.b[12:]))
+	}
+	return netip.AddrFrom16(ip.b)
 }
 
 // SliceKey identifies an EndpointSlice.

@@ -5,13 +5,17 @@
 package watch
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unique"
+	"weak"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -304,12 +308,11 @@ func ConvertEndpointSlice(es *discovery.EndpointSlice) (*model.EndpointSlice, []
 			serving = *e.Conditions.Serving
 		}
 		out.Endpoints = append(out.Endpoints, model.Endpoint{
-			Addr:        ip.Unmap(),
+			IP:          model.IPOf(ip.Unmap()),
 			Ready:       ready,
 			Serving:     serving,
 			Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
-			NodeName:    intern(deref(e.NodeName)),
-			Hints:       hints(e.Hints),
+			Place:       placements.of(deref(e.NodeName), e.Hints),
 		})
 	}
 	return out, problems
@@ -344,9 +347,9 @@ func slicePorts(ports []discovery.EndpointPort, problem func(reason, format stri
 	return out, problems
 }
 
-// intern returns the canonical copy of a node or zone name. A cluster has
-// few of them, but every endpoint decoded from the API carries its own
-// copy (a million at 100,000 Services × 10).
+// intern returns the canonical copy of a name. A cluster has few node
+// and zone names, but every endpoint decoded from the API carries its own
+// copy.
 func intern(s string) string {
 	if s == "" {
 		return ""
@@ -354,18 +357,76 @@ func intern(s string) string {
 	return unique.Make(s).Value()
 }
 
-func hints(h *discovery.EndpointHints) *model.Hints {
-	if h == nil || len(h.ForZones) == 0 && len(h.ForNodes) == 0 {
+// placements gives the endpoints on one node with the same hints one
+// shared model.Placement: a cluster has few such placements but a million
+// endpoints at 100,000 Services × 10. A Placement no endpoint holds any
+// more is garbage, and its entry is then removed.
+var placements = placementCache{m: map[string]weak.Pointer[model.Placement]{}}
+
+type placementCache struct {
+	mu  sync.Mutex
+	m   map[string]weak.Pointer[model.Placement] // by placementKey
+	key []byte                                   // placementKey's buffer, under mu
+}
+
+// of is the shared Placement of an endpoint on node with hints h; nil for
+// neither.
+func (c *placementCache) of(node string, h *discovery.EndpointHints) *model.Placement {
+	if h != nil && len(h.ForZones) == 0 && len(h.ForNodes) == 0 {
+		h = nil
+	}
+	if node == "" && h == nil {
 		return nil
 	}
-	out := &model.Hints{}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.key = placementKey(c.key[:0], node, h)
+	if p := c.m[string(c.key)].Value(); p != nil {
+		return p
+	}
+	p := &model.Placement{NodeName: intern(node)}
+	if h != nil {
+		for _, z := range h.ForZones {
+			p.Zones = append(p.Zones, intern(z.Name))
+		}
+		for _, n := range h.ForNodes {
+			p.Nodes = append(p.Nodes, intern(n.Name))
+		}
+	}
+	key := string(c.key)
+	c.m[key] = weak.Make(p)
+	runtime.AddCleanup(p, c.forget, key)
+	return p
+}
+
+// forget removes key's entry if its Placement is gone: by then of may have
+// made a new one under the same key.
+func (c *placementCache) forget(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m[key].Value() == nil {
+		delete(c.m, key)
+	}
+}
+
+// placementKey appends what tells placements apart to b: each name
+// length-prefixed, so no name can pass for another whatever it holds.
+func placementKey(b []byte, node string, h *discovery.EndpointHints) []byte {
+	name := func(b []byte, s string) []byte {
+		return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+	}
+	b = name(b, node)
+	if h == nil {
+		return b
+	}
+	b = binary.AppendUvarint(b, uint64(len(h.ForZones)))
 	for _, z := range h.ForZones {
-		out.Zones = append(out.Zones, intern(z.Name))
+		b = name(b, z.Name)
 	}
 	for _, n := range h.ForNodes {
-		out.Nodes = append(out.Nodes, intern(n.Name))
+		b = name(b, n.Name)
 	}
-	return out
+	return b
 }
 
 func describePort(p discovery.EndpointPort) string {

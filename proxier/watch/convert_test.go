@@ -1,6 +1,7 @@
 package watch
 
 import (
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -8,6 +9,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nftproxy/nftproxy/proxier/model"
 )
 
 func TestConvertServiceIgnores(t *testing.T) {
@@ -156,10 +159,56 @@ func TestConvertEndpointHints(t *testing.T) {
 	es.Endpoints[1].Hints = &discovery.EndpointHints{}
 	got, _ := ConvertEndpointSlice(es)
 	if e := got.Endpoints[0]; len(e.ZoneHints()) != 1 || e.ZoneHints()[0] != "a" || len(e.NodeHints()) != 1 || e.NodeHints()[0] != "n1" {
-		t.Errorf("hints: %+v", e.Hints)
+		t.Errorf("hints: %+v", e.Place)
 	}
-	if e := got.Endpoints[1]; e.Hints != nil {
-		t.Errorf("empty hints kept: %+v", e.Hints)
+	if e := got.Endpoints[1]; e.Place != nil {
+		t.Errorf("empty hints and no node: %+v, want no placement", e.Place)
+	}
+}
+
+// TestConvertSharesPlacements: endpoints on one node with the same hints
+// share one Placement, in one slice or in two; any other difference makes
+// another, including names that would read alike if joined.
+func TestConvertSharesPlacements(t *testing.T) {
+	node := func(s string) *string { return &s }
+	hints := func(zones []string, nodes ...string) *discovery.EndpointHints {
+		h := &discovery.EndpointHints{}
+		for _, z := range zones {
+			h.ForZones = append(h.ForZones, discovery.ForZone{Name: z})
+		}
+		for _, n := range nodes {
+			h.ForNodes = append(h.ForNodes, discovery.ForNode{Name: n})
+		}
+		return h
+	}
+	es := testSlice("s-1", "s", "10.244.1.1", "10.244.1.2", "10.244.1.3", "10.244.1.4", "10.244.1.5", "10.244.1.6", "10.244.1.7")
+	es.Endpoints[0].NodeName, es.Endpoints[0].Hints = node("n1"), hints([]string{"a"})
+	es.Endpoints[1].NodeName, es.Endpoints[1].Hints = node("n1"), hints([]string{"a"})
+	es.Endpoints[2].NodeName = node("n1")
+	es.Endpoints[3].NodeName, es.Endpoints[3].Hints = node("n1"), hints([]string{"a", "b"})
+	es.Endpoints[4].NodeName, es.Endpoints[4].Hints = node("n1"), hints([]string{"a"}, "b")
+	es.Endpoints[5].NodeName, es.Endpoints[5].Hints = node("n1a"), hints(nil)
+	es.Endpoints[6].Hints = hints(nil, "n1")
+	other := testSlice("s-2", "s", "10.244.2.1")
+	other.Endpoints[0].NodeName, other.Endpoints[0].Hints = node("n1"), hints([]string{"a"})
+	got, _ := ConvertEndpointSlice(es)
+	got2, _ := ConvertEndpointSlice(other)
+	e := got.Endpoints
+	if e[0].Place != e[1].Place || e[0].Place != got2.Endpoints[0].Place {
+		t.Errorf("same node and hints: placements %p %p %p, want one", e[0].Place, e[1].Place, got2.Endpoints[0].Place)
+	}
+	want := []model.Placement{{NodeName: "n1", Zones: []string{"a"}}, {NodeName: "n1", Zones: []string{"a"}},
+		{NodeName: "n1"}, {NodeName: "n1", Zones: []string{"a", "b"}}, {NodeName: "n1", Zones: []string{"a"}, Nodes: []string{"b"}},
+		{NodeName: "n1a"}, {Nodes: []string{"n1"}}}
+	seen := map[*model.Placement]int{}
+	for i := range e {
+		if !reflect.DeepEqual(*e[i].Place, want[i]) {
+			t.Errorf("endpoint %d: placement %+v, want %+v", i, *e[i].Place, want[i])
+		}
+		if j, ok := seen[e[i].Place]; ok && i != 1 {
+			t.Errorf("endpoints %d and %d share a placement: %+v", j, i, *e[i].Place)
+		}
+		seen[e[i].Place] = i
 	}
 }
 

@@ -34,13 +34,13 @@ var Sizes = []Size{{1000, 5}, {10000, 5}, {100000, 5}, {100000, 10}}
 // Node is this node.
 var Node = model.Node{Name: "node-0", Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.1")}}
 
-// nodeNames are the 100 nodes' names, shared by every endpoint as the
-// watch layer interns them.
-var nodeNames = func() (names [100]string) {
-	for i := range names {
-		names[i] = fmt.Sprintf("node-%d", i)
+// places are the 100 nodes' placements (no hints), shared by every
+// endpoint as the watch layer shares them.
+var places = func() (places [100]*model.Placement) {
+	for i := range places {
+		places[i] = &model.Placement{NodeName: fmt.Sprintf("node-%d", i)}
 	}
-	return names
+	return places
 }()
 
 // IPv4 is the IPv4 address n.
@@ -71,8 +71,8 @@ func Service(sz Size, i, gen int) (*model.Service, *model.EndpointSlice) {
 		Ports:     []model.EndpointPort{{Name: "http", Protocol: nft.ProtoTCP, Port: 8080}},
 		Endpoints: make([]model.Endpoint, 0, sz.Endpoints)}
 	for j := 0; j < sz.Endpoints; j++ {
-		es.Endpoints = append(es.Endpoints, model.Endpoint{Addr: Endpoint(sz, i, j, gen),
-			Ready: true, Serving: true, NodeName: nodeNames[(i*sz.Endpoints+j)%100]})
+		es.Endpoints = append(es.Endpoints, model.Endpoint{IP: model.IPOf(Endpoint(sz, i, j, gen)),
+			Ready: true, Serving: true, Place: places[(i*sz.Endpoints+j)%100]})
 	}
 	return svc, es
 }

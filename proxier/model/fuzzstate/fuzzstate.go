@@ -194,20 +194,22 @@ func slice(b *bytes, svcs []*model.Service) *model.EndpointSlice {
 	for i := 0; i < n; i++ {
 		var e model.Endpoint
 		if n == ManyEndpoints {
-			e.Addr, e.Ready, e.Serving = addr(base, 256+i), true, true
+			e.IP, e.Ready, e.Serving = model.IPOf(addr(base, 256+i)), true, true
 		} else {
-			e.Addr = addr(base, int(b.next()%12))
+			e.IP = model.IPOf(addr(base, int(b.next()%12)))
 			c := b.next()
 			e.Ready, e.Serving, e.Terminating = c&1 != 0, c&2 != 0, c&4 != 0
-			e.NodeName = pick(b, nodeNames)
+			p := &model.Placement{NodeName: pick(b, nodeNames)}
 			if h := b.next(); h&3 != 0 {
-				e.Hints = &model.Hints{}
 				if h&1 != 0 {
-					e.Hints.Zones = []string{pick(b, zones)}
+					p.Zones = []string{pick(b, zones)}
 				}
 				if h&2 != 0 {
-					e.Hints.Nodes = []string{pick(b, nodeNames[1:])}
+					p.Nodes = []string{pick(b, nodeNames[1:])}
 				}
+			}
+			if p.NodeName != "" || p.Zones != nil || p.Nodes != nil {
+				e.Place = p
 			}
 		}
 		es.Endpoints = append(es.Endpoints, e)
