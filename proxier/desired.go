@@ -6,7 +6,6 @@ import (
 	"slices"
 
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/proxier/changes"
 	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
 	"github.com/nftproxy/nftproxy/proxier/watch"
@@ -35,7 +34,7 @@ func Desired(cfg Config, f nft.Family, s watch.Snapshot) *nft.Ruleset {
 func DesiredOn(cfg Config, f nft.Family, s watch.Snapshot, loaded *nft.Ruleset) *nft.Ruleset {
 	rcfg, node := rulesetConfig(cfg, f, s.Node, s.ServiceCIDRs)
 	store := newObjectStore()
-	store.record(allChanged(s.Services), allChanged(s.Slices))
+	store.recordAll(s.Services, s.Slices)
 	var ports []model.ServicePortState
 	for _, name := range slices.SortedFunc(maps.Keys(store.services), compareNames) {
 		ports = append(ports, model.ServicePorts(f, node, store.service(name), store.slicesOf(f, name))...)
@@ -51,15 +50,6 @@ func DesiredOn(cfg Config, f nft.Family, s watch.Snapshot, loaded *nft.Ruleset) 
 		}
 	}
 	return rs
-}
-
-// allChanged is a tracker's first checkout of the objects m holds.
-func allChanged[K comparable, V any](m map[K]V) changes.Snapshot[K, V] {
-	out := changes.Snapshot[K, V]{Changed: make(map[K]changes.Change[V], len(m))}
-	for k, v := range m {
-		out.Changed[k] = changes.Change[V]{Value: v}
-	}
-	return out
 }
 
 func compareNames(a, b model.ServiceName) int {

@@ -17,6 +17,7 @@ import (
 	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/changes"
 	"github.com/nftproxy/nftproxy/proxier/ctcleanup"
 	"github.com/nftproxy/nftproxy/proxier/healthcheck"
 	"github.com/nftproxy/nftproxy/proxier/healthz"
@@ -219,8 +220,9 @@ func (p *Proxier) setNode(n model.Node) {
 }
 
 // sync brings every family in line with the pending changes. They are
-// marked applied only if every family succeeded, so a failure loses no
-// change: the next sync sees them again.
+// checked out into p.objects first, once: a family whose sync fails
+// rebuilds its whole table from p.objects at its next sync (apply), so a
+// failure loses no change.
 //
 // The families sync at once, each in a goroutine of its own (their
 // states, tables and backends are apart; what they share, the recorded
@@ -231,11 +233,7 @@ func (p *Proxier) setNode(n model.Node) {
 // commits: a commit moves the ruleset's generation, which a reading
 // checks, and would make the other family's reading start over.
 func (p *Proxier) sync(ctx context.Context) error {
-	svcs := p.trackers.Services.Checkout()
-	slices := p.trackers.Slices.Checkout()
-	metrics.ServiceChangesPending.Set(float64(len(svcs.Changed)))
-	metrics.EndpointChangesPending.Set(float64(len(slices.Changed)))
-	affected := p.objects.record(svcs, slices)
+	affected, triggered := p.checkout()
 	full := map[nft.Family]*fullStart{}
 	var mu sync.Mutex
 	p.eachFamily(func(f nft.Family, backend nft.Interface) error {
@@ -251,14 +249,35 @@ func (p *Proxier) sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.trackers.Services.Applied(svcs)
-	p.trackers.Slices.Applied(slices)
-	metrics.ServiceChangesTotal.Add(float64(len(svcs.Changed)))
-	metrics.EndpointChangesTotal.Add(float64(len(slices.Changed)))
 	metrics.ServiceChangesPending.Set(float64(p.trackers.Services.Pending()))
 	metrics.EndpointChangesPending.Set(float64(p.trackers.Slices.Pending()))
-	observeProgrammingLatency(slices, p.started)
+	observeProgrammingLatency(triggered)
 	return nil
+}
+
+// checkout records the trackers' pending changes in p.objects. It returns
+// the Services they affect, and the EndpointSlices changed since the
+// proxier started (for the programming latency: see
+// observeProgrammingLatency).
+func (p *Proxier) checkout() (affected map[model.ServiceName]bool, triggered []*model.EndpointSlice) {
+	svcs, slices := p.trackers.Services.Pending(), p.trackers.Slices.Pending()
+	p.objects.presize(svcs, slices)
+	affected = make(map[model.ServiceName]bool, svcs+slices)
+	nSvcs := p.trackers.Services.Checkout(func(k model.ServiceName, c changes.Change[*model.Service]) {
+		p.objects.recordService(k, c, affected)
+	})
+	nSlices := p.trackers.Slices.Checkout(func(k model.SliceKey, c changes.Change[*model.EndpointSlice]) {
+		p.objects.recordSlice(k, c, affected)
+		if !c.Deleted && c.Value.TriggerTime.After(p.started) {
+			triggered = append(triggered, c.Value)
+		}
+	})
+	// The changes being synced are pending until the sync ends.
+	metrics.ServiceChangesPending.Set(float64(nSvcs))
+	metrics.EndpointChangesPending.Set(float64(nSlices))
+	metrics.ServiceChangesTotal.Add(float64(nSvcs))
+	metrics.EndpointChangesTotal.Add(float64(nSlices))
+	return affected, triggered
 }
 
 // programmed is what one Service contributes to a family's table: the

@@ -333,6 +333,66 @@ func TestIncrementalSyncsMatchFullBuild(t *testing.T) {
 	}
 }
 
+// TestChangeRevertedAfterFailedSync: a change whose sync one family's
+// kernel refused, then reverted before the retry, is reverted in both
+// families' tables: the one that failed (its retry rewrites it) and the
+// one that had programmed the change. Both tables then equal a fresh
+// proxier's.
+func TestChangeRevertedAfterFailedSync(t *testing.T) {
+	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour}
+	newProxier := func() (*Proxier, map[nft.Family]*nftfake.Fake) {
+		fks := map[nft.Family]*nftfake.Fake{nft.IPv4: nftfake.New(), nft.IPv6: nftfake.New()}
+		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: fks[nft.IPv4], nft.IPv6: fks[nft.IPv6]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, fks
+	}
+	// Service 3 is dual-stack, with an EndpointSlice of each family.
+	svcs, slices := testServices(8, 0)
+	svc3 := *svcs[3]
+	svc3.ClusterIPs = append(append([]netip.Addr(nil), svc3.ClusterIPs...), netip.MustParseAddr("fd00:96::3"))
+	svcs[3] = &svc3
+	v6 := &model.EndpointSlice{Name: "svc-3-2", Service: svc3.Name, Family: nft.IPv6, Ports: slices[3].Ports,
+		Endpoints: []model.Endpoint{{IP: model.IPOf(netip.MustParseAddr("fd00:244::3")), Ready: true, Serving: true}}}
+	// The change: Service 3's port.
+	changed := svc3
+	changed.Ports = []model.ServicePort{{Name: "p", Protocol: nft.ProtoTCP, Port: 81}}
+	setup := func(p *Proxier) {
+		setAll(p, svcs, slices)
+		p.trackers.Slices.Set(model.SliceKey{Namespace: "ns", Name: v6.Name}, v6)
+	}
+	canon := func(rs *nft.Ruleset) string { return ruleset.CanonicalSlots(rs).Dump() }
+	for _, failing := range []nft.Family{nft.IPv4, nft.IPv6} {
+		t.Run(failing.IPFamily(), func(t *testing.T) {
+			p, fks := newProxier()
+			setup(p)
+			if err := p.sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			p.trackers.Services.Set(svc3.Name, &changed)
+			fks[failing].FailNext = errors.New("injected")
+			if err := p.sync(context.Background()); err == nil {
+				t.Fatal("the refused sync succeeded")
+			}
+			p.trackers.Services.Set(svc3.Name, svcs[3])
+			if err := p.sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			want, wantFks := newProxier()
+			setup(want)
+			if err := want.sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range []nft.Family{nft.IPv4, nft.IPv6} {
+				if got, w := canon(fks[f].Ruleset(f)), canon(wantFks[f].Ruleset(f)); got != w {
+					t.Errorf("%s table after the retry differs from a fresh build:\n%s\nwant:\n%s", f.IPFamily(), got, w)
+				}
+			}
+		})
+	}
+}
+
 // TestFirstSyncHook: Deps.FirstSync runs once per family, after the
 // family's first successful sync, when its rules are in the kernel; a
 // first sync that failed does not call it, and later syncs do not either.

@@ -10,7 +10,7 @@ import (
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
-	"github.com/nftproxy/nftproxy/proxier/watch"
+	"github.com/nftproxy/nftproxy/proxier/model"
 )
 
 // initFamilyMetrics creates a family's failure and result series at 0
@@ -26,18 +26,18 @@ func initFamilyMetrics(fam string) {
 }
 
 // observeProgrammingLatency records, for every EndpointSlice change now in
-// the kernel, the time since the change that caused it. Changes made
-// before the proxier started are left out, as upstream leaves them out
-// (its endpoints change tracker's start time): the first sync programs
-// every slice, and the age of a slice's last change (hours, days) is not
-// a programming latency; counted, it would put every restart in the
-// latency's 99th percentile.
-func observeProgrammingLatency(slices watch.SliceChanges, started time.Time) {
+// the kernel, the time since the change that caused it. Proxier.checkout
+// leaves out the changes made before the proxier started, as upstream
+// leaves them out (its endpoints change tracker's start time): the first
+// sync programs every slice, and the age of a slice's last change (hours,
+// days) is not a programming latency; counted, it would put every restart
+// in the latency's 99th percentile. The changes of a sync that failed are
+// not observed: the sync that programs them rebuilds every Service and
+// does not know which were changed.
+func observeProgrammingLatency(slices []*model.EndpointSlice) {
 	now := time.Now()
-	for _, c := range slices.Changed {
-		if es := c.Value; !c.Deleted && es.TriggerTime.After(started) {
-			metrics.NetworkProgrammingLatency.WithLabelValues(es.Family.IPFamily()).Observe(now.Sub(es.TriggerTime).Seconds())
-		}
+	for _, es := range slices {
+		metrics.NetworkProgrammingLatency.WithLabelValues(es.Family.IPFamily()).Observe(now.Sub(es.TriggerTime).Seconds())
 	}
 }
 

@@ -4,14 +4,15 @@ import (
 	"slices"
 
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/changes"
 	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
-	"github.com/nftproxy/nftproxy/proxier/watch"
 )
 
 // objectStore is the proxier's view of the Services and EndpointSlices as
-// of the last checkout of changes. It is owned by the sync loop: the
-// families' syncs, which run at once, only read it.
+// of the last checkout of changes (changes.Tracker.Checkout): every object
+// as it was handed out, programmed or not. It is owned by the sync loop:
+// the families' syncs, which run at once, only read it.
 type objectStore struct {
 	services map[model.ServiceName]*model.Service
 	// slicesBySvc holds each Service's EndpointSlices (usually one: a
@@ -29,40 +30,57 @@ func newObjectStore() objectStore {
 	}
 }
 
-// record updates the store with the checked-out changes (idempotent: after
-// a failed sync the same changes come again) and returns the Services they
-// affect.
-func (s *objectStore) record(svcs watch.ServiceChanges, slices watch.SliceChanges) map[model.ServiceName]bool {
-	affected := make(map[model.ServiceName]bool, len(svcs.Changed)+len(slices.Changed))
-	if len(s.services) == 0 && len(s.sliceSvc) == 0 {
-		// The first checkout holds every object: no growing map by map.
-		s.services = make(map[model.ServiceName]*model.Service, len(svcs.Changed))
-		s.slicesBySvc = make(map[model.ServiceName][]*model.EndpointSlice, len(svcs.Changed))
-		s.sliceSvc = make(map[model.SliceKey]model.ServiceName, len(slices.Changed))
+// presize gives an empty store room for the Services and EndpointSlices a
+// first checkout is about to record: no growing map by map.
+func (s *objectStore) presize(services, slices int) {
+	if len(s.services) > 0 || len(s.sliceSvc) > 0 {
+		return
 	}
-	for k, c := range svcs.Changed {
-		if c.Deleted {
-			delete(s.services, k)
-		} else {
-			s.services[k] = c.Value
-		}
-		affected[k] = true
+	s.services = make(map[model.ServiceName]*model.Service, services)
+	s.slicesBySvc = make(map[model.ServiceName][]*model.EndpointSlice, services)
+	s.sliceSvc = make(map[model.SliceKey]model.ServiceName, slices)
+}
+
+// recordService records a checked-out change of Service k and adds k to
+// affected.
+func (s *objectStore) recordService(k model.ServiceName, c changes.Change[*model.Service], affected map[model.ServiceName]bool) {
+	if c.Deleted {
+		delete(s.services, k)
+	} else {
+		s.services[k] = c.Value
 	}
-	for k, c := range slices.Changed {
-		if old, ok := s.sliceSvc[k]; ok {
-			s.removeSlice(old, k.Name)
-			delete(s.sliceSvc, k)
-			affected[old] = true
-		}
-		if c.Deleted {
-			continue
-		}
-		svc := c.Value.Service
-		s.slicesBySvc[svc] = append(s.slicesBySvc[svc], c.Value)
-		s.sliceSvc[k] = svc
-		affected[svc] = true
+	affected[k] = true
+}
+
+// recordSlice records a checked-out change of EndpointSlice k and adds the
+// Services it affects to affected: the one it was recorded under and the
+// one it now names.
+func (s *objectStore) recordSlice(k model.SliceKey, c changes.Change[*model.EndpointSlice], affected map[model.ServiceName]bool) {
+	if old, ok := s.sliceSvc[k]; ok {
+		s.removeSlice(old, k.Name)
+		delete(s.sliceSvc, k)
+		affected[old] = true
 	}
-	return affected
+	if c.Deleted {
+		return
+	}
+	svc := c.Value.Service
+	s.slicesBySvc[svc] = append(s.slicesBySvc[svc], c.Value)
+	s.sliceSvc[k] = svc
+	affected[svc] = true
+}
+
+// recordAll records every Service and EndpointSlice of a listing, as a
+// first checkout would hand them out.
+func (s *objectStore) recordAll(svcs map[model.ServiceName]*model.Service, slices map[model.SliceKey]*model.EndpointSlice) {
+	s.presize(len(svcs), len(slices))
+	affected := map[model.ServiceName]bool{}
+	for k, v := range svcs {
+		s.recordService(k, changes.Change[*model.Service]{Value: v}, affected)
+	}
+	for k, v := range slices {
+		s.recordSlice(k, changes.Change[*model.EndpointSlice]{Value: v}, affected)
+	}
 }
 
 // removeSlice removes the EndpointSlice named name from svc's. (A slice's

@@ -9,12 +9,10 @@ import (
 	"github.com/nftproxy/nftproxy/proxier/changes"
 	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
-	"github.com/nftproxy/nftproxy/proxier/watch"
 )
 
 // TestObjectStoreRecord follows Services and EndpointSlices through the
-// store: added, moved from one Service to another, deleted, and a failed
-// sync's changes recorded again.
+// store: added, updated, moved from one Service to another, deleted.
 func TestObjectStoreRecord(t *testing.T) {
 	web, db := model.ServiceName{Namespace: "ns", Name: "web"}, model.ServiceName{Namespace: "ns", Name: "db"}
 	svc := func(n model.ServiceName, ips ...string) *model.Service {
@@ -31,26 +29,31 @@ func TestObjectStoreRecord(t *testing.T) {
 		}
 		return es
 	}
-	svcChanges := func(c map[model.ServiceName]changes.Change[*model.Service]) watch.ServiceChanges {
-		return watch.ServiceChanges{Changed: c}
-	}
-	sliceChanges := func(c map[model.SliceKey]changes.Change[*model.EndpointSlice]) watch.SliceChanges {
-		return watch.SliceChanges{Changed: c}
+	s := newObjectStore()
+	record := func(svcs map[model.ServiceName]changes.Change[*model.Service],
+		slices map[model.SliceKey]changes.Change[*model.EndpointSlice]) map[model.ServiceName]bool {
+		affected := map[model.ServiceName]bool{}
+		for k, c := range svcs {
+			s.recordService(k, c, affected)
+		}
+		for k, c := range slices {
+			s.recordSlice(k, c, affected)
+		}
+		return affected
 	}
 	k1, k2, k6 := model.SliceKey{Namespace: "ns", Name: "web-1"}, model.SliceKey{Namespace: "ns", Name: "web-2"},
 		model.SliceKey{Namespace: "ns", Name: "web-6"}
 	web1, web2, web6 := slice("web-1", web, nft.IPv4, "a", "b"), slice("web-2", web, nft.IPv4, "a"), slice("web-6", web, nft.IPv6, "a")
 
-	s := newObjectStore()
 	first := func() map[model.ServiceName]bool {
-		return s.record(svcChanges(map[model.ServiceName]changes.Change[*model.Service]{
-			web: {Value: svc(web, "10.96.0.1", "fd00::1")}, db: {Value: svc(db, "10.96.0.2")}}),
-			sliceChanges(map[model.SliceKey]changes.Change[*model.EndpointSlice]{k1: {Value: web1}, k2: {Value: web2}, k6: {Value: web6}}))
+		return record(map[model.ServiceName]changes.Change[*model.Service]{
+			web: {Value: svc(web, "10.96.0.1", "fd00::1")}, db: {Value: svc(db, "10.96.0.2")}},
+			map[model.SliceKey]changes.Change[*model.EndpointSlice]{k1: {Value: web1}, k2: {Value: web2}, k6: {Value: web6}})
 	}
 	if got := first(); !reflect.DeepEqual(got, map[model.ServiceName]bool{web: true, db: true}) {
 		t.Fatalf("first checkout affects %v, want web and db", got)
 	}
-	first() // a failed sync's changes come again: nothing is doubled
+	first() // the same objects again (updated to themselves): nothing is doubled
 	if n, v4, v6 := len(s.slicesOf(nft.IPv4, web)), s.familyLen(nft.IPv4), s.familyLen(nft.IPv6); n != 2 || v4 != 2 || v6 != 1 {
 		t.Fatalf("after recording twice: %d IPv4 slices of web, %d IPv4 and %d IPv6 Services; want 2, 2 and 1", n, v4, v6)
 	}
@@ -64,8 +67,8 @@ func TestObjectStoreRecord(t *testing.T) {
 
 	// web-2 now belongs to db; web is deleted: both are affected.
 	moved := slice("web-2", db, nft.IPv4, "b")
-	got := s.record(svcChanges(map[model.ServiceName]changes.Change[*model.Service]{web: {Deleted: true}}),
-		sliceChanges(map[model.SliceKey]changes.Change[*model.EndpointSlice]{k2: {Value: moved}}))
+	got := record(map[model.ServiceName]changes.Change[*model.Service]{web: {Deleted: true}},
+		map[model.SliceKey]changes.Change[*model.EndpointSlice]{k2: {Value: moved}})
 	if !reflect.DeepEqual(got, map[model.ServiceName]bool{web: true, db: true}) {
 		t.Fatalf("the move affects %v, want web and db", got)
 	}
@@ -80,8 +83,7 @@ func TestObjectStoreRecord(t *testing.T) {
 	}
 
 	// Deleting the last slices of web forgets web's slices altogether.
-	s.record(watch.ServiceChanges{}, sliceChanges(map[model.SliceKey]changes.Change[*model.EndpointSlice]{
-		k1: {Deleted: true}, k6: {Deleted: true}}))
+	record(nil, map[model.SliceKey]changes.Change[*model.EndpointSlice]{k1: {Deleted: true}, k6: {Deleted: true}})
 	if _, ok := s.slicesBySvc[web]; ok {
 		t.Errorf("web keeps an entry for its slices after they were all deleted")
 	}

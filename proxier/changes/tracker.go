@@ -1,12 +1,19 @@
 // Package changes records what the watchers saw between two syncs.
 //
-// A Tracker keeps, per object, the value the last successful sync applied and
-// the latest value seen. Informer callbacks only write; the sync loop checks
-// out a consistent snapshot, and only after the transaction built from it
-// succeeded does it mark the snapshot applied. A failed sync therefore loses
-// nothing: the same changes are pending at the next attempt (upstream
-// kube-proxy forgets them, kubernetes#112604). Changes that cancel out (an
-// update back to the applied value) are not pending.
+// A Tracker keeps the latest value of each object, and which objects
+// changed since the sync loop last checked the changes out. Informer
+// callbacks only write; the sync loop checks the changes out and keeps
+// what it was handed, so that it always holds every object as of its last
+// checkout. Changes that cancel out (an update back to the value handed
+// out) are not pending.
+//
+// A checkout is final: the tracker does not hand the same changes out
+// again after a failed sync. The sync loop holds them already, and a
+// failed sync must program them from there (the proxier's next sync of a
+// failed family rebuilds it from every object it holds). Handing them out
+// again instead would hand out too little: an object changed back, after
+// the failed sync, to the value it had before that sync is not pending,
+// and the sync loop would hold the value the failed sync was given.
 package changes
 
 import "sync"
@@ -14,20 +21,17 @@ import "sync"
 // Tracker tracks objects of type V by key K. V values must be treated as
 // immutable once handed to the tracker.
 //
-// What the last successful sync applied is not kept for every object: an
-// object that is not pending has its latest value applied. Only a pending
-// object keeps its applied value, so the tracker holds one map as large as
-// the cluster, not two.
+// What was handed out is not kept for every object: an object that is not
+// pending was handed out with its latest value. Only a pending object keeps
+// the value handed out (or its absence), so the tracker holds one map as
+// large as the cluster, not two.
 type Tracker[K comparable, V any] struct {
 	mu      sync.Mutex
 	equal   func(a, b V) bool
 	current map[K]V // latest value; absent: deleted
 	// pending holds, for each object whose latest value differs from the
-	// value the last successful sync applied, that applied value.
+	// value the last checkout handed out, that value.
 	pending map[K]version[V]
-	// gen counts the changes to pending, so that a snapshot taken after
-	// the last of them is applied without a look at each object.
-	gen uint64
 }
 
 // version is a value of an object, or its absence (ok false).
@@ -59,7 +63,7 @@ func (t *Tracker[K, V]) Set(k K, v V) bool {
 // absent from next are gone. It reports whether this changed what is
 // pending. The tracker keeps next (the caller must not use it again); an
 // unchanged object keeps the value recorded before, so that a relist leaves
-// the values the last sync applied shared, not copied.
+// the values handed out shared, not copied.
 func (t *Tracker[K, V]) Replace(next map[K]V) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -97,28 +101,22 @@ func (t *Tracker[K, V]) Delete(k K) bool {
 	return true
 }
 
-// markLocked records that object k's latest value changed from prev.
+// markLocked records that object k's latest value changed from prev: k
+// is pending unless its latest value is the one handed out.
 func (t *Tracker[K, V]) markLocked(k K, prev version[V]) {
-	app, ok := t.pending[k]
+	out, ok := t.pending[k]
 	if !ok {
-		app = prev // k was not pending: prev is what is applied
+		out = prev // k was not pending: prev is what was handed out
 	}
-	t.settleLocked(k, app)
-}
-
-// settleLocked makes k pending with applied value app, unless its latest
-// value is app.
-func (t *Tracker[K, V]) settleLocked(k K, app version[V]) {
-	t.gen++
 	cur, ok := t.current[k]
-	if ok == app.ok && (!ok || t.equal(cur, app.v)) {
+	if ok == out.ok && (!ok || t.equal(cur, out.v)) {
 		delete(t.pending, k)
 		return
 	}
-	t.pending[k] = app
+	t.pending[k] = out
 }
 
-// Pending is the number of objects whose latest value is not applied yet.
+// Pending is the number of objects changed since the last checkout.
 func (t *Tracker[K, V]) Pending() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -131,27 +129,27 @@ type Change[V any] struct {
 	Deleted bool
 }
 
-// Snapshot holds the changes pending when it was taken.
-type Snapshot[K comparable, V any] struct {
-	Changed map[K]Change[V]
-	gen     uint64 // the tracker's gen when it was taken
-}
-
-// Checkout returns the pending changes. It changes nothing: call Applied
-// with the snapshot once the sync built from it has succeeded. Its cost is
-// proportional to the number of pending changes.
-func (t *Tracker[K, V]) Checkout() Snapshot[K, V] {
+// Checkout hands every pending change to f, in no order, and returns how
+// many there were; none is pending after. f runs under the tracker's lock
+// (the watchers wait for it) and must not call the tracker. Its cost is
+// proportional to the number of pending changes: the changes go straight
+// to what the caller keeps, with no copy of them in between (at the first
+// sync, that copy would be a map of every object).
+func (t *Tracker[K, V]) Checkout(f func(K, Change[V])) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s := Snapshot[K, V]{Changed: make(map[K]Change[V], len(t.pending)), gen: t.gen}
+	n := len(t.pending)
 	for k := range t.pending {
 		v, ok := t.current[k]
-		s.Changed[k] = Change[V]{Value: v, Deleted: !ok}
+		f(k, Change[V]{Value: v, Deleted: !ok})
 	}
-	return s
+	// A new map: a map keeps the room it grew to, after the first sync
+	// room for every object.
+	t.pending = map[K]version[V]{}
+	return n
 }
 
-// All returns every current object (for a full sync).
+// All returns every current object.
 func (t *Tracker[K, V]) All() map[K]V {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -160,24 +158,4 @@ func (t *Tracker[K, V]) All() map[K]V {
 		out[k] = v
 	}
 	return out
-}
-
-// Applied marks the state of a snapshot as applied. Changes recorded after
-// the snapshot was taken stay pending.
-func (t *Tracker[K, V]) Applied(s Snapshot[K, V]) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if s.gen == t.gen {
-		// Nothing changed since s was taken: s holds every pending
-		// object, as it is now. (A new map: a map keeps the room it grew
-		// to, after the first sync room for every object.)
-		t.pending = map[K]version[V]{}
-		return
-	}
-	for k, c := range s.Changed {
-		t.settleLocked(k, version[V]{c.Value, !c.Deleted})
-	}
-	if len(t.pending) == 0 {
-		t.pending = map[K]version[V]{}
-	}
 }

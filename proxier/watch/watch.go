@@ -31,12 +31,6 @@ type Trackers struct {
 	Slices   *changes.Tracker[model.SliceKey, *model.EndpointSlice]
 }
 
-// ServiceChanges and SliceChanges are checked-out tracker snapshots.
-type (
-	ServiceChanges = changes.Snapshot[model.ServiceName, *model.Service]
-	SliceChanges   = changes.Snapshot[model.SliceKey, *model.EndpointSlice]
-)
-
 // NewTrackers returns empty trackers that drop no-op changes.
 func NewTrackers() Trackers {
 	return Trackers{
@@ -46,8 +40,8 @@ func NewTrackers() Trackers {
 }
 
 // same reports whether two model values are equal. Most comparisons (a
-// sync marking what it applied, a relist of unchanged objects whose values
-// the tracker keeps) are of a value with itself: the pointers tell at once.
+// relist of unchanged objects, whose values the tracker keeps) are of a
+// value with itself: the pointers tell at once.
 func same[V any](a, b *V) bool { return a == b || reflect.DeepEqual(a, b) }
 
 // Hooks are the watcher's calls out: all optional.

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2"
 
+	"github.com/nftproxy/nftproxy/proxier/changes"
 	"github.com/nftproxy/nftproxy/proxier/model"
 )
 
@@ -208,7 +209,7 @@ func TestStoreReplace(t *testing.T) {
 		t.Fatalf("after the list: synced %v, Changed %d times, %d events, services %v",
 			s.hasSynced(), changed, events, tr.Services.All())
 	}
-	tr.Services.Applied(tr.Services.Checkout())
+	tr.Services.Checkout(func(model.ServiceName, changes.Change[*model.Service]) {})
 	if err := s.Replace([]any{testService("a", "10.96.0.1"), testService("b", "10.96.0.2")}, "2"); err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +219,8 @@ func TestStoreReplace(t *testing.T) {
 	if err := s.Replace([]any{testService("b", "10.96.0.3"), testService("c", "10.96.0.4")}, "3"); err != nil {
 		t.Fatal(err)
 	}
-	got := tr.Services.Checkout().Changed
+	got := map[model.ServiceName]changes.Change[*model.Service]{}
+	tr.Services.Checkout(func(k model.ServiceName, c changes.Change[*model.Service]) { got[k] = c })
 	a, b, c := got[model.ServiceName{Namespace: "ns", Name: "a"}], got[model.ServiceName{Namespace: "ns", Name: "b"}],
 		got[model.ServiceName{Namespace: "ns", Name: "c"}]
 	if changed != 2 || len(got) != 3 || !a.Deleted || b.Deleted || b.Value.ClusterIPs[0].String() != "10.96.0.3" || c.Deleted {
