@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"sort"
@@ -256,13 +257,21 @@ func (p *Proxier) sync(ctx context.Context) error {
 }
 
 // checkout records the trackers' pending changes in p.objects. It returns
-// the Services they affect, and the EndpointSlices changed since the
-// proxier started (for the programming latency: see
-// observeProgrammingLatency).
+// the Services they affect (nil when every family's sync is full), and the
+// EndpointSlices changed since the proxier started (for the programming
+// latency: see observeProgrammingLatency).
 func (p *Proxier) checkout() (affected map[model.ServiceName]bool, triggered []*model.EndpointSlice) {
 	svcs, slices := p.trackers.Services.Pending(), p.trackers.Slices.Pending()
 	p.objects.presize(svcs, slices)
-	affected = make(map[model.ServiceName]bool, svcs+slices)
+	// A family that does not know its table syncs in full, building every
+	// Service (startFull): when none knows its table (the first sync, or
+	// after every family failed), the affected Services matter to none.
+	for _, fs := range p.families {
+		if fs.mode.knowsTable() {
+			affected = make(map[model.ServiceName]bool, svcs+slices)
+			break
+		}
+	}
 	nSvcs := p.trackers.Services.Checkout(func(k model.ServiceName, c changes.Change[*model.Service]) {
 		p.objects.recordService(k, c, affected)
 	})
@@ -323,11 +332,18 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	if full {
 		start = start.Add(-fst.took) // the sync's time includes its reading
 	}
-	if full || !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node) {
+	todo, n := maps.Keys(affected), len(affected)
+	switch {
+	case full:
+		// startFull emptied fs.services and the editor: every Service of
+		// the family is built, straight from the store.
+		todo, n = p.objects.each(f), p.objects.familyLen(f)
+	case !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node):
 		affected = p.objects.names(f, len(fs.services))
 		for name := range fs.services {
 			affected[name] = true
 		}
+		todo, n = maps.Keys(affected), len(affected)
 	}
 	oldCfg, oldNode := fs.cfg, fs.node // what the programmed fragments were built with
 	fs.cfg, fs.node = cfg, node
@@ -337,9 +353,9 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	changed, ctJob := 0, ctcleanup.NewJob()
 	var pw *piecewise
 	if full && fst.absent {
-		pw = p.startPiecewise(ctx, f, fs, backend, len(affected), ctJob)
+		pw = p.startPiecewise(ctx, f, fs, backend, n, ctJob)
 	}
-	for name := range affected {
+	for name := range todo {
 		old := fs.programmedPorts(f, name, oldNode)
 		now := p.syncService(f, fs, name, oldCfg, old)
 		if !reflect.DeepEqual(old, now) {

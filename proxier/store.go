@@ -1,6 +1,7 @@
 package proxier
 
 import (
+	"iter"
 	"slices"
 
 	"github.com/nftproxy/nftproxy/nft"
@@ -42,24 +43,24 @@ func (s *objectStore) presize(services, slices int) {
 }
 
 // recordService records a checked-out change of Service k and adds k to
-// affected.
+// affected (if not nil).
 func (s *objectStore) recordService(k model.ServiceName, c changes.Change[*model.Service], affected map[model.ServiceName]bool) {
 	if c.Deleted {
 		delete(s.services, k)
 	} else {
 		s.services[k] = c.Value
 	}
-	affected[k] = true
+	mark(affected, k)
 }
 
 // recordSlice records a checked-out change of EndpointSlice k and adds the
-// Services it affects to affected: the one it was recorded under and the
-// one it now names.
+// Services it affects to affected (if not nil): the one it was recorded
+// under and the one it now names.
 func (s *objectStore) recordSlice(k model.SliceKey, c changes.Change[*model.EndpointSlice], affected map[model.ServiceName]bool) {
 	if old, ok := s.sliceSvc[k]; ok {
 		s.removeSlice(old, k.Name)
 		delete(s.sliceSvc, k)
-		affected[old] = true
+		mark(affected, old)
 	}
 	if c.Deleted {
 		return
@@ -67,19 +68,24 @@ func (s *objectStore) recordSlice(k model.SliceKey, c changes.Change[*model.Endp
 	svc := c.Value.Service
 	s.slicesBySvc[svc] = append(s.slicesBySvc[svc], c.Value)
 	s.sliceSvc[k] = svc
-	affected[svc] = true
+	mark(affected, svc)
+}
+
+func mark(affected map[model.ServiceName]bool, name model.ServiceName) {
+	if affected != nil {
+		affected[name] = true
+	}
 }
 
 // recordAll records every Service and EndpointSlice of a listing, as a
 // first checkout would hand them out.
 func (s *objectStore) recordAll(svcs map[model.ServiceName]*model.Service, slices map[model.SliceKey]*model.EndpointSlice) {
 	s.presize(len(svcs), len(slices))
-	affected := map[model.ServiceName]bool{}
 	for k, v := range svcs {
-		s.recordService(k, changes.Change[*model.Service]{Value: v}, affected)
+		s.recordService(k, changes.Change[*model.Service]{Value: v}, nil)
 	}
 	for k, v := range slices {
-		s.recordSlice(k, changes.Change[*model.EndpointSlice]{Value: v}, affected)
+		s.recordSlice(k, changes.Change[*model.EndpointSlice]{Value: v}, nil)
 	}
 }
 
@@ -106,17 +112,25 @@ func (s *objectStore) familyLen(f nft.Family) int {
 	return n
 }
 
-// names returns the name of every Service the store holds with a
-// ClusterIP of family f, in a map with room for extra more. A Service
-// without one has no service port in f's table (model.ServicePorts), so a
-// family sync need not look at it: the IPv6 family of a dual-stack node
-// whose Services are IPv4 walks none.
+// each yields the name of every Service the store holds with a ClusterIP
+// of family f. A Service without one has no service port in f's table
+// (model.ServicePorts), so a family sync need not look at it: the IPv6
+// family of a dual-stack node whose Services are IPv4 walks none.
+func (s *objectStore) each(f nft.Family) iter.Seq[model.ServiceName] {
+	return func(yield func(model.ServiceName) bool) {
+		for name, svc := range s.services {
+			if hasFamily(f, svc) && !yield(name) {
+				return
+			}
+		}
+	}
+}
+
+// names returns each(f) in a map with room for extra more.
 func (s *objectStore) names(f nft.Family, extra int) map[model.ServiceName]bool {
 	names := make(map[model.ServiceName]bool, s.familyLen(f)+extra)
-	for name, svc := range s.services {
-		if hasFamily(f, svc) {
-			names[name] = true
-		}
+	for name := range s.each(f) {
+		names[name] = true
 	}
 	return names
 }
