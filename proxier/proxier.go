@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"net/netip"
 	"reflect"
@@ -332,19 +333,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	if full {
 		start = start.Add(-fst.took) // the sync's time includes its reading
 	}
-	todo, n := maps.Keys(affected), len(affected)
-	switch {
-	case full:
-		// startFull emptied fs.services and the editor: every Service of
-		// the family is built, straight from the store.
-		todo, n = p.objects.each(f), p.objects.familyLen(f)
-	case !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node):
-		affected = p.objects.names(f, len(fs.services))
-		for name := range fs.services {
-			affected[name] = true
-		}
-		todo, n = maps.Keys(affected), len(affected)
-	}
+	todo, n := p.toBuild(f, fs, affected, full, !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node))
 	oldCfg, oldNode := fs.cfg, fs.node // what the programmed fragments were built with
 	fs.cfg, fs.node = cfg, node
 	base := ruleset.Base(cfg, f)
@@ -405,6 +394,25 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	p.cleanConntrack(f, fs, ctJob)
 	p.syncHealthChecks(f, fs)
 	return nil
+}
+
+// toBuild returns the Services a family's sync builds, and how many. A
+// full sync builds every Service of the family, straight from the store
+// (startFull emptied fs.services and the editor). A change of the
+// configuration or of the node rebuilds every Service of the family and
+// every one programmed. Otherwise the sync builds the affected Services.
+func (p *Proxier) toBuild(f nft.Family, fs *familyState, affected map[model.ServiceName]bool, full, rebuild bool) (
+	iter.Seq[model.ServiceName], int) {
+	switch {
+	case full:
+		return p.objects.each(f), p.objects.familyLen(f)
+	case rebuild:
+		affected = p.objects.names(f, len(fs.services))
+		for name := range fs.services {
+			affected[name] = true
+		}
+	}
+	return maps.Keys(affected), len(affected)
 }
 
 // apply sends tx, unless it is empty. When the kernel refuses it, the
