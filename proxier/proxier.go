@@ -333,7 +333,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	if full {
 		start = start.Add(-fst.took) // the sync's time includes its reading
 	}
-	todo, n := p.toBuild(f, fs, affected, full, !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node))
+	todo, n := p.toBuild(f, fs, affected, fst, !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node))
 	oldCfg, oldNode := fs.cfg, fs.node // what the programmed fragments were built with
 	fs.cfg, fs.node = cfg, node
 	base := ruleset.Base(cfg, f)
@@ -397,15 +397,15 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 }
 
 // toBuild returns the Services a family's sync builds, and how many. A
-// full sync builds every Service of the family, straight from the store
-// (startFull emptied fs.services and the editor). A change of the
+// full sync (fst not nil) builds every Service of the family, straight
+// from the store (startFull emptied fs.services and the editor). A change of the
 // configuration or of the node rebuilds every Service of the family and
 // every one programmed. Otherwise the sync builds the affected Services.
-func (p *Proxier) toBuild(f nft.Family, fs *familyState, affected map[model.ServiceName]bool, full, rebuild bool) (
+func (p *Proxier) toBuild(f nft.Family, fs *familyState, affected map[model.ServiceName]bool, fst *fullStart, rebuild bool) (
 	iter.Seq[model.ServiceName], int) {
 	switch {
-	case full:
-		return p.objects.each(f), p.objects.familyLen(f)
+	case fst != nil:
+		return p.objects.each(f), fst.services
 	case rebuild:
 		affected = p.objects.names(f, len(fs.services))
 		for name := range fs.services {
@@ -483,6 +483,9 @@ type fullStart struct {
 	// absent: the table was read and is not in the kernel, so the sync
 	// may write it in pieces (see piecewise).
 	absent bool
+	// services: how many Services of the family the store holds, every
+	// one of which the sync builds.
+	services int
 }
 
 // startFull starts a full sync of family f when one is due (at start,
@@ -509,7 +512,8 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 	} else {
 		fs.mode = fs.mode.next(eventNotRead)
 	}
-	fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, make(map[model.ServiceName]programmed, p.objects.familyLen(f)), 0
+	services := p.objects.familyLen(f)
+	fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, make(map[model.ServiceName]programmed, services), 0
 	fs.picks = nil
 	fs.slots = seedSlots(f, loaded)
 	fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
@@ -522,7 +526,8 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 		fs.reserve = p.objects.counts(f, p.cfg.NodeName)
 		ruleset.Reserve(fs.editor, fs.reserve)
 	}
-	return &fullStart{at: start, took: time.Since(start), repair: fs.repairing != nil, absent: read && loaded == nil}
+	return &fullStart{at: start, took: time.Since(start), repair: fs.repairing != nil, absent: read && loaded == nil,
+		services: services}
 }
 
 // seedSlots returns the slot table of a full sync: the slots the chains

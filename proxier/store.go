@@ -104,10 +104,8 @@ func (s *objectStore) removeSlice(svc model.ServiceName, name string) {
 // of family f.
 func (s *objectStore) familyLen(f nft.Family) int {
 	n := 0
-	for _, svc := range s.services {
-		if hasFamily(f, svc) {
-			n++
-		}
+	for range s.each(f) {
+		n++
 	}
 	return n
 }
