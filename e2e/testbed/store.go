@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -100,6 +101,9 @@ func (b *Bed) Store(ns string, svcs []StoredService) ([]netip.Addr, error) {
 	if err := b.waitListed(ctx, ns, len(svcs), 15*time.Minute); err != nil {
 		return nil, err
 	}
+	if err := b.waitRepaired(ctx, 3*time.Minute); err != nil {
+		return nil, err
+	}
 	b.t.Logf("testbed: stored %d Services with their EndpointSlices in etcd in %v (%d puts)",
 		len(svcs), time.Since(t0).Round(100*time.Millisecond), w.puts)
 	return ips, nil
@@ -129,6 +133,58 @@ func (b *Bed) waitListed(ctx context.Context, ns string, want int, limit time.Du
 			return fmt.Errorf("the API server lists %d EndpointSlices in %s, want at least %d", n, ns, want)
 		}
 	}
+}
+
+// waitRepaired waits, up to limit, until the API server's ClusterIP repair
+// controller has nothing left to do. Its informers see some stored Services before
+// their IPAddresses; it then tries to create each such address, fails
+// (the address exists), and retries with a backoff through a queue drained
+// at ten a second, each retry an API call and an Event. That trickle can
+// last minutes, and whatever is measured meanwhile shares the API server's
+// CPU with it (how long it lasts varies from run to run: seconds to
+// over ten minutes at 100,000 Services, whatever order the objects are
+// written in). Done is: the controller's Service queue ("services" in the
+// API server's workqueue metrics) empty, with no retry, for 5 s.
+func (b *Bed) waitRepaired(ctx context.Context, limit time.Duration) error {
+	read := func() (depth, retries float64, err error) {
+		raw, err := b.client.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			var v float64
+			switch {
+			case strings.HasPrefix(line, `workqueue_depth{name="services"} `):
+				_, err = fmt.Sscan(line[strings.IndexByte(line, ' '):], &v)
+				depth = v
+			case strings.HasPrefix(line, `workqueue_retries_total{name="services"} `):
+				_, err = fmt.Sscan(line[strings.IndexByte(line, ' '):], &v)
+				retries = v
+			}
+			if err != nil {
+				return 0, 0, fmt.Errorf("API server metrics: %q: %w", line, err)
+			}
+		}
+		return depth, retries, nil
+	}
+	t0 := time.Now()
+	quietSince, lastRetries := t0, -1.0
+	for ; time.Since(t0) < limit; time.Sleep(500 * time.Millisecond) {
+		depth, retries, err := read()
+		if err != nil {
+			return err
+		}
+		if depth > 0 || retries != lastRetries {
+			quietSince, lastRetries = time.Now(), retries
+		}
+		if time.Since(quietSince) >= 5*time.Second {
+			b.t.Logf("testbed: the API server's ClusterIP repair queue empty after %v (%.0f retries)",
+				time.Since(t0).Round(100*time.Millisecond), retries)
+			return nil
+		}
+	}
+	b.t.Logf("testbed: the API server's ClusterIP repair queue still busy after %v; going on", limit)
+	return nil
 }
 
 // storedObjects are a Service, its IPAddress and its EndpointSlice as the
