@@ -30,6 +30,7 @@ import (
 	"github.com/nftproxy/nftproxy/proxier/leftovers"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
 	"github.com/nftproxy/nftproxy/proxier/traffic"
+	"github.com/nftproxy/nftproxy/proxier/watch"
 )
 
 // bindRetryInterval is how long to wait before retrying a server that
@@ -371,6 +372,7 @@ func restConfig(c clientOptions) (*rest.Config, error) {
 	}
 	cfg.AcceptContentTypes = c.AcceptContentTypes
 	cfg.ContentType = c.ContentType
+	cfg.Wrap(watch.BufferStreams)
 	cfg.QPS = c.QPS
 	cfg.Burst = c.Burst
 	return cfg, nil
