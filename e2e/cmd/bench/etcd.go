@@ -22,6 +22,7 @@ func (b *bench) populateEtcd(from, to int) {
 	}
 	_, err := b.bed.Store(ns, svcs)
 	must(b.tb, err)
+	must(b.tb, b.bed.WaitRepaired(3*time.Minute))
 	fmt.Printf("wrote Services, IPAddresses and EndpointSlices %d..%d (%d endpoints each) into etcd in %v\n",
 		from, to-1, b.c.Endpoints, time.Since(t0).Round(100*time.Millisecond))
 }
