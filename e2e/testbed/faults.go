@@ -89,6 +89,12 @@ func Metric(ns Netns, name string, labels ...string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
+	return sumSamples(body, name, labels...), nil
+}
+
+// sumSamples sums the samples of metric name in body (Prometheus text)
+// whose labels include every label given ("k=v").
+func sumSamples(body, name string, labels ...string) float64 {
 	var sum float64
 	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
@@ -104,7 +110,7 @@ func Metric(ns Netns, name string, labels ...string) (float64, error) {
 			sum += v
 		}
 	}
-	return sum, nil
+	return sum
 }
 
 // Tables returns nftproxy's tables of both families in ns, canonical

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
-	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -148,21 +147,8 @@ func (b *Bed) WaitRepaired(limit time.Duration) error {
 		if err != nil {
 			return 0, 0, err
 		}
-		for _, line := range strings.Split(string(raw), "\n") {
-			var v float64
-			switch {
-			case strings.HasPrefix(line, `workqueue_depth{name="services"} `):
-				_, err = fmt.Sscan(line[strings.IndexByte(line, ' '):], &v)
-				depth = v
-			case strings.HasPrefix(line, `workqueue_retries_total{name="services"} `):
-				_, err = fmt.Sscan(line[strings.IndexByte(line, ' '):], &v)
-				retries = v
-			}
-			if err != nil {
-				return 0, 0, fmt.Errorf("API server metrics: %q: %w", line, err)
-			}
-		}
-		return depth, retries, nil
+		return sumSamples(string(raw), "workqueue_depth", "name=services"),
+			sumSamples(string(raw), "workqueue_retries_total", "name=services"), nil
 	}
 	t0 := time.Now()
 	quietSince, lastRetries := t0, -1.0
