@@ -14,6 +14,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/nftproxy/nftproxy/conntrack"
@@ -32,6 +33,9 @@ import (
 // Deps are the proxier's connections to the world.
 type Deps struct {
 	Client kubernetes.Interface
+	// ClientConfig, if set, is Client's configuration: the watchers then
+	// decode Services and EndpointSlices themselves (watch.API).
+	ClientConfig *rest.Config
 	// NFT has one backend per family to program.
 	NFT map[nft.Family]nft.Interface
 	// Health, if set, is told about queued and applied updates.
@@ -165,7 +169,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 			}
 		},
 	}
-	w, err := watch.New(p.deps.Client, p.cfg.NodeName, p.cfg.ResyncPeriod, p.trackers, hooks)
+	w, err := watch.New(watch.API{Client: p.deps.Client, Config: p.deps.ClientConfig}, p.cfg.NodeName, p.cfg.ResyncPeriod, p.trackers, hooks)
 	if err != nil {
 		return err
 	}

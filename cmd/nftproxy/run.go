@@ -99,7 +99,11 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 	if err := publishConfigz(o.Config); err != nil {
 		return err
 	}
-	client, err := newClient(o.Client)
+	clientConfig, err := restConfig(o.Client)
+	if err != nil {
+		return fmt.Errorf("API client configuration: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(clientConfig)
 	if err != nil {
 		return err
 	}
@@ -110,7 +114,7 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 	if err != nil {
 		return fmt.Errorf("conntrack: %w", err)
 	}
-	deps := proxier.Deps{Client: client, NFT: backends, Health: health, Conntrack: ct,
+	deps := proxier.Deps{Client: client, ClientConfig: clientConfig, NFT: backends, Health: health, Conntrack: ct,
 		HealthCheck: healthCheckServers(o.Proxier, health), FirstSync: kubeProxy.RemoveTables,
 		Listed: func() {
 			if _, p, ok := gcPercent(os.Getenv); ok {

@@ -101,7 +101,7 @@ func TestServiceCIDRDiscovery(t *testing.T) {
 			client.PrependReactor("list", "servicecidrs", list)
 
 			clk := testingclock.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-			w, err := newWatcher(client, clk, func(context.Context) probeResult { return probeReady },
+			w, err := newWatcher(API{Client: client}, clk, func(context.Context) probeResult { return probeReady },
 				"n1", resync, NewTrackers(), Hooks{})
 			if err != nil {
 				t.Fatal(err)

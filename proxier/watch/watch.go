@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -75,38 +76,63 @@ type Watcher struct {
 	cidrs      *serviceCIDRs // nil: ServiceCIDRs not watched
 }
 
-// New sets up reflectors of Services and EndpointSlices that record into
-// t, and an informer of this node. resync is the Node informer's resync period (0: none).
-func New(client kubernetes.Interface, nodeName string, resync time.Duration, t Trackers, h Hooks) (*Watcher, error) {
-	return newWatcher(client, clock.RealClock{}, readyzProbe(client), nodeName, resync, t, h)
+// API is how the watcher reaches the API server.
+type API struct {
+	Client kubernetes.Interface
+	// Config, if set, is Client's configuration: Services and
+	// EndpointSlices are then watched through clients of their own, whose
+	// protobuf decoder yields converted values (decode.go).
+	Config *rest.Config
 }
 
-func newWatcher(client kubernetes.Interface, clk clock.Clock, probe func(context.Context) probeResult,
+// New sets up reflectors of Services and EndpointSlices that record into
+// t, and an informer of this node. resync is the Node informer's resync period (0: none).
+func New(api API, nodeName string, resync time.Duration, t Trackers, h Hooks) (*Watcher, error) {
+	return newWatcher(api, clock.RealClock{}, readyzProbe(api.Client), nodeName, resync, t, h)
+}
+
+func newWatcher(api API, clk clock.Clock, probe func(context.Context) probeResult,
 	nodeName string, resync time.Duration, t Trackers, h Hooks) (*Watcher, error) {
 	h = h.withDefaults()
+	client := api.Client
 	w := &Watcher{client: client, clock: clk, resync: resync, gate: newGate(clk, probe)}
 	proxied := func(o *metav1.ListOptions) { o.LabelSelector = ProxyLabelSelector }
+	watchServices := func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		return client.CoreV1().Services("").Watch(ctx, o)
+	}
+	watchSlices := func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		return client.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
+	}
+	if api.Config != nil {
+		var err error
+		if watchServices, err = convertingWatch(api.Config, v1.SchemeGroupVersion, "/api", "services"); err != nil {
+			return nil, err
+		}
+		if watchSlices, err = convertingWatch(api.Config, discovery.SchemeGroupVersion, "/apis", "endpointslices"); err != nil {
+			return nil, err
+		}
+	}
 	svcs := newTrackingStore(h, "Service", t.Services,
 		func(ns, name string) model.ServiceName { return model.ServiceName{Namespace: ns, Name: name} })
-	w.reflector(&v1.Service{}, "services", svcs,
+	w.reflector("*v1.Service", "services", svcs,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			proxied(&o)
 			return client.CoreV1().Services("").List(ctx, o)
 		},
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			proxied(&o)
-			return client.CoreV1().Services("").Watch(ctx, o)
+			return watchServices(ctx, o)
 		})
 	slices := newTrackingStore(h, "EndpointSlice", t.Slices,
 		func(ns, name string) model.SliceKey { return model.SliceKey{Namespace: ns, Name: name} })
-	w.reflector(&discovery.EndpointSlice{}, "endpointslices", slices,
+	w.reflector("*v1.EndpointSlice", "endpointslices", slices,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			proxied(&o)
 			return client.DiscoveryV1().EndpointSlices("").List(ctx, o)
 		},
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			proxied(&o)
-			return client.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
+			return watchSlices(ctx, o)
 		})
 	nodeReg, err := w.nodeInformer(nodeName, h)
 	if err != nil {
@@ -143,13 +169,15 @@ func (w *Watcher) nodeInformer(nodeName string, h Hooks) (cache.ResourceEventHan
 	return reg, nil
 }
 
-// reflector sets up a reflector of objects like obj, listed and watched
-// through the gate, that writes into store.
-func (w *Watcher) reflector(obj runtime.Object, what string, store cache.ReflectorStore,
+// reflector sets up a reflector of objects of type typ, listed and
+// watched through the gate, that writes into store. It checks no type:
+// a watch yields the API's objects or, through decode.go, converted ones,
+// and the store takes both.
+func (w *Watcher) reflector(typ, what string, store cache.ReflectorStore,
 	list cache.ListWithContextFunc, watchFn cache.WatchFuncWithContext) {
 	backoff := reflectorBackoff
-	r := cache.NewReflectorWithOptions(newGatedLW(w.gate, what, w.client, list, watchFn), obj, store,
-		cache.ReflectorOptions{Name: what, Backoff: &backoff})
+	r := cache.NewReflectorWithOptions(newGatedLW(w.gate, what, w.client, list, watchFn), nil, store,
+		cache.ReflectorOptions{Name: what, TypeDescription: typ, Backoff: &backoff})
 	w.reflectors = append(w.reflectors, r)
 }
 
@@ -265,12 +293,21 @@ type converted[V any] struct {
 	namespace, name string
 	value           *V // nil: an object the proxy ignores
 	problems        []Problem
+	// The object's resource version and whether it was the bookmark that
+	// ends a watch's initial events: what the reflector reads of the
+	// objects a watch yields converted (decode.go).
+	resourceVersion  string
+	initialEventsEnd bool
 }
 
-// GetObjectMeta makes converted keyable by the reflector's watch-list
-// store (meta.Accessor).
+// GetObjectMeta makes converted readable by the reflector (meta.Accessor):
+// its key, its resource version, and the annotation of a bookmark.
 func (c *converted[V]) GetObjectMeta() metav1.Object {
-	return &metav1.ObjectMeta{Namespace: c.namespace, Name: c.name}
+	m := &metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, ResourceVersion: c.resourceVersion}
+	if c.initialEventsEnd {
+		m.Annotations = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
+	}
+	return m
 }
 
 func (c *converted[V]) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
@@ -280,7 +317,9 @@ func (c *converted[V]) DeepCopyObject() runtime.Object { cp := *c; return &cp }
 
 func newConverted[O metav1.Object, V any](o O, convert func(O) (*V, []Problem)) *converted[V] {
 	v, problems := convert(o)
-	return &converted[V]{namespace: o.GetNamespace(), name: o.GetName(), value: v, problems: problems}
+	return &converted[V]{namespace: o.GetNamespace(), name: o.GetName(), value: v, problems: problems,
+		resourceVersion:  o.GetResourceVersion(),
+		initialEventsEnd: o.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true"}
 }
 
 // convertForCache converts Services and EndpointSlices once, on arrival,

@@ -61,7 +61,7 @@ func TestWatcherTracksConvertedObjects(t *testing.T) {
 	tr := NewTrackers()
 	var mu sync.Mutex
 	invalid := map[string]int{}
-	w, err := New(client, "n1", 0, tr, Hooks{Invalid: func(p Problem) { mu.Lock(); invalid[p.Reason]++; mu.Unlock() }})
+	w, err := New(API{Client: client}, "n1", 0, tr, Hooks{Invalid: func(p Problem) { mu.Lock(); invalid[p.Reason]++; mu.Unlock() }})
 	if err != nil {
 		t.Fatal(err)
 	}
