@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -237,4 +238,17 @@ func checkSlice(t *testing.T, es *discovery.EndpointSlice, m *model.EndpointSlic
 	if skipped := count["invalid-protocol"] + count["invalid-port"]; len(m.Ports)+skipped != len(es.Ports) {
 		t.Fatalf("%d ports: kept %d, reported %d", len(es.Ports), len(m.Ports), skipped)
 	}
+}
+
+// FuzzValidName: validName is validation.IsDNS1123Label's test.
+func FuzzValidName(f *testing.F) {
+	for _, s := range []string{"", "a", "web-1", "-a", "a-", "A", "a.b", "a_b", "0", "x\n", "é",
+		strings.Repeat("a", 63), strings.Repeat("a", 64)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := validName(s), len(validation.IsDNS1123Label(s)) == 0; got != want {
+			t.Errorf("validName(%q) = %v, IsDNS1123Label says %v", s, got, want)
+		}
+	})
 }
