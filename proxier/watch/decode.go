@@ -166,11 +166,11 @@ func (sc *scratch) boolPtr(b bool) *bool {
 	return &sc.no
 }
 
-// objectMeta decodes into m the object metadata the proxy reads: name,
+// decodeMeta decodes into m the object metadata the proxy reads: name,
 // namespace, resource version and the keptKeys among labels and
 // annotations. Like gogo, a second occurrence of the field adds to the
 // first.
-func objectMeta(b []byte, m *metav1.ObjectMeta) error {
+func decodeMeta(b []byte, m *metav1.ObjectMeta) error {
 	f := protoFields{b: b}
 	for f.next() {
 		switch f.num {
@@ -207,7 +207,7 @@ func (sc *scratch) service(b []byte) (*converted[model.Service], error) {
 	for f.next() {
 		switch f.num {
 		case 1:
-			f.check(objectMeta(f.bytes(), &s.ObjectMeta))
+			f.check(decodeMeta(f.bytes(), &s.ObjectMeta))
 		case 2:
 			f.check(sc.serviceSpec(f.bytes(), &s.Spec))
 		case 3:
@@ -335,7 +335,7 @@ func (sc *scratch) endpointSlice(b []byte) (*converted[model.EndpointSlice], err
 	for f.next() {
 		switch f.num {
 		case 1:
-			f.check(objectMeta(f.bytes(), &es.ObjectMeta))
+			f.check(decodeMeta(f.bytes(), &es.ObjectMeta))
 		case 4:
 			es.AddressType = discovery.AddressType(f.enum(string(discovery.AddressTypeIPv4),
 				string(discovery.AddressTypeIPv6), string(discovery.AddressTypeFQDN)))

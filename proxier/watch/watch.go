@@ -284,30 +284,15 @@ func recordDelete[K comparable, V any](h Hooks, t *changes.Tracker[K, V], k K) {
 }
 
 // converted is a Service or EndpointSlice as the proxy keeps it: the
-// object's key, its model value, which the tracker shares, and the problems
-// found converting it. The API object itself is dropped as soon as it
-// arrives: the proxy reads nothing else, and keeping whole objects while
-// the first list streams in was a large part of the proxy's memory
-// (docs/profiles.md).
+// object's key and version (objectMeta), its model value, which the
+// tracker shares, and the problems found converting it. The API object
+// itself is dropped as soon as it arrives: the proxy reads nothing else,
+// and keeping whole objects while the first list streams in was a large
+// part of the proxy's memory (docs/profiles.md).
 type converted[V any] struct {
-	namespace, name string
-	value           *V // nil: an object the proxy ignores
-	problems        []Problem
-	// The object's resource version and whether it was the bookmark that
-	// ends a watch's initial events: what the reflector reads of the
-	// objects a watch yields converted (decode.go).
-	resourceVersion  string
-	initialEventsEnd bool
-}
-
-// GetObjectMeta makes converted readable by the reflector (meta.Accessor):
-// its key, its resource version, and the annotation of a bookmark.
-func (c *converted[V]) GetObjectMeta() metav1.Object {
-	m := &metav1.ObjectMeta{Namespace: c.namespace, Name: c.name, ResourceVersion: c.resourceVersion}
-	if c.initialEventsEnd {
-		m.Annotations = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
-	}
-	return m
+	objectMeta
+	value    *V // nil: an object the proxy ignores
+	problems []Problem
 }
 
 func (c *converted[V]) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
@@ -317,9 +302,10 @@ func (c *converted[V]) DeepCopyObject() runtime.Object { cp := *c; return &cp }
 
 func newConverted[O metav1.Object, V any](o O, convert func(O) (*V, []Problem)) *converted[V] {
 	v, problems := convert(o)
-	return &converted[V]{namespace: o.GetNamespace(), name: o.GetName(), value: v, problems: problems,
+	return &converted[V]{objectMeta: objectMeta{namespace: o.GetNamespace(), name: o.GetName(),
 		resourceVersion:  o.GetResourceVersion(),
-		initialEventsEnd: o.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true"}
+		initialEventsEnd: o.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true"},
+		value: v, problems: problems}
 }
 
 // convertForCache converts Services and EndpointSlices once, on arrival,
