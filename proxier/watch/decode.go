@@ -3,6 +3,7 @@ package watch
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -457,9 +458,54 @@ func newConvertingCodecs() convertingCodecs {
 	for i, info := range infos {
 		if info.MediaType == runtime.ContentTypeProtobuf {
 			infos[i].Serializer = &convertingSerializer{Serializer: info.Serializer}
+			stream := *info.StreamSerializer
+			stream.Serializer = eventSerializer{stream.Serializer}
+			infos[i].StreamSerializer = &stream
 		}
 	}
 	return convertingCodecs{NegotiatedSerializer: base, infos: infos}
+}
+
+// eventSerializer decodes the frames of a protobuf watch, each a
+// metav1.WatchEvent, leaving the event's object in the frame rather than
+// copying it (client-go's copy was a large part of what a list
+// allocates): client-go's watch decoder (rest/watch) decodes the object
+// before it reads the next frame into the same buffer, and every object
+// decoder copies what it keeps.
+type eventSerializer struct{ runtime.Serializer }
+
+var watchEventGVK = metav1.SchemeGroupVersion.WithKind("WatchEvent")
+
+func (s eventSerializer) Decode(data []byte, defaults *schema.GroupVersionKind, into runtime.Object) (
+	runtime.Object, *schema.GroupVersionKind, error) {
+	ev, ok := into.(*metav1.WatchEvent)
+	if !ok {
+		return s.Serializer.Decode(data, defaults, into)
+	}
+	if len(data) == 0 {
+		return nil, nil, errors.New("decode watch event: empty frame")
+	}
+	*ev = metav1.WatchEvent{}
+	f := protoFields{b: data}
+	for f.next() {
+		switch f.num {
+		case 1:
+			ev.Type = f.enum(string(watch.Added), string(watch.Modified), string(watch.Deleted),
+				string(watch.Bookmark), string(watch.Error))
+		case 2: // a runtime.RawExtension
+			o := protoFields{b: f.bytes()}
+			for o.next() {
+				if o.num == 1 {
+					ev.Object.Raw = o.bytes()
+				}
+			}
+			f.check(o.err)
+		}
+	}
+	if f.err != nil {
+		return nil, nil, fmt.Errorf("decode watch event: %w", f.err)
+	}
+	return ev, &watchEventGVK, nil
 }
 
 func (c convertingCodecs) SupportedMediaTypes() []runtime.SerializerInfo { return c.infos }

@@ -371,3 +371,32 @@ func TestConvertingWatch(t *testing.T) {
 		t.Errorf("error event %v %#v", events[2].Type, events[2].Object)
 	}
 }
+
+// TestEventSerializerMatchesClientGo: a watch's frames decode to the same
+// events as with client-go's stream serializer, every truncation of one
+// included.
+func TestEventSerializerMatchesClientGo(t *testing.T) {
+	codecs := newConvertingCodecs()
+	info, _ := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
+	ours, theirs := info.StreamSerializer.Serializer, protobufInfo.StreamSerializer.Serializer
+	decode := func(s runtime.Decoder, frame []byte) (metav1.WatchEvent, error) {
+		var ev metav1.WatchEvent
+		_, _, err := s.Decode(frame, nil, &ev)
+		return ev, err
+	}
+	for i, obj := range randomObjects(20, 4) {
+		typ := []kwatch.EventType{kwatch.Added, kwatch.Modified, kwatch.Deleted, kwatch.Bookmark, "other"}[i%5]
+		frame, err := (&metav1.WatchEvent{Type: string(typ), Object: runtime.RawExtension{Raw: encodeProto(t, obj)}}).Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for n := 0; n <= len(frame); n++ {
+			got, err := decode(ours, frame[:n])
+			want, wantErr := decode(theirs, frame[:n])
+			if (err == nil) != (wantErr == nil) || err == nil && (got.Type != want.Type || !bytes.Equal(got.Object.Raw, want.Object.Raw)) {
+				t.Fatalf("frame %d cut at %d of %d: got %q %x (%v), want %q %x (%v)", i, n, len(frame),
+					got.Type, got.Object.Raw, err, want.Type, want.Object.Raw, wantErr)
+			}
+		}
+	}
+}
