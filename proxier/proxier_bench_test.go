@@ -19,17 +19,14 @@ import (
 
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 
-	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/model/benchstate"
+	"github.com/nftproxy/nftproxy/proxier/watch/benchapi"
 )
 
 // The proxier's benchmarks run the sync loop's own code (checkout, model,
@@ -242,39 +239,6 @@ func benchHeapProfile(b *testing.B, sz benchstate.Size, point string) {
 	}
 }
 
-// benchAPIObjects are the Service and EndpointSlice of Service i as the
-// API server returns them to e2e/cmd/bench's objects: defaulted spec,
-// uid, resourceVersion, creation time (managedFields are dropped by the
-// informers' transform).
-func benchAPIObjects(sz benchstate.Size, i int) (*v1.Service, *discovery.EndpointSlice) {
-	name := fmt.Sprintf("svc-%d", i)
-	meta := func(name string, labels map[string]string) metav1.ObjectMeta {
-		return metav1.ObjectMeta{Namespace: "bench", Name: name, Labels: labels,
-			UID:               types.UID(fmt.Sprintf("6f1c2a4e-0000-4000-8000-%012d", i)),
-			ResourceVersion:   fmt.Sprint(100000 + i),
-			CreationTimestamp: metav1.NewTime(time.Unix(1_800_000_000, 0))}
-	}
-	ip := benchstate.ClusterIP(i).String()
-	single, local := v1.IPFamilyPolicySingleStack, v1.ServiceInternalTrafficPolicyCluster
-	svc := &v1.Service{ObjectMeta: meta(name, nil), Spec: v1.ServiceSpec{
-		Type: v1.ServiceTypeClusterIP, ClusterIP: ip, ClusterIPs: []string{ip},
-		IPFamilies: []v1.IPFamily{v1.IPv4Protocol}, IPFamilyPolicy: &single, InternalTrafficPolicy: &local,
-		SessionAffinity: v1.ServiceAffinityNone,
-		Ports:           []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}
-	pname, port, proto := "http", int32(8080), v1.ProtocolTCP
-	es := &discovery.EndpointSlice{
-		ObjectMeta:  meta(name+"-1", map[string]string{discovery.LabelServiceName: name}),
-		AddressType: discovery.AddressTypeIPv4,
-		Ports:       []discovery.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}},
-	}
-	for j := 0; j < sz.Endpoints; j++ {
-		node := fmt.Sprintf("node-%d", (i*sz.Endpoints+j)%100)
-		es.Endpoints = append(es.Endpoints, discovery.Endpoint{
-			Addresses: []string{benchstate.Endpoint(sz, i, j, 0).String()}, NodeName: &node})
-	}
-	return svc, es
-}
-
 // firstApply signals when its backend's first Apply has returned.
 type firstApply struct {
 	nft.Interface
@@ -299,7 +263,7 @@ func BenchmarkProxierStartup(b *testing.B) {
 		b.Run(sz.String(), func(b *testing.B) {
 			objs := make([]kruntime.Object, 0, 2*sz.Services)
 			for i := 0; i < sz.Services; i++ {
-				svc, es := benchAPIObjects(sz, i)
+				svc, es := benchapi.Objects(sz, i)
 				objs = append(objs, svc, es)
 			}
 			var grown float64
