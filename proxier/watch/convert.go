@@ -87,8 +87,8 @@ func printable(s string) string {
 // and comments.
 //
 // It is validation.IsDNS1123Label's test without its regular expression,
-// which was a large part of converting a listed cluster (docs/profiles.md);
-// FuzzValidName keeps the two the same.
+// which was a large part of converting a listed cluster
+// (docs/code-figures.md); FuzzValidName keeps the two the same.
 func validName(s string) bool {
 	if len(s) == 0 || len(s) > validation.DNS1123LabelMaxLength {
 		return false
