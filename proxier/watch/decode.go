@@ -80,8 +80,11 @@ type convertingSerializer struct {
 
 func (s *convertingSerializer) Decode(data []byte, defaults *schema.GroupVersionKind, into runtime.Object) (
 	runtime.Object, *schema.GroupVersionKind, error) {
+	if into != nil {
+		return s.Serializer.Decode(data, defaults, into)
+	}
 	gvk, raw, ok := unwrap(data)
-	if !ok || into != nil || gvk != serviceGVK && gvk != endpointSliceGVK {
+	if !ok || gvk != serviceGVK && gvk != endpointSliceGVK {
 		return s.Serializer.Decode(data, defaults, into)
 	}
 	sc, _ := s.scratch.Get().(*scratch)
