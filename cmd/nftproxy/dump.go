@@ -17,7 +17,10 @@ import (
 )
 
 // newDumpClient is newClient; tests replace it with a fake API.
-var newDumpClient = func(c clientOptions) (kubernetes.Interface, error) { return newClient(c) }
+var newDumpClient = func(c clientOptions) (kubernetes.Interface, error) {
+	client, _, err := newClient(c)
+	return client, err
+}
 
 // dumpOptions are nftproxy dump's own flags.
 type dumpOptions struct {

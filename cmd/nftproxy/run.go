@@ -99,11 +99,7 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 	if err := publishConfigz(o.Config); err != nil {
 		return err
 	}
-	clientConfig, err := restConfig(o.Client)
-	if err != nil {
-		return fmt.Errorf("API client configuration: %w", err)
-	}
-	client, err := kubernetes.NewForConfig(clientConfig)
+	client, clientConfig, err := newClient(o.Client)
 	if err != nil {
 		return err
 	}
@@ -344,13 +340,15 @@ func enabledFamilies(cfg proxier.Config) []nft.Family {
 
 // newClient builds the API client as upstream does: in-cluster config when
 // neither --kubeconfig nor --master is given, else the kubeconfig with
-// --master overriding its server.
-func newClient(c clientOptions) (kubernetes.Interface, error) {
+// --master overriding its server. It returns the client's configuration
+// too (the proxier's watchers build clients of their own from it).
+func newClient(c clientOptions) (kubernetes.Interface, *rest.Config, error) {
 	cfg, err := restConfig(c)
 	if err != nil {
-		return nil, fmt.Errorf("API client configuration: %w", err)
+		return nil, nil, fmt.Errorf("API client configuration: %w", err)
 	}
-	return kubernetes.NewForConfig(cfg)
+	client, err := kubernetes.NewForConfig(cfg)
+	return client, cfg, err
 }
 
 func restConfig(c clientOptions) (*rest.Config, error) {
