@@ -21,6 +21,19 @@
 // the node's CPU on syncs. Waiting in proportion to the last sync's cost
 // bounds the share of time spent syncing and keeps the wait as short as
 // that bound allows.
+//
+// Another is ours too: a sync waits for other processes' reads of the
+// ruleset. Every commit makes a dump under way start over, so commits at
+// the pace of a stream of changes would keep `nft list ruleset` (and every
+// other reader) from ever finishing. A sync that follows the last one by
+// less than MaxReaderWait waits while Readers says a read is under way,
+// looking again every ReaderPoll, for at most MaxReaderWait. A change
+// after a quiet spell (the last sync started MaxReaderWait ago or more)
+// goes at once: one commit costs a reader one new start, not its end.
+//
+// Last, a failed sync is retried at once, whatever its backoff, when
+// RetryNow says that what made it fail may be gone (the process that owned
+// the table exited); if it fails again, the backoff goes on where it was.
 package runner
 
 import (
@@ -52,8 +65,26 @@ type Config struct {
 	// retry comes RetryMin after the failed sync ended, each further one
 	// twice as late, at most RetryMax.
 	RetryMin, RetryMax time.Duration
+	// Readers, if set, tells whether another process is reading the
+	// ruleset; MaxReaderWait bounds how long a sync waits for it (0: it
+	// does not wait).
+	Readers       Readers
+	MaxReaderWait time.Duration
+	// ReaderPoll is how often a waiting sync asks Readers again; zero
+	// means defaultReaderPoll.
+	ReaderPoll time.Duration
+	// Waited, if set, is called when a sync that waited for readers
+	// starts, with how long it waited and whether the wait was cut at
+	// MaxReaderWait.
+	Waited func(waited time.Duration, cut bool)
 	// Clock is the time source; nil means the real clock.
 	Clock clock.Clock
+}
+
+// Readers tells whether another process is reading the ruleset
+// (readers.Gate).
+type Readers interface {
+	Reading(now time.Time) bool
 }
 
 // Defaults for Config fields left zero.
@@ -63,6 +94,9 @@ const (
 	// defaultBusyCap is upstream's default MinInterval: BusyShare never
 	// makes a change wait longer than kube-proxy would.
 	defaultBusyCap = time.Second
+	// defaultReaderPoll: a reader's dump lasts a few milliseconds or more,
+	// and a look costs the kernel microseconds.
+	defaultReaderPoll = 10 * time.Millisecond
 )
 
 // Runner calls a sync function according to Config.
@@ -71,6 +105,7 @@ type Runner struct {
 	sync    func(ctx context.Context) error
 	trigger chan struct{}
 	urgent  chan struct{}
+	retry   chan struct{}
 	sched   schedule
 	// waiting, if set (tests), is called each time the loop starts to wait,
 	// with the time the next sync is due (zero: none is).
@@ -88,11 +123,14 @@ func New(cfg Config, sync func(ctx context.Context) error) *Runner {
 	if cfg.BusyCap <= 0 {
 		cfg.BusyCap = defaultBusyCap
 	}
+	if cfg.ReaderPoll <= 0 {
+		cfg.ReaderPoll = defaultReaderPoll
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
 	return &Runner{clock: cfg.Clock, sync: sync, trigger: make(chan struct{}, 1), urgent: make(chan struct{}, 1),
-		sched: schedule{cfg: cfg, pending: true}}
+		retry: make(chan struct{}, 1), sched: schedule{cfg: cfg, pending: true}}
 }
 
 // Trigger asks for a sync as soon as MinInterval allows. It never blocks;
@@ -103,6 +141,11 @@ func (r *Runner) Trigger() { r.send(r.trigger) }
 // table someone else changed), but no more often than one per MinInterval,
 // and not before a retry is due. It never blocks.
 func (r *Runner) TriggerNow() { r.send(r.urgent) }
+
+// RetryNow says that what made the last sync fail may be gone: if it
+// failed, the retry comes at once instead of at the end of its backoff.
+// It never blocks.
+func (r *Runner) RetryNow() { r.send(r.retry) }
 
 func (r *Runner) send(ch chan struct{}) {
 	select {
@@ -137,7 +180,14 @@ func (r *Runner) Run(ctx context.Context) {
 			stop(timer)
 			r.sched.triggeredNow()
 			continue
+		case <-r.retry:
+			stop(timer)
+			r.sched.retryNow = r.sched.failures > 0
+			continue
 		case <-fire:
+		}
+		if r.sched.waitsForReaders(r.clock.Now()) {
+			continue
 		}
 		r.sched.started(r.clock.Now())
 		err := r.sync(ctx)
@@ -161,6 +211,11 @@ type schedule struct {
 	lastStart time.Time // start of the last sync
 	// lastUrgent is when the last sync asked for at once started.
 	lastUrgent time.Time
+	// retryNow: the failed sync is to be retried at once (RetryNow).
+	retryNow bool
+	// waitStart is when the due sync began to wait for readers (zero: it
+	// does not wait), and recheck when it asks again.
+	waitStart, recheck time.Time
 }
 
 // next returns when the next sync is due, now or later; false means none
@@ -170,7 +225,10 @@ func (s *schedule) next(now time.Time) (time.Time, bool) {
 		return now, true // the first sync, at once
 	}
 	if s.failures > 0 {
-		return s.lastEnd.Add(max(s.backoff(), s.minGap())), true
+		if s.retryNow {
+			return latest(s.lastEnd.Add(s.minGap()), s.recheck), true
+		}
+		return latest(s.lastEnd.Add(max(s.backoff(), s.minGap())), s.recheck), true
 	}
 	var due time.Time
 	earliest := func(t time.Time) {
@@ -187,7 +245,42 @@ func (s *schedule) next(now time.Time) (time.Time, bool) {
 	if s.cfg.MaxInterval > 0 {
 		earliest(s.lastEnd.Add(s.cfg.MaxInterval))
 	}
-	return due, !due.IsZero()
+	if due.IsZero() {
+		return due, false
+	}
+	return latest(due, s.recheck), true
+}
+
+// waitsForReaders reports whether the sync due at now waits for readers;
+// if so, recheck is when to ask again. A wait starts only if the last sync
+// started less than MaxReaderWait ago, and ends at most MaxReaderWait
+// after it started.
+func (s *schedule) waitsForReaders(now time.Time) bool {
+	if s.cfg.Readers == nil || s.cfg.MaxReaderWait <= 0 {
+		return false
+	}
+	if s.waitStart.IsZero() && (s.lastStart.IsZero() || now.Sub(s.lastStart) >= s.cfg.MaxReaderWait) {
+		return false // a change after a quiet spell
+	}
+	end := s.waitStart.Add(s.cfg.MaxReaderWait)
+	if !s.waitStart.IsZero() && !now.Before(end) {
+		return false // cut
+	}
+	if !s.cfg.Readers.Reading(now) {
+		return false
+	}
+	if s.waitStart.IsZero() {
+		s.waitStart, end = now, now.Add(s.cfg.MaxReaderWait)
+	}
+	s.recheck = earliestOf(now.Add(s.cfg.ReaderPoll), end)
+	return true
+}
+
+func earliestOf(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // minGap is the least time from the end of the last sync to the start of
@@ -233,7 +326,12 @@ func (s *schedule) started(now time.Time) {
 	if s.urgent {
 		s.lastUrgent = now
 	}
-	s.pending, s.urgent = false, false
+	s.pending, s.urgent, s.retryNow = false, false, false
+	if !s.waitStart.IsZero() && s.cfg.Waited != nil {
+		waited := now.Sub(s.waitStart)
+		s.cfg.Waited(waited, waited >= s.cfg.MaxReaderWait)
+	}
+	s.waitStart, s.recheck = time.Time{}, time.Time{}
 }
 
 func (s *schedule) finished(end time.Time, err error) {

@@ -31,27 +31,47 @@ type world struct {
 	takes    time.Duration              // each sync's duration
 	fails    func(n int) bool           // whether the n-th sync (from 1) fails
 	failAt   func(t time.Duration) bool // or whether a sync started at t fails
+	retries  []time.Duration            // RetryNow, sorted
+	reading  func(t time.Duration) bool // whether another process reads at t (Readers)
 	until    time.Duration              // syncs that would start later are not run
 }
+
+// readersFunc is a Readers answering with a function.
+type readersFunc func(now time.Time) bool
+
+func (f readersFunc) Reading(now time.Time) bool { return f(now) }
 
 // simulate runs the schedule through w as Run would, and returns the start
 // times of the syncs.
 func simulate(cfg Config, w world) []time.Duration {
+	if w.reading != nil {
+		cfg.Readers = readersFunc(func(now time.Time) bool { return w.reading(now.Sub(epoch)) })
+	}
 	s := schedule{cfg: cfg, pending: true}
 	var starts []time.Duration
-	t, ti, ui := time.Duration(0), 0, 0
-	// nextEvent returns the earlier of the next trigger and the next
-	// urgent trigger, and consumes it.
+	t := time.Duration(0)
+	// The events in time order; at the same time, triggers first.
+	type source struct {
+		at    []time.Duration
+		event func()
+	}
+	sources := []*source{{w.triggers, s.triggered}, {w.urgent, s.triggeredNow},
+		{w.retries, func() { s.retryNow = s.failures > 0 }}}
+	// nextEvent returns the earliest event not later than by, and
+	// consumes it.
 	nextEvent := func(by time.Duration) (time.Duration, func(), bool) {
-		switch {
-		case ti < len(w.triggers) && w.triggers[ti] <= by && (ui == len(w.urgent) || w.triggers[ti] <= w.urgent[ui]):
-			ti++
-			return w.triggers[ti-1], s.triggered, true
-		case ui < len(w.urgent) && w.urgent[ui] <= by:
-			ui++
-			return w.urgent[ui-1], s.triggeredNow, true
+		var first *source
+		for _, src := range sources {
+			if len(src.at) > 0 && src.at[0] <= by && (first == nil || src.at[0] < first.at[0]) {
+				first = src
+			}
 		}
-		return 0, nil, false
+		if first == nil {
+			return 0, nil, false
+		}
+		at := first.at[0]
+		first.at = first.at[1:]
+		return at, first.event, true
 	}
 	for n := 1; ; n++ {
 		var start time.Duration
@@ -68,6 +88,10 @@ func simulate(cfg Config, w world) []time.Duration {
 			}
 			if !ok {
 				return starts
+			}
+			if by <= w.until && s.waitsForReaders(epoch.Add(by)) {
+				t = by
+				continue
 			}
 			start = by
 			break
@@ -213,6 +237,57 @@ func TestSchedule(t *testing.T) {
 			w:    world{urgent: []time.Duration{100 * ms, 110 * ms}, takes: 20 * ms, until: 10 * s},
 			// 100 ms ends at 120; the gap after a 20 ms sync is 20 ms.
 			want: []time.Duration{0, 100 * ms, 140 * ms},
+		},
+		{
+			name: "a change waits while another process reads, then goes",
+			cfg:  Config{MaxInterval: 30 * s, BusyShare: 0.1, MaxReaderWait: 10 * s},
+			w: world{triggers: every(50*ms, 50*ms, 2*s), takes: ms, until: 10 * s,
+				reading: func(t time.Duration) bool { return t >= 500*ms && t < 1200*ms }},
+			// Looked at every 10 ms (ReaderPoll) from 500 ms: free at 1200.
+			want: slices.Concat(every(50*ms, 0, 450*ms), []time.Duration{1200 * ms}, every(50*ms, 1250*ms, 2*s)),
+		},
+		{
+			name: "a wait for readers ends at MaxReaderWait",
+			cfg:  Config{MaxInterval: 30 * s, BusyShare: 0.1, MaxReaderWait: s},
+			w: world{triggers: every(50*ms, 50*ms, 3*s), takes: ms, until: 4 * s,
+				reading: func(t time.Duration) bool { return t >= 500*ms }},
+			want: slices.Concat(every(50*ms, 0, 450*ms), []time.Duration{1500 * ms, 2550 * ms, 3600 * ms}),
+		},
+		{
+			name: "a change after a quiet spell goes at once, reader or not",
+			cfg:  Config{MaxInterval: 30 * s, BusyShare: 0.1, MaxReaderWait: s},
+			w: world{triggers: []time.Duration{5 * s, 10 * s, 10100 * ms}, takes: ms, until: 12 * s,
+				reading: func(time.Duration) bool { return true }},
+			// 10.1 s follows 10 s: it waits, for MaxReaderWait.
+			want: []time.Duration{0, 5 * s, 10 * s, 11100 * ms},
+		},
+		{
+			name: "a retry waits for readers too",
+			cfg:  Config{MaxInterval: 30 * s, RetryMin: 100 * ms, MaxReaderWait: 10 * s},
+			w: world{until: 40 * s, fails: func(n int) bool { return n == 1 },
+				reading: func(t time.Duration) bool { return t >= 50*ms && t < 330*ms }},
+			want: []time.Duration{0, 330 * ms, 30330 * ms},
+		},
+		{
+			name: "RetryNow retries at once; a cause that stays is still backed off",
+			cfg:  Config{MaxInterval: 30 * s, RetryMin: s, RetryMax: 30 * s},
+			w: world{retries: []time.Duration{4500 * ms}, until: 20 * s,
+				failAt: func(t time.Duration) bool { return t < 5*s }},
+			// 0, 1, 3 fail; 4.5 at once (fails: the fourth, so 8 s), 12.5.
+			want: []time.Duration{0, s, 3 * s, 4500 * ms, 12500 * ms},
+		},
+		{
+			name: "RetryNow: the first success follows the obstacle's end",
+			cfg:  Config{MaxInterval: 30 * s, RetryMin: s, RetryMax: 30 * s},
+			w: world{retries: []time.Duration{4 * s}, until: 40 * s,
+				failAt: func(t time.Duration) bool { return t < 4*s }},
+			want: []time.Duration{0, s, 3 * s, 4 * s, 34 * s},
+		},
+		{
+			name: "RetryNow without a failure changes nothing",
+			cfg:  Config{MaxInterval: 30 * s},
+			w:    world{retries: []time.Duration{2 * s}, until: 40 * s},
+			want: []time.Duration{0, 30 * s},
 		},
 		{
 			name: "TriggerNow does not hurry a retry",
