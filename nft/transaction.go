@@ -109,6 +109,22 @@ type Interface interface {
 	Apply(ctx context.Context, tx *Transaction) error
 }
 
+// TableOwnedError is Apply's error when the kernel refused the transaction
+// because another process's netlink socket owns the table
+// (NFT_TABLE_F_OWNER): it stays refused until that socket closes.
+type TableOwnedError struct {
+	Family Family
+	// Owner is the owning socket's netlink port (0: not known).
+	Owner uint32
+}
+
+func (e *TableOwnedError) Error() string {
+	if e.Owner == 0 {
+		return fmt.Sprintf("table %s %s is owned by another process", e.Family, TableName)
+	}
+	return fmt.Sprintf("table %s %s is owned by another process (netlink port %d)", e.Family, TableName, int32(e.Owner))
+}
+
 // Loader reads back the table an Interface programs, so that a restarted
 // nftproxy can diff against it instead of rewriting it (NewEditorFrom).
 // Load returns the table of family f with its sets, their elements (but

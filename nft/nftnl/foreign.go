@@ -2,7 +2,6 @@ package nftnl
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -65,18 +64,7 @@ func (n *Netlink) ListChains(ctx context.Context, f nft.Family) ([]ChainRef, err
 func (n *Netlink) foreignDump(ctx context.Context, what string, dumps func() error) error {
 	wrap := func(err error) error { return fmt.Errorf("%s: %w", what, err) }
 	return n.locked(ctx, wrap, func() error {
-		for attempt := 1; ; attempt++ {
-			err := dumps()
-			if err == nil {
-				return nil
-			}
-			if ctx.Err() != nil {
-				err = fmt.Errorf("%w: %w", err, ctx.Err())
-			}
-			if !errors.Is(err, errLoadRaced) || attempt == loadAttempts {
-				return err
-			}
-		}
+		return readUntilConsistent(ctx, nfnl.Until(ctx, replyTimeout), dumps)
 	})
 }
 

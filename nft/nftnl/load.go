@@ -23,10 +23,6 @@ import (
 
 var _ nft.Loader = (*Netlink)(nil)
 
-// loadAttempts bounds the retries of a Load that raced with a change of
-// the ruleset (by anyone: the generation moved, or a dump was interrupted).
-const loadAttempts = 3
-
 // errLoadRaced: the ruleset changed while it was being read.
 var errLoadRaced = errors.New("the ruleset changed while it was read")
 
@@ -55,7 +51,11 @@ func releaseAfterLargeLoad(rs *nft.Ruleset) {
 // to count them and read the first one's digest (see loadRules;
 // TestNetlinkRestart10k, docs/code-figures.md). The reads
 // are several dumps; they are repeated if the ruleset generation moved in
-// between, so the result is one consistent state.
+// between, so the result is one consistent state. A reading that commits
+// keep interrupting is repeated until ctx's deadline (at most
+// replyTimeout): the nftproxy that commits waits for readers (the runner's
+// Readers), so a reading of `nftproxy diff` or of a restart finishes once
+// it is seen; the error then says how often it was interrupted.
 func (n *Netlink) Load(ctx context.Context, f nft.Family) (*nft.Ruleset, error) {
 	wrap := func(err error) error { return fmt.Errorf("load table %s %s: %w", f, nft.TableName, err) }
 	if err := ctx.Err(); err != nil {
@@ -72,18 +72,40 @@ func (n *Netlink) Load(ctx context.Context, f nft.Family) (*nft.Ruleset, error) 
 		return nil, wrap(err)
 	}
 	defer stop()
+	var rs *nft.Ruleset
+	err = readUntilConsistent(ctx, deadline, func() error {
+		var err error
+		rs, err = n.loadOnce(ctx, deadline, f)
+		return err
+	})
+	if errors.Is(err, unix.EPERM) {
+		err = fmt.Errorf("%w: %w", err, n.ownedError(f))
+	}
+	if err != nil {
+		return nil, wrap(err)
+	}
+	releaseAfterLargeLoad(rs)
+	return rs, nil
+}
+
+// readUntilConsistent runs read again while commits interrupt it
+// (errLoadRaced), until deadline; the error then says how often.
+func readUntilConsistent(ctx context.Context, deadline time.Time, read func() error) error {
+	start := time.Now()
 	for attempt := 1; ; attempt++ {
-		rs, err := n.loadOnce(ctx, deadline, f)
-		if err == nil {
-			releaseAfterLargeLoad(rs)
-			return rs, nil
+		err := read()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("%w: %w", err, ctx.Err())
+		case !errors.Is(err, errLoadRaced):
+			return err
+		case time.Now().Before(deadline):
+			continue
 		}
-		if ctx.Err() != nil {
-			err = fmt.Errorf("%w: %w", err, ctx.Err())
-		}
-		if !errors.Is(err, errLoadRaced) || attempt == loadAttempts {
-			return nil, wrap(err)
-		}
+		return fmt.Errorf("%w: %d readings in %v were interrupted by commits (another process commits more often than the ruleset can be read)",
+			err, attempt, time.Since(start).Round(time.Millisecond))
 	}
 }
 

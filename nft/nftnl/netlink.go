@@ -241,10 +241,30 @@ func (n *Netlink) Apply(ctx context.Context, tx *nft.Transaction) error {
 		n.owning, n.ownErr = false, fmt.Errorf("the kernel refused an owned persistent table: %w", err)
 		err = n.apply(ctx, tx)
 	}
+	if err != nil && errors.Is(err, unix.EPERM) {
+		err = fmt.Errorf("%w: %w", err, n.ownedError(tx.Family))
+	}
 	if err != nil {
 		return wrap(err)
 	}
 	return nil
+}
+
+// ownedError describes a refusal for a table another socket owns (with
+// CAP_NET_ADMIN, the only EPERM nf_tables answers), naming the owner if a
+// dump of the tables still shows one.
+func (n *Netlink) ownedError(f nft.Family) *nft.TableOwnedError {
+	e := &nft.TableOwnedError{Family: f}
+	tables, err := n.tables(f)
+	if err != nil {
+		return e
+	}
+	for _, t := range tables {
+		if t.name == nft.TableName && t.flags&tableOwner != 0 {
+			e.Owner = t.owner
+		}
+	}
+	return e
 }
 
 // apply encodes tx, sends it and reads the replies. Unless the

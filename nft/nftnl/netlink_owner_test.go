@@ -99,8 +99,10 @@ func TestNetlinkOwnedTable(t *testing.T) {
 		!strings.Contains(err.Error(), "owned by another running process") {
 		t.Fatalf("a second owner's reading: %v, want EPERM naming the owner", err)
 	}
-	if err := third.Apply(context.Background(), nft.FullRewrite(desired)); !errors.Is(err, unix.EPERM) {
-		t.Fatalf("a second owner's rewrite: %v, want EPERM", err)
+	err := third.Apply(context.Background(), nft.FullRewrite(desired))
+	var owned *nft.TableOwnedError
+	if !errors.Is(err, unix.EPERM) || !errors.As(err, &owned) || owned.Owner == 0 || owned.Family != f {
+		t.Fatalf("a second owner's rewrite: %v, want EPERM and a TableOwnedError naming the owner's port", err)
 	}
 	cleanup := ns.netlink(t)
 	if err := cleanup.Apply(context.Background(), &nft.Transaction{Family: f, Ops: []nft.Op{{Kind: nft.OpDeleteTable}}}); !errors.Is(err, unix.EPERM) {
