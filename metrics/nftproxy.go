@@ -89,6 +89,47 @@ var (
 	}, []string{"ip_family", "result"})
 )
 
+var (
+	// ReaderWaitSeconds is how long syncs waited for other processes'
+	// reads of the ruleset before committing (runner.Config.Readers): a
+	// commit would make a read under way start over. Only syncs that
+	// waited are observed.
+	ReaderWaitSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "reader_wait_seconds",
+		Help:      "Time a sync waited for other processes reading the nftables ruleset before committing",
+		Buckets:   []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
+	})
+
+	// ReaderWaitsTotal counts syncs that waited for readers, by how the
+	// wait ended. Label: result (ReaderWaitEnded: the reads ended;
+	// ReaderWaitTimedOut: the wait reached --max-reader-wait, and the
+	// commit made a read under way start over).
+	ReaderWaitsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "reader_waits_total",
+		Help:      "Number of syncs that waited for other processes reading the nftables ruleset, by how the wait ended",
+	}, []string{"result"})
+
+	// RulesetReadFailuresTotal counts nftproxy's own reads of its tables
+	// that failed (after their retries, when commits kept interrupting
+	// them). Labels: ip_family, reader (ReaderTable: the table read back
+	// for a full sync; ReaderCounters: the traffic counters of a scrape).
+	RulesetReadFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "ruleset_read_failures_total",
+		Help:      "Number of nftproxy's reads of its nftables tables that failed, by IP family and reader",
+	}, []string{"ip_family", "reader"})
+)
+
+// Label values of ReaderWaitsTotal and RulesetReadFailuresTotal.
+const (
+	ReaderWaitEnded    = "ended"
+	ReaderWaitTimedOut = "timeout"
+	ReaderTable        = "table"
+	ReaderCounters     = "counters"
+)
+
 // Label values of kind in KubeProxyLeftovers.
 const (
 	LeftoverNFTablesTable  = "nftables-table"
@@ -106,5 +147,8 @@ func nftproxyCollectors() []prometheus.Collector {
 		RepairsTotal,
 		KubeProxyLeftovers,
 		KubeProxyTableRemovalsTotal,
+		ReaderWaitSeconds,
+		ReaderWaitsTotal,
+		RulesetReadFailuresTotal,
 	}
 }

@@ -56,6 +56,9 @@ type Config struct {
 	// (runner.Config.BusyShare); 0 with no MinSyncPeriod syncs on every
 	// change.
 	SyncBusyShare float64
+	// MaxReaderWait bounds how long a sync waits for other processes'
+	// reads of the ruleset (Deps.Readers; 0: it does not wait).
+	MaxReaderWait time.Duration
 	// ResyncPeriod is the Node informer's resync period, and how often the
 	// ServiceCIDR discovery asks again (--config-sync-period). Services and
 	// EndpointSlices are not resynced: their reflectors write into the

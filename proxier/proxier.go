@@ -25,6 +25,7 @@ import (
 	"github.com/nftproxy/nftproxy/proxier/healthcheck"
 	"github.com/nftproxy/nftproxy/proxier/healthz"
 	"github.com/nftproxy/nftproxy/proxier/model"
+	"github.com/nftproxy/nftproxy/proxier/readers"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
 	"github.com/nftproxy/nftproxy/proxier/runner"
 	"github.com/nftproxy/nftproxy/proxier/watch"
@@ -48,6 +49,11 @@ type Deps struct {
 	// Monitor, if set, reports changes other processes make to the
 	// tables, which are then repaired at once.
 	Monitor Monitor
+	// Readers, if set, sees other processes reading the ruleset: with
+	// Config.MaxReaderWait, a sync waits for their reads (see
+	// proxier/runner), and a sync refused because another process owns
+	// the table is retried as soon as that process's socket is gone.
+	Readers *readers.Gate
 	// FirstSync, if set, is called once per family, right after that
 	// family's first successful sync, when its rules are in the kernel
 	// (cmd/nftproxy deletes kube-proxy's tables there).
@@ -73,6 +79,7 @@ type Proxier struct {
 	apiServiceCIDRs []netip.Prefix // from ServiceCIDR objects; none: use Config.ServiceCIDRs
 	node            model.Node     // this node, from its Node object
 	repairs         map[nft.Family]*repair
+	ownerWatched    bool // watchOwner runs
 
 	// Owned by the sync loop: the objects as of the last checkout, and per
 	// family what was programmed.
@@ -146,8 +153,12 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 	if deps.Conntrack != nil {
 		p.cleaner = ctcleanup.New(deps.Conntrack)
 	}
-	p.runner = runner.New(runner.Config{MinInterval: cfg.MinSyncPeriod, BusyShare: cfg.SyncBusyShare, MaxInterval: cfg.SyncPeriod,
-		RetryMin: 100 * time.Millisecond, RetryMax: cfg.SyncPeriod}, p.sync)
+	rc := runner.Config{MinInterval: cfg.MinSyncPeriod, BusyShare: cfg.SyncBusyShare, MaxInterval: cfg.SyncPeriod,
+		RetryMin: 100 * time.Millisecond, RetryMax: cfg.SyncPeriod}
+	if deps.Readers != nil && cfg.MaxReaderWait > 0 {
+		rc.Readers, rc.MaxReaderWait, rc.Waited = deps.Readers, cfg.MaxReaderWait, p.waitedForReaders
+	}
+	p.runner = runner.New(rc, p.syncOrWatchOwner)
 	return p, nil
 }
 
@@ -670,6 +681,7 @@ func readTable(ctx context.Context, f nft.Family, l nft.Loader) (*nft.Ruleset, e
 	start := time.Now()
 	rs, err := l.Load(ctx, f)
 	if err != nil {
+		metrics.RulesetReadFailuresTotal.WithLabelValues(f.IPFamily(), metrics.ReaderTable).Inc()
 		return nil, err
 	}
 	if rs == nil {

@@ -76,6 +76,9 @@ func (p *Proxier) foreignCommit(c nftnl.Commit) {
 	}
 	p.mu.Unlock()
 	p.runner.TriggerNow()
+	// The change may have removed what made the last sync fail (the
+	// owner of the table deleted it): no need to wait out the backoff.
+	p.runner.RetryNow()
 }
 
 // describeChanges lists at most a few changes, for a log line.

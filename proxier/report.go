@@ -23,6 +23,12 @@ func initFamilyMetrics(fam string) {
 	for _, result := range []string{metrics.ResultSuccess, metrics.ResultUnchanged, metrics.ResultFailure} {
 		metrics.SyncsTotal.WithLabelValues(fam, result)
 	}
+	for _, reader := range []string{metrics.ReaderTable, metrics.ReaderCounters} {
+		metrics.RulesetReadFailuresTotal.WithLabelValues(fam, reader)
+	}
+	for _, result := range []string{metrics.ReaderWaitEnded, metrics.ReaderWaitTimedOut} {
+		metrics.ReaderWaitsTotal.WithLabelValues(result)
+	}
 }
 
 // observeProgrammingLatency records, for every EndpointSlice change now in

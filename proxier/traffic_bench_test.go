@@ -75,7 +75,7 @@ func benchScrape(b *testing.B, netns int) (time.Duration, float64) {
 	}
 	defer n.Close()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(traffic.NewCollector(n, []nft.Family{nft.IPv4}))
+	reg.MustRegister(traffic.NewCollector(n, []nft.Family{nft.IPv4}, nil))
 	var times []time.Duration
 	var before, after runtime.MemStats
 	series := 0

@@ -38,6 +38,11 @@ const (
 	// defaultFullSyncPeriod is how often the whole ruleset is checked against the kernel
 	// even without failures (upstream: hourly); no flag sets it.
 	defaultFullSyncPeriod = time.Hour
+	// defaultMaxReaderWait bounds a sync's wait for other processes'
+	// reads of the ruleset: long enough for a listing of the largest
+	// table measured (docs/operations.md), short enough that a process
+	// reading without end delays changes no more than that.
+	defaultMaxReaderWait = 10 * time.Second
 )
 
 // configAPIVersion and configKind identify the file format --config accepts.

@@ -34,6 +34,7 @@ type flagValues struct {
 	metricsBindAddressOverride string
 	ownTables                  bool
 	fullSyncPeriod             time.Duration
+	maxReaderWait              time.Duration
 	removeKubeProxyTables      bool
 	serviceTrafficMetrics      string
 
@@ -57,7 +58,7 @@ const (
 
 func newFlagValues() *flagValues {
 	return &flagValues{cfg: defaultConfig(), healthzPort: defaultHealthzPort, metricsPort: defaultMetricsPort,
-		ownTables: true, fullSyncPeriod: defaultFullSyncPeriod}
+		ownTables: true, fullSyncPeriod: defaultFullSyncPeriod, maxReaderWait: defaultMaxReaderWait}
 }
 
 // flagSet declares nftproxy's flags: every flag of kube-proxy v1.36 with
@@ -100,6 +101,7 @@ func (fv *flagValues) addNFTProxyFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&fv.serviceTrafficMetrics, "service-traffic-metrics", fv.serviceTrafficMetrics, "nftproxy: export new connections per Service port and frontend (nftproxy_service_new_connections_total) from kernel counters on the elements of the maps that dispatch each connection's first packet: 'services' (also what the flag alone means), 'endpoints' for new connections per endpoint as well (nftproxy_endpoint_new_connections_total), 'none' (default). Changing it rewrites the dispatch maps at the next start. See docs/operations.md for the cardinality.")
 	fs.Lookup("service-traffic-metrics").NoOptDefVal = "services"
 	fs.DurationVar(&fv.fullSyncPeriod, "full-sync-period", fv.fullSyncPeriod, "nftproxy: how often the tables are read back from the kernel and checked against what nftproxy wants there, repairing any difference, even when nothing reported a change (changes by other processes are reported by the kernel and repaired at once). 0 disables the periodic check.")
+	fs.DurationVar(&fv.maxReaderWait, "max-reader-wait", fv.maxReaderWait, "nftproxy: how long, at most, a sync waits while another process reads the nftables ruleset (nft list, nft -f, iptables-nft, nftproxy diff): every commit makes a read under way start over, so that without the wait a stream of changes keeps `nft list ruleset` from ever finishing. A change after a quiet spell (no sync for this long) is not held. 0: syncs never wait. See docs/operations.md, \"A busy node\".")
 }
 
 // configFileFlags declares the flags that have a config file field (or,

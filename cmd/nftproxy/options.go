@@ -312,6 +312,7 @@ func (fv *flagValues) proxierConfig(env environment) (proxier.Config, error) {
 		SyncPeriod:     c.NFTables.SyncPeriod.Duration,
 		MinSyncPeriod:  c.NFTables.MinSyncPeriod.Duration,
 		FullSyncPeriod: fv.fullSyncPeriod,
+		MaxReaderWait:  fv.maxReaderWait,
 		ResyncPeriod:   c.ConfigSyncPeriod.Duration,
 	}
 	if !fv.minSyncPeriodSet {
@@ -335,6 +336,9 @@ func (fv *flagValues) proxierConfig(env environment) (proxier.Config, error) {
 	errs = append(errs, err)
 	if fv.fullSyncPeriod < 0 {
 		errs = append(errs, fmt.Errorf("--full-sync-period %v: must not be negative", fv.fullSyncPeriod))
+	}
+	if fv.maxReaderWait < 0 {
+		errs = append(errs, fmt.Errorf("--max-reader-wait %v: must not be negative", fv.maxReaderWait))
 	}
 	pc.LocalDetect = proxier.LocalDetect{Mode: string(c.DetectLocalMode),
 		BridgeInterface: c.DetectLocal.BridgeInterface, InterfaceNamePrefix: c.DetectLocal.InterfaceNamePrefix}

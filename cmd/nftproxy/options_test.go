@@ -44,6 +44,7 @@ func defaultProxierConfig() proxier.Config {
 		SyncPeriod:     30 * time.Second,
 		FullSyncPeriod: time.Hour,
 		SyncBusyShare:  0.1,
+		MaxReaderWait:  10 * time.Second,
 		ResyncPeriod:   15 * time.Minute,
 		LocalDetect:    proxier.LocalDetect{Mode: proxier.DetectClusterCIDR},
 	}
@@ -160,6 +161,12 @@ func TestParseOptionsProxierConfig(t *testing.T) {
 			args:  []string{"--config=c.yaml", "--full-sync-period=5m"},
 			files: map[string]string{"c.yaml": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"},
 			want:  func(c *proxier.Config) { c.FullSyncPeriod = 5 * time.Minute },
+		},
+		{
+			name:  "nftproxy's reader wait, with or without --config",
+			args:  []string{"--config=c.yaml", "--max-reader-wait=0"},
+			files: map[string]string{"c.yaml": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"},
+			want:  func(c *proxier.Config) { c.MaxReaderWait = 0 },
 		},
 		{
 			name: "non-canonical CIDR is masked",
@@ -483,6 +490,8 @@ func TestParseOptionsErrors(t *testing.T) {
 			want: []string{"must not exceed the sync period"}},
 		{name: "negative full sync period", args: []string{"--full-sync-period=-1s"},
 			want: []string{"--full-sync-period -1s: must not be negative"}},
+		{name: "negative reader wait", args: []string{"--max-reader-wait=-1s"},
+			want: []string{"--max-reader-wait -1s: must not be negative"}},
 		{name: "zero sync period", args: []string{"--iptables-sync-period=0"},
 			want: []string{"nftables.syncPeriod 0s: must be greater than 0"}},
 		{name: "ip families", args: []string{"--ip-families=ipv4,ip7"},

@@ -28,6 +28,7 @@ import (
 	"github.com/nftproxy/nftproxy/proxier/healthcheck"
 	"github.com/nftproxy/nftproxy/proxier/healthz"
 	"github.com/nftproxy/nftproxy/proxier/leftovers"
+	"github.com/nftproxy/nftproxy/proxier/readers"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
 	"github.com/nftproxy/nftproxy/proxier/traffic"
 	"github.com/nftproxy/nftproxy/proxier/watch"
@@ -121,6 +122,10 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 		defer mon.Close()
 		deps.Monitor = mon
 	}
+	if gate, closeGate := openReaders(); gate != nil {
+		defer closeGate()
+		deps.Readers = gate
+	}
 	for _, s := range deps.HealthCheck {
 		defer s.(*healthcheck.Server).Close()
 	}
@@ -128,7 +133,7 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 	if err != nil {
 		return fmt.Errorf("create proxier: %w", err)
 	}
-	closeTraffic, err := registerTrafficMetrics(o.Proxier)
+	closeTraffic, err := registerTrafficMetrics(o.Proxier, deps.Readers)
 	if err != nil {
 		return err
 	}
@@ -140,7 +145,7 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 // collector that reads the kernel's counters at each scrape, on a
 // read-only socket of its own (the sync loop's is busy with its
 // transactions).
-func registerTrafficMetrics(cfg proxier.Config) (func(), error) {
+func registerTrafficMetrics(cfg proxier.Config, gate *readers.Gate) (func(), error) {
 	if cfg.TrafficCounters == ruleset.CountNone {
 		return func() {}, nil
 	}
@@ -148,7 +153,11 @@ func registerTrafficMetrics(cfg proxier.Config) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("traffic metrics: %w", err)
 	}
-	c := traffic.NewCollector(n, enabledFamilies(cfg))
+	var hold func() func()
+	if gate != nil {
+		hold = gate.Hold
+	}
+	c := traffic.NewCollector(n, enabledFamilies(cfg), hold)
 	if err := metrics.Registry.Register(c); err != nil {
 		n.Close()
 		return nil, fmt.Errorf("traffic metrics: %w", err)
@@ -267,6 +276,17 @@ func selectFamilies(o *options) error {
 		return errors.New("no IP family left to program")
 	}
 	return nil
+}
+
+// openReaders opens what sees other processes' reads of the ruleset
+// (proxier.Deps.Readers). Without it, syncs do not wait for them.
+func openReaders() (*readers.Gate, func()) {
+	l, err := nftnl.NewSocketLister(0)
+	if err != nil {
+		klog.ErrorS(err, "Cannot see other processes' reads of the ruleset; commits do not wait for them")
+		return nil, nil
+	}
+	return readers.New(readers.DefaultConfig, l), func() { l.Close() }
 }
 
 // openMonitor opens the listener for changes other processes make to the
@@ -392,7 +412,7 @@ func logStartup(o *options) {
 	klog.InfoS("Starting nftproxy", "node", c.NodeName, "ipv4", c.IPv4, "ipv6", c.IPv6,
 		"clusterCIDRs", c.ClusterCIDRs, "serviceCIDRs", c.ServiceCIDRs,
 		"masqueradeAll", c.MasqueradeAll, "masqueradeBit", c.MasqueradeBit,
-		"syncPeriod", c.SyncPeriod, "minSyncPeriod", c.MinSyncPeriod, "syncBusyShare", c.SyncBusyShare)
+		"syncPeriod", c.SyncPeriod, "minSyncPeriod", c.MinSyncPeriod, "syncBusyShare", c.SyncBusyShare, "maxReaderWait", c.MaxReaderWait)
 	logFlagNotes(o)
 	if len(c.NodePortCIDRs) == 0 {
 		klog.InfoS("NodePorts answer on the node's primary IPs (from its Node object)")

@@ -104,7 +104,7 @@ func upstreamOutput(t *testing.T, args ...string) string {
 func TestFlagGroups(t *testing.T) {
 	fs := newFlagValues().flagSet()
 	alwaysApplied := []string{"config", "write-config-to", "cleanup", "init-only", "version",
-		"hostname-override", "master", "service-cidr", "ip-families", "metrics-bind-address-override", "own-tables", "full-sync-period", "remove-kube-proxy-tables", "service-traffic-metrics",
+		"hostname-override", "master", "service-cidr", "ip-families", "metrics-bind-address-override", "own-tables", "full-sync-period", "max-reader-wait", "remove-kube-proxy-tables", "service-traffic-metrics",
 		"boot-id-file", "machine-id-file"}
 	var logging pflag.FlagSet
 	logsapi.AddFlags(&newFlagValues().cfg.Logging, &logging)

@@ -9,6 +9,7 @@ package traffic
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"time"
@@ -28,10 +29,6 @@ type Reader interface {
 	ReadCounters(ctx context.Context, f nft.Family, fn nftnl.CountedElement) error
 }
 
-// readAttempts bounds the reads of a family a scrape makes when commits
-// keep interrupting them (nftnl.ErrInterrupted).
-const readAttempts = 3
-
 // scrapeTimeout bounds the reading of the counters of one scrape.
 const scrapeTimeout = 10 * time.Second
 
@@ -39,12 +36,18 @@ const scrapeTimeout = 10 * time.Second
 type Collector struct {
 	reader   Reader
 	families []nft.Family
+	hold     func() (release func())
 }
 
 // NewCollector returns a collector reading the counters of the families'
-// tables with r.
-func NewCollector(r Reader, families []nft.Family) *Collector {
-	return &Collector{reader: r, families: families}
+// tables with r. hold, if set, is called around each read, so that the
+// proxy's commits wait for it (readers.Gate.Hold): a commit interrupts a
+// dump, and the read starts over.
+func NewCollector(r Reader, families []nft.Family, hold func() (release func())) *Collector {
+	if hold == nil {
+		hold = func() func() { return func() {} }
+	}
+	return &Collector{reader: r, families: families, hold: hold}
 }
 
 // Describe implements prometheus.Collector.
@@ -127,6 +130,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		if err := c.readFamily(ctx, f, total); err != nil {
 			klog.ErrorS(err, "Cannot read the traffic counters", "ipFamily", f.IPFamily())
 			metrics.TrafficScrapeErrors.WithLabelValues(f.IPFamily()).Inc()
+			metrics.RulesetReadFailuresTotal.WithLabelValues(f.IPFamily(), metrics.ReaderCounters).Inc()
 		}
 	}
 	for k, v := range total.services {
@@ -147,20 +151,25 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // readFamily adds one family's counters to total, once a read was not
-// interrupted by a commit.
+// interrupted by a commit (another process's: the proxy's own wait for
+// it), read again until ctx ends.
 func (c *Collector) readFamily(ctx context.Context, f nft.Family, total counts) error {
-	var err error
-	for range readAttempts {
+	release := c.hold()
+	defer release()
+	for attempt := 1; ; attempt++ {
 		read := newCounts()
-		if err = c.reader.ReadCounters(ctx, f, read.add); err == nil {
+		err := c.reader.ReadCounters(ctx, f, read.add)
+		if err == nil {
 			total.merge(read)
 			return nil
 		}
 		if !errors.Is(err, nftnl.ErrInterrupted) {
 			return err
 		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: %d readings interrupted by commits: %w", err, attempt, ctx.Err())
+		}
 	}
-	return err
 }
 
 // add counts one element: a frontend's of service-ips or

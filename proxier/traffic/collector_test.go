@@ -151,7 +151,7 @@ func TestCollector(t *testing.T) {
 	counts[endpointElement(t, v4, "local", ap("10.244.1.11:8080"))] = 2
 	counts[endpointElement(t, v6, "service", netip.MustParseAddrPort("[fd00:244::11]:8080"))] = 50
 	r := &fakeReader{rulesets: map[nft.Family]*nft.Ruleset{nft.IPv4: v4, nft.IPv6: v6}, counts: counts}
-	c := NewCollector(r, []nft.Family{nft.IPv4, nft.IPv6})
+	c := NewCollector(r, []nft.Family{nft.IPv4, nft.IPv6}, nil)
 	want := `
 # HELP nftproxy_endpoint_new_connections_total New connections sent to an endpoint of a Service port (kernel counters of the endpoints maps' elements; they start again at zero when the Service's endpoints change)
 # TYPE nftproxy_endpoint_new_connections_total counter
@@ -209,7 +209,7 @@ nftproxy_service_bytes_total{namespace="kube-system",port="",protocol="udp",serv
 func TestCollectorServicesOnly(t *testing.T) {
 	rs := build(nft.IPv4, ruleset.CountServices)
 	r := &fakeReader{rulesets: map[nft.Family]*nft.Ruleset{nft.IPv4: rs}, counts: map[string]uint64{}}
-	got, err := gather(NewCollector(r, []nft.Family{nft.IPv4}))
+	got, err := gather(NewCollector(r, []nft.Family{nft.IPv4}, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
