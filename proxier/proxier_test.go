@@ -69,13 +69,22 @@ func start(t *testing.T, objs ...runtime.Object) *harness {
 // startWith starts a proxier whose Deps the caller may add to.
 func startWith(t *testing.T, deps func(*Deps), objs ...runtime.Object) *harness {
 	t.Helper()
+	return startWithConfig(t, func(*Config) {}, deps, objs...)
+}
+
+// startWithConfig is startWith with the proxier's configuration changed by
+// cfg first.
+func startWithConfig(t *testing.T, cfg func(*Config), deps func(*Deps), objs ...runtime.Object) *harness {
+	t.Helper()
 	h := &harness{t: t, client: fake.NewClientset(objs...), fk: nftfake.New()}
 	d := Deps{Client: h.client, NFT: map[nft.Family]nft.Interface{nft.IPv4: h.fk}}
 	deps(&d)
-	var err error
-	h.p, err = New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute,
+	c := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
-		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}, d)
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
+	cfg(&c)
+	var err error
+	h.p, err = New(c, d)
 	if err != nil {
 		t.Fatal(err)
 	}
