@@ -197,8 +197,9 @@ func syncFailures(log string, day time.Time) []time.Time {
 // nftproxy starts (a stale second proxy, say) while a Service's endpoints
 // change every 50 ms. The kernel refuses every transaction; the table stays
 // as it was; each failure is counted; the retries back off and are not
-// postponed by the changes; once the other process is gone, the first
-// success comes within one backoff step and nothing is lost.
+// postponed by the changes; once the other process is gone (its socket
+// closed), the first success comes within a second, whatever the backoff
+// had reached, and nothing is lost.
 func TestRefusedTransactions(t *testing.T) {
 	c := newCluster(t)
 	n1 := c.nodes[0]
@@ -290,10 +291,10 @@ func TestRefusedTransactions(t *testing.T) {
 	}
 	step := 2 * gaps[len(gaps)-1]
 	firstSuccess := synced.Sub(released)
-	t.Logf("REFUSED %d failures with %d changes arriving; gaps %v; first success %v after the owner left (backoff step %v)",
+	t.Logf("REFUSED %d failures with %d changes arriving; gaps %v; first success %v after the owner left (the next backoff step was %v)",
 		len(failures), n, gaps, firstSuccess.Round(time.Millisecond), step)
-	if firstSuccess > step+500*time.Millisecond {
-		t.Errorf("first success %v after the obstacle went, want within one backoff step (%v)", firstSuccess, step)
+	if firstSuccess > time.Second {
+		t.Errorf("first success %v after the owner left, want within a second (its socket's close is seen)", firstSuccess)
 	}
 	c.expectFreshTables(n1)
 }

@@ -1,0 +1,298 @@
+package scenarios
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nftproxy/nftproxy/e2e/testbed"
+)
+
+// TestReadersOnABusyNode: thousands of Services in the API, tens of
+// EndpointSlice updates a second on other Services, nftproxy with its
+// defaults. Every listing of the ruleset by nft, and another process's
+// `nft -f` reload of its own table, finishes within a few times what it
+// takes on the idle node; a change of a Service still reaches the data
+// path, with and without listings running, and its latency is reported
+// beside them. Without the wait for readers (--max-reader-wait=0) the same
+// listing does not finish: the control that shows the bed reproduces the
+// starvation.
+func TestReadersOnABusyNode(t *testing.T) {
+	c := newCluster(t)
+	n1 := c.nodes[0]
+	size := 5000
+	if testing.Short() {
+		size = 2000
+	}
+	svcs := make([]testbed.StoredService, size)
+	for i := range svcs {
+		svcs[i] = testbed.StoredService{Name: fmt.Sprintf("busy-%d", i),
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
+			Slice: unansweredSlice(fmt.Sprintf("busy-%d", i), i, 0)}
+	}
+	if _, err := c.bed.Store(c.ns, svcs); err != nil {
+		t.Fatal(err)
+	}
+	a, b := c.backend(1, "busy-a"), c.backend(1, "busy-b")
+	client := n1.AddPod("busy-client")
+	ips := c.service("busy-web", 80, false, v1.ProtocolTCP)
+	c.endpoints("busy-web", backendPort, a)
+	addr := vip(ips, 80)
+
+	// nftproxy with its defaults (the cluster's proxies sync on every
+	// change: --iptables-min-sync-period 0s).
+	defaults := slices.DeleteFunc(slices.Clone(c.args[n1.Name]), func(s string) bool {
+		return s == "--iptables-min-sync-period" || s == "0s"
+	})
+	p := c.restartProxy(n1, defaults)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := waitFamiliesSynced(ctx, p, 0); err != nil {
+		t.Fatal(err)
+	}
+	c.eventually(client.Netns, "tcp", addr, 3, "busy-a", onlyFrom("busy-a"))
+	n1.MustExec(t, "nft", "-f", writeTemp(t, foreignReload(20000, 500)))
+
+	readers := []struct {
+		name string
+		args []string
+	}{
+		{"nft list table ip nftproxy", []string{"nft", "list", "table", "ip", "nftproxy"}},
+		{"nft list ruleset", []string{"nft", "list", "ruleset"}},
+		{"nft -f (a foreign table's reload)", []string{"nft", "-f", writeTemp(t, foreignReload(20000, 500))}},
+	}
+	idle := map[string]time.Duration{}
+	for _, r := range readers {
+		var times []time.Duration
+		for range 3 {
+			d, err := timeCommand(ctx, n1, time.Minute, r.args...)
+			if err != nil {
+				t.Fatalf("%s, idle: %v", r.name, err)
+			}
+			times = append(times, d)
+		}
+		idle[r.name] = medianDuration(times)
+	}
+
+	ch := c.startChurn(svcs, 30)
+	defer ch.stop()
+	time.Sleep(2 * time.Second)
+	mover := &mover{c: c, client: client, addr: addr, pods: []*testbed.Pod{a, b}}
+	quiet := mover.times(t, 5)
+
+	// Listings one after the other, changes timed meanwhile.
+	listing := make(chan struct{})
+	var during []time.Duration
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(listing)
+		for i := range 5 {
+			for _, r := range readers {
+				bound := 3*idle[r.name] + 500*time.Millisecond
+				d, err := timeCommand(ctx, n1, bound, r.args...)
+				t.Logf("BUSY %s under %.0f updates/s, #%d: %v (idle %v, bound %v)", r.name, ch.rate(), i+1,
+					d.Round(time.Millisecond), idle[r.name].Round(time.Millisecond), bound.Round(time.Millisecond))
+				if err != nil {
+					t.Errorf("%s under churn did not finish within %v (idle %v): %v", r.name, bound, idle[r.name], err)
+				}
+			}
+		}
+	})
+	for {
+		select {
+		case <-listing:
+		default:
+			during = append(during, mover.times(t, 1)...)
+			continue
+		}
+		break
+	}
+	wg.Wait()
+	waited := c.metric(n1, "nftproxy_reader_wait_seconds_count")
+	t.Logf("BUSY %d Services, %.0f updates/s: a change reaches the data path in p50 %v, max %v with no reader; p50 %v, max %v (%d changes) while nft lists; %v syncs waited for readers",
+		size, ch.rate(), medianDuration(quiet).Round(time.Millisecond), slices.Max(quiet).Round(time.Millisecond),
+		medianDuration(during).Round(time.Millisecond), slices.Max(during).Round(time.Millisecond), len(during), waited)
+	if waited == 0 {
+		t.Error("nftproxy_reader_wait_seconds counts no wait though nft listed under churn")
+	}
+	if worst := slices.Max(during); worst > 10*time.Second+2*time.Second {
+		t.Errorf("a change took %v to reach the data path while nft listed: longer than --max-reader-wait allows", worst)
+	}
+
+	// The control: commits do not wait, and the listing never ends.
+	c.restartProxy(n1, withArgs(defaults, "--max-reader-wait=0"))
+	if err := waitFamiliesSynced(ctx, c.proxy[n1.Name], 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	limit := 5*idle["nft list ruleset"] + 3*time.Second
+	if d, err := timeCommand(ctx, n1, limit, "nft", "list", "ruleset"); err == nil {
+		t.Errorf("with --max-reader-wait=0, nft list ruleset under %.0f updates/s finished in %v: the bed does not reproduce readers being starved",
+			ch.rate(), d)
+	} else {
+		t.Logf("BUSY control: with --max-reader-wait=0 nft list ruleset did not finish in %v", limit)
+	}
+}
+
+// foreignReload is another process's table, reloaded whole with nft -f (a
+// firewall's): a set of n elements and rules rules.
+func foreignReload(n, rules int) string {
+	var b strings.Builder
+	b.WriteString("table ip busyfw\nflush table ip busyfw\ntable ip busyfw {\n\tset allowed { type ipv4_addr; elements = { ")
+	for i := range n {
+		fmt.Fprintf(&b, "172.16.%d.%d, ", (i>>8)&255, i&255)
+	}
+	b.WriteString("172.31.255.255 }; }\n\tchain input { type filter hook input priority 10; policy accept;\n\t\tip saddr @allowed accept\n")
+	for i := range rules {
+		fmt.Fprintf(&b, "\t\tip saddr 192.0.2.%d tcp dport %d accept\n", i%250+1, 1000+i)
+	}
+	b.WriteString("\t}\n}\n")
+	return b.String()
+}
+
+// timeCommand runs args in n and returns how long it took; an error if it
+// failed or took longer than limit.
+func timeCommand(ctx context.Context, n *testbed.Node, limit time.Duration, args ...string) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	start := time.Now()
+	_, err := n.Exec(ctx, args...)
+	d := time.Since(start)
+	if err != nil && ctx.Err() != nil {
+		return d, fmt.Errorf("still running after %v", limit)
+	}
+	return d, err
+}
+
+func medianDuration(ds []time.Duration) time.Duration {
+	s := slices.Sorted(slices.Values(ds))
+	return s[len(s)/2]
+}
+
+// churn updates random Services' EndpointSlices at a steady rate.
+type churn struct {
+	stopc   chan struct{}
+	done    chan struct{}
+	start   time.Time
+	updates int
+	mu      sync.Mutex
+}
+
+func (c *cluster) startChurn(svcs []testbed.StoredService, perSecond int) *churn {
+	ch := &churn{stopc: make(chan struct{}), done: make(chan struct{}), start: time.Now()}
+	rnd := rand.New(rand.NewPCG(33, 1))
+	go func() {
+		defer close(ch.done)
+		tick := time.NewTicker(time.Second / time.Duration(perSecond))
+		defer tick.Stop()
+		for gen := 1; ; gen++ {
+			select {
+			case <-ch.stopc:
+				return
+			case <-tick.C:
+			}
+			k := rnd.IntN(len(svcs))
+			es := unansweredSlice(svcs[k].Name, k, gen)
+			es.Namespace = c.ns
+			if _, err := c.client.DiscoveryV1().EndpointSlices(c.ns).Update(context.Background(), es, metav1.UpdateOptions{}); err == nil {
+				ch.mu.Lock()
+				ch.updates++
+				ch.mu.Unlock()
+			}
+		}
+	}()
+	return ch
+}
+
+// rate is the updates per second so far.
+func (ch *churn) rate() float64 {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return float64(ch.updates) / time.Since(ch.start).Seconds()
+}
+
+func (ch *churn) stop() {
+	select {
+	case <-ch.stopc:
+	default:
+		close(ch.stopc)
+	}
+	<-ch.done
+}
+
+// mover moves a Service between two pods and times each move from the API
+// write until the new pod answers through the ClusterIP.
+type mover struct {
+	c      *cluster
+	client *testbed.Pod
+	addr   netip.AddrPort
+	pods   []*testbed.Pod
+	next   int
+}
+
+func (m *mover) times(t *testing.T, n int) []time.Duration {
+	var out []time.Duration
+	for range n {
+		m.next = (m.next + 1) % len(m.pods)
+		pod := m.pods[m.next]
+		written := time.Now()
+		if err := m.c.writeEndpoints("busy-web", backendPort, pod); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if name, err := m.ask(); err == nil && name == pod.Name {
+				break
+			}
+			if time.Since(written) > time.Minute {
+				t.Fatalf("busy-web did not move to %s in a minute", pod.Name)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		out = append(out, time.Since(written))
+	}
+	return out
+}
+
+// ask connects to the ClusterIP from the client pod and returns the name
+// the server answers with.
+func (m *mover) ask() (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	conn, err := m.client.DialContext(ctx, "tcp", m.addr.String())
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	name, _, _ := strings.Cut(line, " ")
+	return name, nil
+}
+
+// writeTemp writes content to a file of the test's and returns its path.
+func writeTemp(t *testing.T, content string) string {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "*.nft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(content); err != nil {
+		t.Fatal(err)
+	}
+	return f.Name()
+}
