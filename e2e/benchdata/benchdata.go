@@ -85,6 +85,14 @@ type Proxy struct {
 	ChurnMissed         int64     `json:"churnMissed"`
 	ChurnCores          float64   `json:"churnCores"` // CPU seconds per second during the churn changes
 
+	// `nft list table` of the proxy's table, idle and under churn (one
+	// after the other; an unfinished one counts as its timeout), and the
+	// single changes timed while they ran.
+	ListIdleSeconds     []float64 `json:"listIdleSeconds,omitempty"`
+	ListChurnSeconds    []float64 `json:"listChurnSeconds,omitempty"`
+	ListChurnTimeouts   int       `json:"listChurnTimeouts,omitempty"`
+	ChurnListingSeconds []float64 `json:"churnListingSeconds,omitempty"`
+
 	SyncHistogram      Histogram `json:"syncHistogram"` // all IPv4 syncs
 	KernelOpsPerChange float64   `json:"kernelOpsPerChange"`
 	NetlinkObjects     float64   `json:"netlinkObjects"`     // kernel notifications per monitored change

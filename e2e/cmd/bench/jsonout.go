@@ -40,6 +40,8 @@ func (r *result) document() benchdata.Proxy {
 		IdleSeconds: seconds(r.idle), ChurnSeconds: seconds(r.churn), IdleSyncSeconds: r.idleSync,
 		IdleSyncs: r.idleSyncs, CPUPerChangeSeconds: r.cpuPerChange, ChurnRate: r.churnRate,
 		ChurnMissed: r.churnMissed, ChurnCores: r.churnCores,
+		ListIdleSeconds: seconds(r.listIdle), ListChurnSeconds: seconds(r.listChurn), ListChurnTimeouts: r.listTimeouts,
+		ChurnListingSeconds: seconds(r.churnListing),
 
 		SyncHistogram: r.syncHist.document(), KernelOpsPerChange: r.kernelOpsPerChange,
 		NetlinkObjects: r.nlObjects, NetlinkGenerations: r.nlGens, NetlinkLost: r.nlLost,

@@ -462,8 +462,9 @@ func (b *bench) measure(kind string) *result {
 		fmt.Printf("kernel notifications per change: %.1f objects in %.1f transactions (%d overflows)\n", r.nlObjects, r.nlGens, lost)
 	}
 
-	// 2. Single changes under churn.
+	// 2. Single changes under churn, and listings of the proxy's table.
 	if c.ChurnChanges > 0 {
+		b.listIdle(s, r)
 		ch := b.startChurn(c.ChurnRate)
 		time.Sleep(2 * time.Second)
 		cpu1, t1, k0 := s.mon.cpu(), time.Now(), b.counters(s)
@@ -479,6 +480,7 @@ func (b *bench) measure(kind string) *result {
 		k1 := b.counters(s)
 		r.churnWindow = noopResult{events: k1.events - k0.events, ruleChanges: k1.ruleChanges - k0.ruleChanges,
 			kernelOps: k1.kernelOps - k0.kernelOps, syncs: k1.syncs - k0.syncs, nft: k1.nft}
+		b.listUnderChurn(s, r)
 		var failures int64
 		r.churnRate, failures, r.churnMissed = ch.stop()
 		if failures > 0 {

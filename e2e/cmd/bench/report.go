@@ -25,6 +25,13 @@ type result struct {
 	churnMissed  int64
 	churnCores   float64 // CPU seconds per second during the churn changes
 
+	// `nft list table` of the proxy's table: idle, and under churn one
+	// after the other (listTimeouts of them unfinished), with the
+	// data-path latency of changes made meanwhile.
+	listIdle, listChurn []time.Duration
+	listTimeouts        int
+	churnListing        []time.Duration
+
 	syncHist           hist    // all syncs, IPv4
 	kernelOpsPerChange float64 // nftproxy_sync_kernel_operations per idle change
 	nlObjects, nlGens  float64 // kernel notifications per monitored change
@@ -140,7 +147,17 @@ type cell struct {
 	text string
 }
 
-func secCell(s float64) cell            { return cell{s, fmtSec(s)} }
+func secCell(s float64) cell { return cell{s, fmtSec(s)} }
+
+// listCell is the q-quantile of the listings under churn, marked when
+// some did not finish (their time is the timeout).
+func listCell(r *result, q float64) cell {
+	c := durCell(pct(r.listChurn, q))
+	if r.listTimeouts > 0 {
+		c.text = fmt.Sprintf("%s (%d of %d unfinished)", c.text, r.listTimeouts, len(r.listChurn))
+	}
+	return c
+}
 func durCell(d time.Duration) cell      { return secCell(d.Seconds()) }
 func numCell(x float64) cell            { return cell{x, fmtNum(x)} }
 func mbCell(b int64) cell               { return cell{mb(b), fmt.Sprintf("%.0f MB", mb(b))} }
@@ -183,6 +200,11 @@ func (rep *report) rows() []row {
 		add(fmt.Sprintf("single change, data path, churn: p50 (%d changes)", c.ChurnChanges), true, func(r *result) cell { return durCell(pct(r.churn, 0.5)) })
 		add("single change, data path, churn: p99", true, func(r *result) cell { return durCell(pct(r.churn, 0.99)) })
 		add("  churn achieved (EndpointSlice updates/s)", false, func(r *result) cell { return cell{r.churnRate, fmt.Sprintf("%.1f", r.churnRate)} })
+		add(fmt.Sprintf("nft list table, idle: median (%d listings)", listings), true, func(r *result) cell { return durCell(pct(r.listIdle, 0.5)) })
+		add(fmt.Sprintf("nft list table, churn: median (%d listings in a row)", listings), true, func(r *result) cell { return listCell(r, 0.5) })
+		add("nft list table, churn: max", true, func(r *result) cell { return listCell(r, 1) })
+		add("single change, data path, churn while nft lists: p50", true, func(r *result) cell { return durCell(pct(r.churnListing, 0.5)) })
+		add("single change, data path, churn while nft lists: max", true, func(r *result) cell { return durCell(pct(r.churnListing, 1)) })
 	}
 	if c.Changes > 0 {
 		add("sync after an idle change, median (own metric)", true, func(r *result) cell { return secCell(median(r.idleSync)) })
@@ -374,6 +396,15 @@ func (rep *report) validate() []string {
 	}
 	if c.ChurnChanges > 0 {
 		inRange("churn rate achieved (/s)", r.churnRate, 0.2*c.ChurnRate, 2*c.ChurnRate)
+		if len(r.listIdle) != listings || len(r.listChurn) != listings {
+			bad("%d idle and %d churn listings timed, want %d each", len(r.listIdle), len(r.listChurn), listings)
+		}
+		if r.listTimeouts > 0 {
+			bad("%d of %d listings of the table under churn did not finish", r.listTimeouts, len(r.listChurn))
+		}
+		if len(r.churnListing) == 0 {
+			bad("no change timed while nft listed")
+		}
 	}
 	inRange("sync histogram count", r.syncHist.count, float64(1+c.Changes), 1e7)
 	inRange("sync histogram sum (s)", r.syncHist.sum, 1e-7, 1e4)
