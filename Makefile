@@ -52,12 +52,14 @@ vet: deps
 # its own network namespace), with the race detector.
 unit: deps
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e/)
+	$(GO) test -count=1 -run '^TestKubeVersions$$' ./e2e/testbed
 	cd deploy/image && $(GO) test -race -count=1 ./...
 	$(MONITORING) $(GO) test -race -count=1 .
 	cd e2e/benchplot && $(GO) test -race -count=1 ./...
 
-# kube-apiserver, etcd and upstream kube-proxy, built from the Go module
-# proxy into ~/.cache/nftproxy-e2e (instant when up to date).
+# kube-apiserver, etcd and upstream kube-proxy of the newest Kubernetes
+# release (e2e/tools/versions), built from the Go module proxy into
+# ~/.cache/nftproxy-e2e/bin/<version> (instant when up to date).
 e2e-tools: deps
 	e2e/tools/build.sh
 

@@ -82,7 +82,7 @@ func TestUpstreamFlagsFile(t *testing.T) {
 // NFTPROXY_E2E=1.
 func upstreamOutput(t *testing.T, args ...string) string {
 	t.Helper()
-	bin := filepath.Join(testbed.CacheDir(), "bin", "kube-proxy")
+	bin := filepath.Join(testbed.BinDir(testbed.KubeVersions().Kubernetes), "kube-proxy")
 	if _, err := os.Stat(bin); err != nil {
 		if os.Getenv("NFTPROXY_E2E") == "1" {
 			t.Fatalf("upstream kube-proxy missing (run e2e/tools/build.sh): %v", err)

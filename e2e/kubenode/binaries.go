@@ -15,8 +15,9 @@ import (
 
 // Binaries are the programs a kubenode runs.
 type Binaries struct {
-	// Kubelet, ControllerManager and Scheduler are upstream's v1.36.3, built
-	// by `e2e/tools/build.sh --kubelet` from the module e2e/tools/kubenode.
+	// Kubelet, ControllerManager and Scheduler are upstream's newest release
+	// (e2e/tools/versions), built by `e2e/tools/build.sh --kubelet` from the
+	// module e2e/tools/kubenode.
 	Kubelet, ControllerManager, Scheduler string
 	// Kubectl and Kubeadm are built by e2e/tools/build.sh.
 	Kubectl, Kubeadm string
@@ -44,7 +45,7 @@ func EnsureBinaries(t testbed.TB) Binaries {
 	if out, err := exec.Command(script, "--kubelet").CombinedOutput(); err != nil {
 		t.Fatalf("%s --kubelet: %v\n%s", script, err, out)
 	}
-	bin := filepath.Join(testbed.CacheDir(), "bin")
+	bin := testbed.BinDir(testbed.KubeVersions().Kubernetes)
 	b := Binaries{
 		Kubelet:           filepath.Join(bin, "kubelet"),
 		ControllerManager: filepath.Join(bin, "kube-controller-manager"),

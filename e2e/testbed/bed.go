@@ -40,7 +40,8 @@ const (
 
 // Options configure a bed. The zero value is fine.
 type Options struct {
-	// BinDir holds etcd and kube-apiserver. Empty: EnsureBinaries (which builds them).
+	// BinDir holds etcd and kube-apiserver. Empty: EnsureAPIServer (which builds
+	// them), the release $NFTPROXY_KUBE_APISERVER_VERSION names, else the newest.
 	BinDir string
 	// LogDir receives component and process logs (in a subdirectory named after the
 	// bed's Prefix) and keeps them after the test. Empty: $NFTPROXY_E2E_LOGS if set, else
@@ -64,6 +65,8 @@ type Bed struct {
 	AdminKubeconfig, ProxyKubeconfig string
 	// Dir is the bed's working directory (certificates, etcd data).
 	Dir string
+	// APIServerVersion is the running kube-apiserver's gitVersion (/version).
+	APIServerVersion string
 
 	t       TB
 	opts    Options
@@ -100,8 +103,9 @@ func Start(t TB, opts Options) *Bed {
 			t.Logf("testbed: swept leftovers of earlier runs: %v (errors: %v)", removed, err)
 		}
 	})
+	var wantVersion string
 	if opts.BinDir == "" {
-		opts.BinDir = EnsureBinaries(t)
+		opts.BinDir, wantVersion = EnsureAPIServer(t)
 	} else if err := checkBinaries(opts.BinDir); err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +128,10 @@ func Start(t TB, opts Options) *Bed {
 	if err := b.start(); err != nil {
 		t.Fatalf("start test bed %s: %v", b.Prefix, err)
 	}
-	t.Logf("testbed %s: API server ready at %s after %v (logs in %s)", b.Prefix, APIServerURL, time.Since(started).Round(time.Millisecond), b.logDir)
+	if wantVersion != "" && b.APIServerVersion != wantVersion {
+		t.Fatalf("test bed %s: kube-apiserver reports %s, want %s (from %s)", b.Prefix, b.APIServerVersion, wantVersion, opts.BinDir)
+	}
+	t.Logf("testbed %s: kube-apiserver %s ready at %s after %v (logs in %s)", b.Prefix, b.APIServerVersion, APIServerURL, time.Since(started).Round(time.Millisecond), b.logDir)
 	return b
 }
 

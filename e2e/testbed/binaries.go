@@ -38,12 +38,14 @@ func repoRoot() string {
 // but a Bed does not need it).
 var requiredBinaries = []string{"etcd", "kube-apiserver"}
 
-// EnsureBinaries returns the directory holding etcd, kube-apiserver and kube-proxy,
-// running e2e/tools/build.sh first (a no-op when the binaries are up to date; about 5
-// minutes from cold caches). It fails the test with the build output when the build fails.
+// EnsureBinaries returns the directory holding the newest release's etcd,
+// kube-apiserver, kube-proxy, kubectl and kubeadm (BinDir of
+// KubeVersions().Kubernetes), running e2e/tools/build.sh first (a no-op when the
+// binaries are up to date; about 5 minutes from cold caches). It fails the test with
+// the build output when the build fails. A bed's own API server is EnsureAPIServer's.
 func EnsureBinaries(t TB) string {
 	t.Helper()
-	dir := filepath.Join(CacheDir(), "bin")
+	dir := BinDir(KubeVersions().Kubernetes)
 	script := filepath.Join(repoRoot(), "e2e", "tools", "build.sh")
 	cmd := exec.Command(script)
 	out, err := cmd.CombinedOutput()

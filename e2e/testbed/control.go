@@ -99,6 +99,11 @@ func (b *Bed) startControlPlane() error {
 	if _, err := b.waitAPIServer(apisrv, 100*time.Millisecond); err != nil {
 		return err
 	}
+	info, err := b.client.Discovery().ServerVersion()
+	if err != nil {
+		return fmt.Errorf("kube-apiserver /version: %w", err)
+	}
+	b.APIServerVersion = info.GitVersion
 	if err := b.bindProxyUser(); err != nil {
 		return err
 	}

@@ -17,7 +17,8 @@ import (
 // machine (hostname, container runtime, default route). Of those, the addon
 // phase uses the advertise address only: its family picks kube-proxy's
 // bindAddress, and it is the endpoint when controlPlaneEndpoint is unset.
-const kubeadmConfig = `apiVersion: kubeadm.k8s.io/v1beta4
+func kubeadmConfig() string {
+	return `apiVersion: kubeadm.k8s.io/v1beta4
 kind: InitConfiguration
 localAPIEndpoint:
   advertiseAddress: ` + ControlIPv4 + `
@@ -28,7 +29,7 @@ nodeRegistration:
 ---
 apiVersion: kubeadm.k8s.io/v1beta4
 kind: ClusterConfiguration
-kubernetesVersion: v1.36.3
+kubernetesVersion: ` + KubeVersions().Kubernetes + `
 controlPlaneEndpoint: ` + ControlIPv4 + `:6443
 networking:
   podSubnet: 10.244.0.0/16
@@ -37,6 +38,7 @@ apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: nftables
 `
+}
 
 // KubeadmProxyAddon runs kubeadm's kube-proxy addon phase against the bed,
 // as its admin, from the control namespace: ServiceAccount, RBAC,
@@ -47,7 +49,7 @@ mode: nftables
 func (b *Bed) KubeadmProxyAddon(t testing.TB, kubeadm, dir, kubeProxy string) string {
 	t.Helper()
 	cfg := filepath.Join(dir, "kubeadm.yaml")
-	if err := os.WriteFile(cfg, []byte(kubeadmConfig+kubeProxy), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(kubeadmConfig()+kubeProxy), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

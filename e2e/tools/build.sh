@@ -3,19 +3,25 @@
 # upstream kube-proxy (for side-by-side comparisons), etcd, and kubectl and kubeadm (the
 # deploy/ tests), from the Go module proxy.
 #
-# The sources come from the nested modules e2e/tools/kube, e2e/tools/kubecli and
-# e2e/tools/etcd, which keep k8s.io/kubernetes and etcd out of the main module's dependency
-# graph.
+# The versions come from e2e/tools/versions (the one place that names them), the sources
+# from the nested modules e2e/tools/kube, e2e/tools/kubecli and e2e/tools/etcd, which keep
+# k8s.io/kubernetes and etcd out of the main module's dependency graph
+# (e2e/tools/set-kube-version.sh points them at the versions of that file).
 #
-# Binaries go to ${NFTPROXY_E2E_CACHE:-$HOME/.cache/nftproxy-e2e}/bin. Each binary gets a
-# stamp file holding a hash of its module's go.mod/go.sum and the Go version; a binary
-# whose stamp matches is not rebuilt, so running this script again is cheap.
-# A lock serialises concurrent runs (e.g. several test packages calling EnsureBinaries).
+# Binaries go to ${NFTPROXY_E2E_CACHE:-$HOME/.cache/nftproxy-e2e}/bin/<Kubernetes version>,
+# one directory per release, each with the etcd that release is tested with. Each binary
+# gets a stamp file holding a hash of its module's go.mod/go.sum, the Go version and the
+# link flags; a binary whose stamp matches is not rebuilt, so running this script again is
+# cheap. A lock serialises concurrent runs (e.g. several test packages calling
+# EnsureBinaries).
 #
 # With --kubelet it also builds kubelet, kube-controller-manager and kube-scheduler (from
 # the nested module e2e/tools/kubenode) for `make kubelet-e2e`; other tests do not need them.
+# With --skew it builds only the kube-apiserver of the oldest supported release
+# ("skew-kubernetes", module e2e/tools/kube-skew) and its etcd (e2e/tools/etcd-skew), for
+# `make skew`.
 #
-# Usage: e2e/tools/build.sh [--force] [--kubelet]
+# Usage: e2e/tools/build.sh [--force] [--kubelet] [--skew]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,25 +29,49 @@ cache="${NFTPROXY_E2E_CACHE:-$HOME/.cache/nftproxy-e2e}"
 bin="$cache/bin"
 force=0
 kubelet=0
+skew=0
 for arg in "$@"; do
 	case "$arg" in
 	--force) force=1 ;;
 	--kubelet) kubelet=1 ;;
-	*) echo "usage: $0 [--force] [--kubelet]" >&2; exit 2 ;;
+	--skew) skew=1 ;;
+	*) echo "usage: $0 [--force] [--kubelet] [--skew]" >&2; exit 2 ;;
 	esac
 done
 
+# version KEY prints the version e2e/tools/versions gives KEY.
+version() {
+	local v
+	v="$(awk -v k="$1" '$1 == k { print $2 }' "$here/versions")"
+	if [[ ! $v =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+		echo "$here/versions: no valid \"$1 vX.Y.Z\" line (got \"$v\")" >&2
+		exit 1
+	fi
+	echo "$v"
+}
+
+if [[ $skew == 1 ]]; then
+	kube_version="$(version skew-kubernetes)"
+	kube_mod="$here/kube-skew"
+	etcd_mod="$here/etcd-skew"
+else
+	kube_version="$(version kubernetes)"
+	kube_mod="$here/kube"
+	etcd_mod="$here/etcd"
+fi
+bin="$bin/$kube_version"
 mkdir -p "$bin"
 exec 9>"$cache/build.lock"
 flock 9
 
 # The published k8s.io/kubernetes module reports "v0.0.0-master" unless told otherwise;
 # clients and logs are easier to read with the real version.
-kube_version="v1.36.3"
+kube_minor="${kube_version#v1.}"
+kube_minor="${kube_minor%%.*}"
 kube_ldflags="-s -w \
  -X k8s.io/component-base/version.gitVersion=${kube_version} \
  -X k8s.io/component-base/version.gitMajor=1 \
- -X k8s.io/component-base/version.gitMinor=36"
+ -X k8s.io/component-base/version.gitMinor=${kube_minor}"
 
 # stamp_of prints the identity of a build: module files, Go version, flags.
 stamp_of() {
@@ -70,12 +100,14 @@ build() {
 	echo "built $bin/$name in $((SECONDS - start))s"
 }
 
-build etcd "$here/etcd" go.etcd.io/etcd/server/v3 "-s -w"
-build kube-apiserver "$here/kube" k8s.io/kubernetes/cmd/kube-apiserver "$kube_ldflags"
-build kube-proxy "$here/kube" k8s.io/kubernetes/cmd/kube-proxy "$kube_ldflags"
-build kubectl "$here/kubecli" k8s.io/kubernetes/cmd/kubectl "$kube_ldflags"
-build kubeadm "$here/kubecli" k8s.io/kubernetes/cmd/kubeadm "$kube_ldflags"
-if [[ $kubelet == 1 ]]; then
+build etcd "$etcd_mod" go.etcd.io/etcd/server/v3 "-s -w"
+build kube-apiserver "$kube_mod" k8s.io/kubernetes/cmd/kube-apiserver "$kube_ldflags"
+if [[ $skew == 0 ]]; then
+	build kube-proxy "$here/kube" k8s.io/kubernetes/cmd/kube-proxy "$kube_ldflags"
+	build kubectl "$here/kubecli" k8s.io/kubernetes/cmd/kubectl "$kube_ldflags"
+	build kubeadm "$here/kubecli" k8s.io/kubernetes/cmd/kubeadm "$kube_ldflags"
+fi
+if [[ $kubelet == 1 && $skew == 0 ]]; then
 	for cmd in kubelet kube-controller-manager kube-scheduler; do
 		build "$cmd" "$here/kubenode" "k8s.io/kubernetes/cmd/$cmd" "$kube_ldflags"
 	done
