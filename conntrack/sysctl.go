@@ -67,10 +67,13 @@ func (s Sysctls) conntrackMax(numCPU int) int {
 	return max(scaled, s.Min)
 }
 
-// ApplySysctls sets the conntrack sysctls s asks for, each only when it
-// differs from the kernel's value, and grows the conntrack hash table to
-// nf_conntrack_max/4 buckets when it is smaller, as upstream kube-proxy
-// does.
+// ApplySysctls sets the conntrack sysctls s asks for as upstream kube-proxy
+// v1.37 does (pkg/proxy/conntrack/sysctls.go): nf_conntrack_max is only
+// ever raised (a node whose administrator set a higher limit keeps it); the
+// hash table is then grown to nf_conntrack_max/4 buckets when it has fewer,
+// whether or not the limit was written (a node booted with the limit set
+// but the module's default hash size gets its buckets too); the timeouts
+// and liberal TCP are written when they differ from the kernel's value.
 //
 // A sysctl that is read-only or absent here is not an error: inside a
 // network namespace nf_conntrack_max is read-only (it is global) and the
@@ -85,9 +88,8 @@ func ApplySysctls(s Sysctls, env SysctlEnv) (skipped []string, err error) {
 	}
 	a := &applier{env: env}
 	if limit := s.conntrackMax(env.NumCPU); limit > 0 {
-		if a.set("nf_conntrack_max", limit) {
-			a.growHashsize(limit / 4)
-		}
+		a.raise("nf_conntrack_max", limit)
+		a.growHashsize(limit / 4)
 	}
 	for _, t := range []struct {
 		name string
@@ -118,32 +120,51 @@ type applier struct {
 	errs    []error
 }
 
-// set writes one net/netfilter sysctl unless it already has value, and
-// reports whether the kernel has value afterwards.
-func (a *applier) set(name string, value int) bool {
+// set writes one net/netfilter sysctl unless it already has value.
+func (a *applier) set(name string, value int) {
 	path := filepath.Join(a.env.ProcSys, "net", "netfilter", name)
 	cur, err := readInt(path)
 	if err == nil && cur == value {
-		return true
+		return
 	}
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		a.errs = append(a.errs, fmt.Errorf("read %s: %w", path, err))
-		return false
+		return
 	}
 	if err == nil {
 		err = a.env.writeFile(path, []byte(strconv.Itoa(value)))
 	}
-	return a.outcome(name, path, value, err)
+	a.outcome(name, path, value, err)
+}
+
+// raise writes one net/netfilter sysctl when the kernel's value is lower
+// than value, or cannot be read (upstream writes then too).
+func (a *applier) raise(name string, value int) {
+	path := filepath.Join(a.env.ProcSys, "net", "netfilter", name)
+	cur, err := readInt(path)
+	switch {
+	case err == nil && cur >= value:
+		klog.V(2).InfoS("Leaving conntrack sysctl: not lower than wanted", "path", path, "value", cur, "wanted", value)
+		return
+	case errors.Is(err, fs.ErrNotExist):
+	default:
+		err = a.env.writeFile(path, []byte(strconv.Itoa(value)))
+	}
+	a.outcome(name, path, value, err)
 }
 
 // growHashsize sets the hash table's bucket count to buckets if it has
-// fewer (upstream: "hashsize is large enough for nf_conntrack_max"). The
-// parameter is absent when nf_conntrack is not a module.
+// fewer (upstream: "hashsize is large enough for nf_conntrack_max").
+// Upstream refuses to start when it cannot read the parameter; here an
+// absent one (nf_conntrack not loaded yet) is skipped and logged like any
+// other sysctl that is not there, and a read-only one (a namespace, a
+// read-only /sys) likewise.
 func (a *applier) growHashsize(buckets int) {
 	path := filepath.Join(a.env.SysModule, "nf_conntrack", "parameters", "hashsize")
 	cur, err := readInt(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		a.outcome("hashsize", path, buckets, err)
 		return
 	case err != nil:
 		a.errs = append(a.errs, fmt.Errorf("read %s: %w", path, err))
@@ -154,18 +175,16 @@ func (a *applier) growHashsize(buckets int) {
 	a.outcome("hashsize", path, buckets, a.env.writeFile(path, []byte(strconv.Itoa(buckets))))
 }
 
-// outcome records the result of a write and reports whether it worked.
-func (a *applier) outcome(name, path string, value int, err error) bool {
+// outcome records the result of a write.
+func (a *applier) outcome(name, path string, value int, err error) {
 	switch {
 	case err == nil:
 		klog.InfoS("Set conntrack sysctl", "path", path, "value", value)
-		return true
 	case skippable(err):
 		a.skipped = append(a.skipped, fmt.Sprintf("%s=%d (%v)", name, value, reason(err)))
 	default:
 		a.errs = append(a.errs, fmt.Errorf("set %s to %d: %w", path, value, err))
 	}
-	return false
 }
 
 // skippable errors mean "not ours to set here": absent (nf_conntrack not

@@ -156,10 +156,46 @@ func TestApplySysctlsHashsize(t *testing.T) {
 		delete(vals, hashsizeName)
 		p := newFakeProc(t, vals, nil)
 		skipped, err := ApplySysctls(Sysctls{MaxPerCore: 32768}, p.env)
-		if err != nil || len(skipped) != 0 {
-			t.Errorf("skipped %v, err %v", skipped, err)
+		if err != nil || strings.Join(skipped, ",") != "hashsize=32768 (no such file or directory)" {
+			t.Errorf("skipped %v, err %v; want the hash size skipped and logged", skipped, err)
 		}
 	})
+}
+
+// TestApplySysctlsNeverLowersMax: as upstream since v1.37, nf_conntrack_max
+// is only raised, and the hash size is checked on its own: a node whose
+// administrator set a higher limit keeps it and still gets its buckets.
+func TestApplySysctlsNeverLowersMax(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		max, hashsize string
+		wantMax       int
+		wantHashsize  int
+		wantWrites    string
+	}{
+		{"lower: raised", "65536", "16384", 131072, 32768, "nf_conntrack_max,hashsize"},
+		{"equal: left", "131072", "16384", 131072, 32768, "hashsize"},
+		{"higher: left", "262144", "16384", 262144, 32768, "hashsize"},
+		{"higher, buckets enough: nothing written", "262144", "65536", 262144, 65536, ""},
+		{"unreadable: written", "not a number", "16384", 131072, 32768, "nf_conntrack_max,hashsize"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vals := map[string]string{"nf_conntrack_max": tc.max, hashsizeName: tc.hashsize}
+			p := newFakeProc(t, vals, nil)
+			if _, err := ApplySysctls(Sysctls{MaxPerCore: 32768, Min: 131072}, p.env); err != nil {
+				t.Fatal(err)
+			}
+			if got := p.value(t, "nf_conntrack_max"); got != tc.wantMax {
+				t.Errorf("nf_conntrack_max = %d, want %d", got, tc.wantMax)
+			}
+			if got := p.value(t, hashsizeName); got != tc.wantHashsize {
+				t.Errorf("hashsize = %d, want %d", got, tc.wantHashsize)
+			}
+			if got := strings.Join(p.writes, ","); got != tc.wantWrites {
+				t.Errorf("wrote %q, want %q", got, tc.wantWrites)
+			}
+		})
+	}
 }
 
 // TestApplySysctlsReadOnly: what a network namespace looks like. The
@@ -180,8 +216,8 @@ func TestApplySysctlsReadOnly(t *testing.T) {
 	if strings.Join(skipped, "\n") != strings.Join(want, "\n") {
 		t.Errorf("skipped:\n%s\nwant:\n%s", strings.Join(skipped, "\n"), strings.Join(want, "\n"))
 	}
-	if got := p.value(t, hashsizeName); got != 16384 {
-		t.Errorf("hashsize changed to %d although nf_conntrack_max was not set", got)
+	if got := p.value(t, hashsizeName); got != 32768 {
+		t.Errorf("hashsize %d, want 32768: it is checked whether or not nf_conntrack_max could be set", got)
 	}
 	if got := p.value(t, "nf_conntrack_udp_timeout"); got != 45 {
 		t.Errorf("udp timeout %d, want 45", got)
@@ -219,13 +255,22 @@ func TestCountCPUList(t *testing.T) {
 
 // TestApplySysctlsInNamespace applies the sysctls for real, from a thread
 // inside a fresh namespace (its /proc/sys/net is the namespace's): the
-// per-namespace timeouts are set, nf_conntrack_max (global, read-only
-// there) is logged and left alone, and nothing fails.
+// per-namespace timeouts are set, nf_conntrack_max and the hash size
+// (global, read-only there) are logged and left alone, and nothing fails.
 func TestApplySysctlsInNamespace(t *testing.T) {
 	ns := newTestNS(t)
 	want := upstreamDefaults
-	want.MaxPerCore = 1 << 20 // whatever the node has, it differs
+	want.MaxPerCore = 1 << 20 // capped at maxConntrackMax
 	env := DefaultSysctlEnv()
+	// What the node has decides what a namespace's proxy tries to raise:
+	// both are global, read-only in the namespace.
+	var wantSkipped []string
+	if cur, err := readInt(filepath.Join(env.ProcSys, "net", "netfilter", "nf_conntrack_max")); err != nil || cur < maxConntrackMax {
+		wantSkipped = append(wantSkipped, "nf_conntrack_max="+strconv.Itoa(maxConntrackMax))
+	}
+	if cur, err := readInt(filepath.Join(env.SysModule, "nf_conntrack", "parameters", "hashsize")); err != nil || cur < maxConntrackMax/4 {
+		wantSkipped = append(wantSkipped, "hashsize="+strconv.Itoa(maxConntrackMax/4))
+	}
 
 	var skipped []string
 	var applyErr error
@@ -261,8 +306,13 @@ func TestApplySysctlsInNamespace(t *testing.T) {
 	if applyErr != nil {
 		t.Fatalf("ApplySysctls in a namespace: %v", applyErr)
 	}
-	if len(skipped) != 1 || !strings.HasPrefix(skipped[0], "nf_conntrack_max="+strconv.Itoa(maxConntrackMax)) {
-		t.Errorf("skipped %v, want only nf_conntrack_max", skipped)
+	if len(skipped) != len(wantSkipped) {
+		t.Errorf("skipped %v, want %v", skipped, wantSkipped)
+	}
+	for i, w := range wantSkipped {
+		if i < len(skipped) && !strings.HasPrefix(skipped[i], w+" ") {
+			t.Errorf("skipped %v, want %v", skipped, wantSkipped)
+		}
 	}
 	t.Logf("skipped in a namespace: %v", skipped)
 	for name, v := range map[string]int{"nf_conntrack_tcp_timeout_established": 86400, "nf_conntrack_tcp_timeout_close_wait": 3600,
