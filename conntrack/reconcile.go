@@ -69,12 +69,21 @@ type Flow struct {
 //   - its frontend is current and has endpoints, and its reply source is
 //     not one of them: it is DNAT'd to an endpoint that is gone or no
 //     longer serving, or it was created while the frontend had no
-//     endpoints and was never DNAT'd. Upstream skips frontends without
-//     endpoints and therefore never cleans the second kind, which
-//     black-holes a client that kept sending while the Service was scaled
-//     to zero (kubernetes#139628);
-//   - its frontend is current, has no endpoints, and the flow is DNAT'd
-//     (reply source ≠ original destination): its backend is gone;
+//     endpoints and was never DNAT'd (upstream before v1.37 skipped
+//     frontends without endpoints and never cleaned the second kind, which
+//     black-holed a client that kept sending while the Service was scaled
+//     to zero: kubernetes#139628);
+//   - its frontend is a Service IP (ClusterIP, ExternalIP, LoadBalancer
+//     IP) that is current and has no endpoints: nothing may answer there,
+//     DNAT'd or not, and deleted, the flow's next packet is new and meets
+//     the reject rule, so the client hears that the Service has no
+//     endpoints (upstream since v1.37 does the same);
+//   - its frontend is a NodePort that is current and has no endpoints, and
+//     the flow is DNAT'd (reply source ≠ original destination): its
+//     backend is gone. An un-DNAT'd flow to the port stays: a NodePort is
+//     matched by port and node address only, so it may be another
+//     program's traffic (upstream, which matches NodePorts on port alone,
+//     cleans none of a NodePort's flows while it has no endpoints);
 //   - its frontend is not current but was previous: the Service was
 //     deleted, or lost that ClusterIP, ExternalIP, LoadBalancer IP,
 //     NodePort, port or protocol. Upstream does not clean these.
@@ -116,7 +125,7 @@ func isStale(fl Flow, cur, prev *frontendIndex, isNodePortAddr func(netip.Addr) 
 		if cur.hasEndpoints(fe) {
 			return !cur.serves(fe, fl.Reply.Src)
 		}
-		return dnated(fl)
+		return fe.Addr.IsValid() || dnated(fl) // a Service IP, or a NodePort (no address)
 	}
 	_, ok := prev.lookup(fl, isNodePortAddr)
 	return ok

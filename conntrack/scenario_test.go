@@ -126,13 +126,30 @@ var staleCases = []struct {
 			kept:     []Flow{w.nat(2, ap(svc.Addr, 53), ap(w.ep(1).Addr(), 6000))},
 		}
 	}},
-	{"scaled to zero: DNAT'd flows go, un-DNAT'd stay", func(w world) scenario {
+	{"scaled to zero: every flow to the Service IP goes, DNAT'd or not (as upstream since v1.37)", func(w world) scenario {
 		svc := w.fe(w.cip(1), 53)
 		return scenario{
 			previous: Frontends{svc: eps(w.ep(1))},
 			current:  Frontends{svc: nil},
-			stale:    []Flow{w.nat(1, ap(svc.Addr, 53), w.ep(1))},
-			kept:     []Flow{w.direct(2, ap(svc.Addr, 53))},
+			stale:    []Flow{w.nat(1, ap(svc.Addr, 53), w.ep(1)), w.direct(2, ap(svc.Addr, 53))},
+			kept:     []Flow{w.direct(3, ap(svc.Addr, 54)), w.direct(4, w.ep(1))},
+		}
+	}},
+	{"NodePort scaled to zero: DNAT'd flows go, un-DNAT'd stay (upstream cleans neither)", func(w world) scenario {
+		np := w.np(1)
+		return scenario{
+			previous: Frontends{np: eps(w.ep(1))},
+			current:  Frontends{np: nil},
+			stale:    []Flow{w.nat(1, ap(w.node(), np.Port), w.ep(1))},
+			kept:     []Flow{w.direct(2, ap(w.node(), np.Port)), w.nat(3, ap(w.other(), np.Port), w.ep(1))},
+		}
+	}},
+	{"Service without endpoints, unchanged: flows to its IP go (a node's first sync)", func(w world) scenario {
+		svc := w.fe(w.cip(1), 53)
+		return scenario{
+			previous: Frontends{svc: nil},
+			current:  Frontends{svc: nil},
+			stale:    []Flow{w.direct(1, ap(svc.Addr, 53))},
 		}
 	}},
 	{"scaled zero to one: flows created without endpoints go (kubernetes#139628)", func(w world) scenario {
