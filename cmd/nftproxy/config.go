@@ -145,7 +145,7 @@ func parseConfigFile(data []byte) (cfg *kpconfig.KubeProxyConfiguration, lenient
 		return nil, nil, fmt.Errorf("apiVersion %q kind %q: want apiVersion %q kind %q",
 			cfg.APIVersion, cfg.Kind, configAPIVersion, configKind)
 	}
-	if cfg.Mode == "" {
+	if cfg.Mode == "" || cfg.Mode == "iptables" {
 		inheritIPTablesSettings(cfg)
 	}
 	setDefaults(cfg)
@@ -187,7 +187,8 @@ func writeConfigFile(path string, cfg *kpconfig.KubeProxyConfiguration) error {
 
 // inheritIPTablesSettings copies the iptables section into the nftables
 // fields the file leaves unset. It applies when mode is empty, which
-// upstream reads as "iptables": such a file keeps its settings in the
+// upstream reads as "iptables", or "iptables", which kubeadm v1.37 writes
+// for an unset mode (checkMode): such a file keeps its settings in the
 // iptables section, and a drop-in replacement must honour them.
 func inheritIPTablesSettings(cfg *kpconfig.KubeProxyConfiguration) {
 	nft, ipt := &cfg.NFTables, &cfg.IPTables
@@ -219,5 +220,5 @@ func minSyncPeriodSet(data []byte) bool {
 	// (inheritIPTablesSettings); kubeadm's iptables value is ignored in
 	// nftables mode, as upstream ignores it.
 	return periods.NFTables.MinSyncPeriod.Duration > 0 ||
-		periods.Mode == "" && periods.IPTables.MinSyncPeriod.Duration > 0
+		(periods.Mode == "" || periods.Mode == "iptables") && periods.IPTables.MinSyncPeriod.Duration > 0
 }

@@ -75,6 +75,9 @@ type options struct {
 	IgnoredByConfig []string
 	DeprecatedFlags []string
 	LenientDecode   error
+	// ConfigFileIPTablesMode: the --config file says mode "iptables", as
+	// kubeadm v1.37 writes it by default; nftables is programmed instead.
+	ConfigFileIPTablesMode bool
 }
 
 // clientOptions configure the Kubernetes API client.
@@ -210,7 +213,8 @@ func (fv *flagValues) resolve(fs *pflag.FlagSet, env environment, o *options) er
 			errs = append(errs, err)
 		}
 	}
-	check(checkMode(c))
+	check(checkMode(c, fv.configFile != ""))
+	o.ConfigFileIPTablesMode = fv.configFile != "" && c.Mode == "iptables"
 	check(fv.applyHostnameOverride())
 	completeForNFTables(c)
 	check(checkDetectLocalMode(c))

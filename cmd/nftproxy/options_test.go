@@ -58,8 +58,10 @@ func prefixes(s ...string) []netip.Prefix {
 	return ps
 }
 
-// kubeadmConfig is the config.conf kubeadm v1.36 writes into the
-// kube-proxy ConfigMap (with kind's cluster CIDRs and mode).
+// kubeadmConfig is the config.conf kubeadm writes into the kube-proxy
+// ConfigMap (with kind's cluster CIDRs and mode nftables; v1.36 and v1.37
+// write the same fields, but v1.37 writes "mode: iptables" where the mode
+// was left unset: kubeadmDefaultConfig).
 const kubeadmConfig = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
 bindAddress: 0.0.0.0
 bindAddressHardFail: false
@@ -129,6 +131,10 @@ winkernel:
   sourceVip: ""
 `
 
+// kubeadmDefaultConfig is kubeadmConfig as kubeadm v1.37 writes it for a
+// cluster that leaves the mode unset.
+var kubeadmDefaultConfig = strings.Replace(kubeadmConfig, "\nmode: nftables\n", "\nmode: iptables\n", 1)
+
 func TestParseOptionsProxierConfig(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -180,6 +186,18 @@ func TestParseOptionsProxierConfig(t *testing.T) {
 			want: func(c *proxier.Config) {
 				c.NodeName = "kind-worker"
 				c.ClusterCIDRs = prefixes("10.244.0.0/16", "fd00:10:244::/56")
+			},
+		},
+		{
+			// Its iptables section is read as for an empty mode: kubeadm's
+			// minSyncPeriod 1s is the one kube-proxy used in that mode.
+			name:  "kubeadm v1.37's config file for an unset mode (mode iptables)",
+			args:  []string{"--config=/var/lib/kube-proxy/config.conf", "--hostname-override=kind-worker"},
+			files: map[string]string{"/var/lib/kube-proxy/config.conf": kubeadmDefaultConfig},
+			want: func(c *proxier.Config) {
+				c.NodeName = "kind-worker"
+				c.ClusterCIDRs = prefixes("10.244.0.0/16", "fd00:10:244::/56")
+				c.MinSyncPeriod, c.SyncBusyShare = time.Second, 0
 			},
 		},
 		{
@@ -456,6 +474,49 @@ bindAddress: "::"
 				t.Fatalf("parseOptions: %v", err)
 			}
 			tt.check(t, o)
+		})
+	}
+}
+
+// TestConfigFileIPTablesMode: the "mode: iptables" kubeadm v1.37 writes
+// for an unset mode is read as nftables, noted for the startup log and
+// completed to "nftables" for /configz; --proxy-mode=iptables, an explicit
+// choice, and IPVS anywhere are refused.
+func TestConfigFileIPTablesMode(t *testing.T) {
+	file := func(mode string) map[string]string {
+		return map[string]string{"c": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: " + mode + "\n"}
+	}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		files   map[string]string
+		wantErr string
+		noted   bool
+	}{
+		{name: "kubeadm's iptables in the file", args: []string{"--config=c"}, files: file("iptables"), noted: true},
+		{name: "nftables in the file", args: []string{"--config=c"}, files: file("nftables")},
+		{name: "empty in the file", args: []string{"--config=c"}, files: file(`""`)},
+		{name: "iptables flag", args: []string{"--proxy-mode=iptables"}, wantErr: `--proxy-mode / mode "iptables": nftproxy only implements the nftables mode`},
+		{name: "ipvs in the file", args: []string{"--config=c"}, files: file("ipvs"), wantErr: `mode "ipvs"`},
+		{name: "iptables flag beside a file: the file wins, as upstream", args: []string{"--config=c", "--proxy-mode=iptables"}, files: file("nftables")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseOptions(tc.args, testEnv(tc.files))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.ConfigFileIPTablesMode != tc.noted {
+				t.Errorf("ConfigFileIPTablesMode %v, want %v", o.ConfigFileIPTablesMode, tc.noted)
+			}
+			if o.Config.Mode != "nftables" {
+				t.Errorf("effective mode %q, want nftables (/configz, --write-config-to)", o.Config.Mode)
+			}
 		})
 	}
 }

@@ -430,6 +430,10 @@ func logFlagNotes(o *options) {
 	if o.LenientDecode != nil {
 		klog.InfoS("Using lenient decoding as strict decoding failed", "file", o.ConfigFile, "err", o.LenientDecode)
 	}
+	if o.ConfigFileIPTablesMode {
+		klog.InfoS("The config file says mode \"iptables\" (kubeadm v1.37 writes it when the mode is left unset): nftproxy programs nftables, "+
+			"taking the settings its nftables section leaves unset from its iptables section", "file", o.ConfigFile)
+	}
 	for _, name := range o.IgnoredByConfig {
 		klog.InfoS("Flag ignored because --config is given", "flag", name, "config", o.ConfigFile)
 	}

@@ -13,12 +13,22 @@ import (
 
 // checkMode refuses the proxy modes nftproxy does not implement, instead of
 // silently running nftables rules where iptables or IPVS ones were asked for.
-func checkMode(c *kpconfig.KubeProxyConfiguration) error {
-	switch c.Mode {
-	case "", "nftables":
+// A --config file's "iptables" is the exception: kubeadm v1.37 writes it into
+// the kube-proxy ConfigMap whenever the mode was left unset (its default,
+// cmd/kubeadm/app/componentconfigs/kubeproxy.go), so refusing it would stop
+// nftproxy on every default kubeadm cluster it is dropped into. Startup logs
+// that nftables is programmed instead (logFlagNotes). --proxy-mode=iptables
+// on the command line is someone's explicit choice, and IPVS never a default:
+// both are refused.
+func checkMode(c *kpconfig.KubeProxyConfiguration, fromFile bool) error {
+	switch {
+	case c.Mode == "", c.Mode == "nftables":
+		return nil
+	case c.Mode == "iptables" && fromFile:
 		return nil
 	}
-	return fmt.Errorf("--proxy-mode / mode %q: nftproxy only implements the nftables mode (set it to \"nftables\" or leave it empty)", c.Mode)
+	return fmt.Errorf("--proxy-mode / mode %q: nftproxy only implements the nftables mode (set it to \"nftables\" or leave it empty; "+
+		"a --config file's \"iptables\", which kubeadm writes when the mode is unset, is read as \"nftables\")", c.Mode)
 }
 
 // checkDetectLocalMode accepts upstream's modes, each with what it needs.

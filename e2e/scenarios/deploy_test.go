@@ -82,6 +82,7 @@ func TestDeploy(t *testing.T) {
 		if err := d.serves(k, client, svc, 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
+		d.checkKubeadmMode(t, k, kubeadmCM)
 		d.checkEndpoints(t, k)
 	})
 
@@ -159,6 +160,20 @@ func (d *dropIn) await(from *testbed.Pod, addr netip.AddrPort, count int, wait t
 		}
 	}
 	return lines, false
+}
+
+// checkKubeadmMode: the bed's kubeadm configuration leaves kube-proxy's
+// mode unset, for which kubeadm v1.37 writes "mode: iptables"; nftproxy,
+// which serves (checked before), must say that it programs nftables.
+func (d *dropIn) checkKubeadmMode(t *testing.T, k *kubeletPod, kubeadmCM *v1.ConfigMap) {
+	var kpc struct{ Mode string }
+	if err := yaml.Unmarshal([]byte(kubeadmCM.Data["config.conf"]), &kpc); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kubeadm wrote mode %q for an unset mode", kpc.Mode)
+	if kpc.Mode == "iptables" && !strings.Contains(k.main.Log(), "The config file says mode") {
+		t.Errorf("kubeadm's mode %q is not logged as read as nftables:\n%s", kpc.Mode, k.main.Log())
+	}
 }
 
 // checkKubeadmFiles checks that the pod reads kubeadm's config.conf and

@@ -10,8 +10,11 @@ import (
 )
 
 // kubeadmConfig is what `kubeadm init` would be given for the bed: its
-// control-plane endpoint, a pod subnet that holds every node's IPv4 pod CIDR
-// (10.244.N.0/24) and kube-proxy in nftables mode. The Kubernetes version is
+// control-plane endpoint and a pod subnet that holds every node's IPv4 pod
+// CIDR (10.244.N.0/24). kube-proxy's mode is left unset, as on a default
+// cluster: kubeadm v1.37 then writes "mode: iptables" into the ConfigMap,
+// which nftproxy reads as nftables (docs/migrating-from-kube-proxy.md).
+// The Kubernetes version is
 // pinned, or kubeadm would ask dl.k8s.io for the latest; the node name, CRI
 // socket and advertise address are set so that it looks nothing up on this
 // machine (hostname, container runtime, default route). Of those, the addon
@@ -36,7 +39,6 @@ networking:
 ---
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-mode: nftables
 `
 }
 
