@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Defaults of kube-proxy v1.36 (pkg/proxy/apis/config/v1alpha1/defaults.go).
+// Defaults of kube-proxy (pkg/proxy/apis/config/v1alpha1/defaults.go, unchanged from v1.36 to v1.37).
 const (
 	defaultBindAddress         = "0.0.0.0"
 	defaultHealthzPort         = 10256

@@ -36,7 +36,7 @@ func writtenConfig(t *testing.T, args ...string) ([]byte, *options) {
 }
 
 // TestWriteConfigDefaults: with no flags, --write-config-to writes what
-// upstream kube-proxy v1.36 writes for nftables mode, byte for byte
+// upstream kube-proxy v1.37 writes for nftables mode (as v1.36 did), byte for byte
 // (testdata: kube-proxy --proxy-mode=nftables --write-config-to=FILE).
 func TestWriteConfigDefaults(t *testing.T) {
 	got, _ := writtenConfig(t)

@@ -11,18 +11,30 @@ import (
 	"k8s.io/component-base/featuregate"
 )
 
-// upstreamFeatureGates lists the feature gates kube-proxy v1.36 knows, with
-// their state at that version, generated from upstream's own registry by
-// e2e/tools/kube/cmd/kubeproxyflags. Lines: "Name Default Locked Maturity",
-// then "depends Name Dep1,Dep2".
+// upstreamFeatureGates lists the feature gates kube-proxy knows, with their
+// state at its release (upstreamRelease), generated from upstream's own
+// registry by e2e/tools/kube/cmd/kubeproxyflags. Lines: "Name Default
+// Locked Maturity", then "depends Name Dep1,Dep2".
 //
 //go:embed upstream/feature-gates.txt
 var upstreamFeatureGates string
 
-// featureGateFor returns a feature gate that knows exactly kube-proxy
-// v1.36's gates, set from gates: an unknown gate, a value other than the
-// default of a locked one, or a gate enabled without what it depends on is
-// an error, as upstream. nftproxy reads only the logging gates from it.
+// upstreamRelease is the kube-proxy release upstream/feature-gates.txt (and
+// flags.txt, generated with it) comes from, as its header names it.
+func upstreamRelease() string {
+	first, _, _ := strings.Cut(upstreamFeatureGates, "\n")
+	_, rest, ok := strings.Cut(first, "k8s.io/kubernetes ")
+	if release, _, ok2 := strings.Cut(rest, ";"); ok && ok2 {
+		return release
+	}
+	return "(unknown release)"
+}
+
+// featureGateFor returns a feature gate that knows exactly the gates of
+// kube-proxy's upstreamRelease, set from gates: an unknown gate (one the
+// release removed, say), a value other than the default of a locked one, or
+// a gate enabled without what it depends on is an error, as upstream.
+// nftproxy reads only the logging gates from it.
 func featureGateFor(gates map[string]bool) (featuregate.FeatureGate, error) {
 	gate := featuregate.NewFeatureGate()
 	specs, deps, err := parseFeatureGates(upstreamFeatureGates)

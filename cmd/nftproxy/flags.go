@@ -49,11 +49,13 @@ type flagValues struct {
 	minSyncPeriodSet bool
 }
 
-// Flag annotations: which flags the --config file overrides, and which
-// have no effect in nftproxy (with why).
+// Flag annotations: which flags the --config file overrides, which have
+// no effect in nftproxy (with why), and which are nftproxy's own (not
+// kube-proxy's: TestUpstreamFlagSet leaves them out of the comparison).
 const (
 	annotationConfigFile = "nftproxy.io/config-file"
 	annotationNoEffect   = "nftproxy.io/no-effect"
+	annotationOwn        = "nftproxy.io/own"
 )
 
 func newFlagValues() *flagValues {
@@ -61,15 +63,16 @@ func newFlagValues() *flagValues {
 		ownTables: true, fullSyncPeriod: defaultFullSyncPeriod, maxReaderWait: defaultMaxReaderWait}
 }
 
-// flagSet declares nftproxy's flags: every flag of kube-proxy v1.36 with
-// its name, type and meaning (upstream/flags.txt lists them), plus
-// nftproxy's own. Like upstream, "_" is accepted for "-" in flag names.
+// flagSet declares nftproxy's flags: every flag of kube-proxy (the release
+// upstream/flags.txt was generated from) with its name, type and meaning,
+// and no other, plus nftproxy's own (annotationOwn). Like upstream, "_" is
+// accepted for "-" in flag names.
 func (fv *flagValues) flagSet() *pflag.FlagSet {
 	fs := pflag.NewFlagSet("nftproxy", pflag.ContinueOnError)
 	fs.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
 	fv.addCommandFlags(fs)
 	fv.addNodeAndClientFlags(fs)
-	fv.addNFTProxyFlags(fs)
+	fs.AddFlagSet(fv.nftproxyFlags())
 	logsapi.AddFlags(&fv.cfg.Logging, fs)
 	fs.AddFlagSet(fv.configFileFlags())
 	addNoEffectFlags(fs)
@@ -90,6 +93,15 @@ func (fv *flagValues) addCommandFlags(fs *pflag.FlagSet) {
 func (fv *flagValues) addNodeAndClientFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&fv.hostnameOverride, "hostname-override", fv.hostnameOverride, "If non-empty, will be used as the name of the Node that nftproxy is running on. If unset, the node name is assumed to be the same as the node's hostname. Overrides the config file's hostnameOverride.")
 	fs.StringVar(&fv.master, "master", fv.master, "The address of the Kubernetes API server (overrides any value in kubeconfig)")
+}
+
+// nftproxyFlags declares nftproxy's own flags, which kube-proxy does not
+// have; none has a config file field, so all apply with --config too.
+func (fv *flagValues) nftproxyFlags() *pflag.FlagSet {
+	fs := pflag.NewFlagSet("nftproxy-own", pflag.ContinueOnError)
+	fv.addNFTProxyFlags(fs)
+	fs.VisitAll(func(f *pflag.Flag) { _ = fs.SetAnnotation(f.Name, annotationOwn, nil) })
+	return fs
 }
 
 func (fv *flagValues) addNFTProxyFlags(fs *pflag.FlagSet) {
@@ -128,7 +140,7 @@ func (fv *flagValues) addClientFlags(fs *pflag.FlagSet) {
 	fs.Float32Var(&cc.QPS, "kube-api-qps", cc.QPS, "QPS to use while talking with kubernetes apiserver.")
 	fs.Int32Var(&cc.Burst, "kube-api-burst", cc.Burst, "Burst to use while talking with kubernetes apiserver.")
 	fs.DurationVar(&c.ConfigSyncPeriod.Duration, "config-sync-period", c.ConfigSyncPeriod.Duration, "How often configuration from the apiserver is refreshed.  Must be greater than 0.")
-	fs.Var(cliflag.NewMapStringBool(&c.FeatureGates), "feature-gates", "A set of key=value pairs for kube-proxy v1.36's feature gates (upstream/feature-gates.txt); unknown gates are an error, as upstream. nftproxy honours the logging gates (LoggingAlphaOptions, LoggingBetaOptions, ContextualLogging); the others have no effect.")
+	fs.Var(cliflag.NewMapStringBool(&c.FeatureGates), "feature-gates", "A set of key=value pairs for the feature gates of kube-proxy "+upstreamRelease()+" (upstream/feature-gates.txt); unknown gates, and locked ones set against their default, are an error, as upstream. nftproxy honours the logging gates (LoggingAlphaOptions, LoggingBetaOptions, ContextualLogging); the others have no effect.")
 }
 
 func (fv *flagValues) addProxyFlags(fs *pflag.FlagSet) {
@@ -148,7 +160,7 @@ func (fv *flagValues) addProxyFlags(fs *pflag.FlagSet) {
 func (fv *flagValues) addServerFlags(fs *pflag.FlagSet) {
 	c := fv.cfg
 	fs.StringVar(&c.HealthzBindAddress, "healthz-bind-address", c.HealthzBindAddress, "The IP address and port for the health check server to serve on. Set empty to disable.")
-	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", c.MetricsBindAddress, "The IP address and port for the metrics server to serve on. (Set to '0.0.0.0:10249' / '[::]:10249' to bind on all interfaces.) Set empty to disable. See also --metrics-bind-address-override.")
+	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", c.MetricsBindAddress, "The IP address and port for the metrics server to serve on. (Set to '0.0.0.0:10249' / '[::]:10249' to bind on all interfaces.) Empty on the command line: no metrics server (nftproxy; kube-proxy refuses an empty address). See also --metrics-bind-address-override.")
 	fs.BoolVar(&c.BindAddressHardFail, "bind-address-hard-fail", c.BindAddressHardFail, "If true nftproxy will treat failure to bind to a port as fatal and exit.")
 	fs.BoolVar(&c.EnableProfiling, "profiling", c.EnableProfiling, "If true enables profiling via web interface on /debug/pprof handler of the metrics server.")
 	fs.Int32Var(c.OOMScoreAdj, "oom-score-adj", *c.OOMScoreAdj, "The oom-score-adj value for the nftproxy process. Values must be within the range [-1000, 1000].")
@@ -185,8 +197,6 @@ var noEffect = map[string]string{
 	"ipvs-tcp-timeout":                "IPVS mode only",
 	"ipvs-tcpfin-timeout":             "IPVS mode only",
 	"ipvs-udp-timeout":                "IPVS mode only",
-	"boot-id-file":                    "cAdvisor's flag, which kube-proxy inherits through its imports and does not use either",
-	"machine-id-file":                 "cAdvisor's flag, which kube-proxy inherits through its imports and does not use either",
 }
 
 // addUnusedConfigFlags declares the config file flags that have no effect,
@@ -207,11 +217,10 @@ func (fv *flagValues) addUnusedConfigFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.IPVS.UDPTimeout.Duration, "ipvs-udp-timeout", c.IPVS.UDPTimeout.Duration, "The timeout for IPVS UDP packets.")
 }
 
-// addNoEffectFlags declares the upstream flags that neither nftproxy nor
-// the config file use, and marks every flag of noEffect.
+// addNoEffectFlags marks every flag of noEffect. (kube-proxy up to v1.36
+// also had cAdvisor's --boot-id-file and --machine-id-file, which v1.37
+// dropped with cAdvisor; nftproxy follows the newest release.)
 func addNoEffectFlags(fs *pflag.FlagSet) {
-	fs.String("boot-id-file", "/proc/sys/kernel/random/boot_id", "Comma-separated list of files to check for boot-id.")
-	fs.String("machine-id-file", "/etc/machine-id,/var/lib/dbus/machine-id", "Comma-separated list of files to check for machine-id.")
 	for name, why := range noEffect {
 		if f := fs.Lookup(name); f != nil { // TestEveryUpstreamFlagAccepted checks they all are
 			_ = fs.SetAnnotation(name, annotationNoEffect, []string{why})

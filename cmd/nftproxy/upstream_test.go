@@ -16,8 +16,8 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/testbed"
 )
 
-// upstreamFlags reads upstream/flags.txt: every flag kube-proxy v1.36
-// defines, hidden and deprecated ones included.
+// upstreamFlags reads upstream/flags.txt: every flag kube-proxy defines
+// (the release its header names), hidden and deprecated ones included.
 func upstreamFlags(t *testing.T) []string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("upstream", "flags.txt"))
@@ -36,18 +36,31 @@ func upstreamFlags(t *testing.T) []string {
 	return names
 }
 
-// TestEveryUpstreamFlagAccepted: each flag of kube-proxy v1.36 is declared,
-// and is either used or reported as having no effect.
-func TestEveryUpstreamFlagAccepted(t *testing.T) {
+// TestUpstreamFlagSet: nftproxy declares exactly kube-proxy's flags, as
+// upstream/flags.txt lists them, plus its own (annotationOwn), both ways: a
+// flag upstream adds, or one it drops (as v1.37 dropped --boot-id-file and
+// --machine-id-file), fails the test until nftproxy follows. Each upstream
+// flag is either used or reported as having no effect.
+func TestUpstreamFlagSet(t *testing.T) {
 	fs := newFlagValues().flagSet()
-	for _, name := range upstreamFlags(t) {
+	upstream := upstreamFlags(t)
+	for _, name := range upstream {
 		if name == "help" { // pflag answers --help itself
 			continue
 		}
-		if fs.Lookup(name) == nil {
-			t.Errorf("kube-proxy flag --%s is not accepted", name)
+		f := fs.Lookup(name)
+		switch {
+		case f == nil:
+			t.Errorf("kube-proxy %s flag --%s is not accepted", upstreamRelease(), name)
+		case isOwnFlag(f):
+			t.Errorf("--%s is marked nftproxy's own, but kube-proxy %s has it", name, upstreamRelease())
 		}
 	}
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !isOwnFlag(f) && !slices.Contains(upstream, f.Name) {
+			t.Errorf("--%s is not a flag of kube-proxy %s (upstream/flags.txt): drop it as upstream did, or make it nftproxy's own", f.Name, upstreamRelease())
+		}
+	})
 	for name := range noEffect {
 		if f := fs.Lookup(name); f == nil || f.Annotations[annotationNoEffect] == nil {
 			t.Errorf("no-effect flag --%s is not declared as such", name)
@@ -55,24 +68,49 @@ func TestEveryUpstreamFlagAccepted(t *testing.T) {
 	}
 }
 
-// TestUpstreamFlagsFile: upstream/flags.txt still lists what the upstream
-// kube-proxy binary built by e2e/tools/build.sh shows in its --help (which
-// omits the deprecated flags), so that the unit test above checks against
-// the real list. Skipped without that binary, except under NFTPROXY_E2E=1.
+func isOwnFlag(f *pflag.Flag) bool {
+	_, own := f.Annotations[annotationOwn]
+	return own
+}
+
+// TestUpstreamFlagsFile: upstream/flags.txt and the upstream kube-proxy
+// binary built by e2e/tools/build.sh agree, both ways: every flag its
+// --help shows is listed (and accepted, and not deprecated, by nftproxy),
+// and every flag listed that --help does not show is deprecated or hidden
+// upstream, and so in nftproxy. Together with TestUpstreamFlagSet, nftproxy's
+// flags are then the binary's. Skipped without that binary, except under
+// NFTPROXY_E2E=1.
 func TestUpstreamFlagsFile(t *testing.T) {
 	help := upstreamOutput(t, "--help")
 	listed := upstreamFlags(t)
 	fs := newFlagValues().flagSet()
-	names := regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z0-9-]+)`).FindAllStringSubmatch(help, -1)
-	if len(names) < 50 {
-		t.Fatalf("kube-proxy --help shows %d flags:\n%s", len(names), help)
+	var shown []string
+	for _, m := range regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z0-9-]+)`).FindAllStringSubmatch(help, -1) {
+		shown = append(shown, m[1])
 	}
-	for _, m := range names {
-		if !slices.Contains(listed, m[1]) {
-			t.Errorf("kube-proxy --help shows --%s, missing from upstream/flags.txt (regenerate it)", m[1])
+	if len(shown) < 50 {
+		t.Fatalf("kube-proxy --help shows %d flags:\n%s", len(shown), help)
+	}
+	for _, name := range shown {
+		if !slices.Contains(listed, name) {
+			t.Errorf("kube-proxy --help shows --%s, missing from upstream/flags.txt (regenerate it)", name)
 		}
-		if m[1] != "help" && fs.Lookup(m[1]) == nil {
-			t.Errorf("kube-proxy flag --%s is not accepted by nftproxy", m[1])
+		if name == "help" {
+			continue
+		}
+		if f := fs.Lookup(name); f == nil {
+			t.Errorf("kube-proxy flag --%s is not accepted by nftproxy", name)
+		} else if f.Deprecated != "" || f.Hidden {
+			t.Errorf("kube-proxy --help shows --%s; nftproxy marks it deprecated or hidden", name)
+		}
+	}
+	for _, name := range listed {
+		if slices.Contains(shown, name) {
+			continue
+		}
+		if f := fs.Lookup(name); f == nil || f.Deprecated == "" && !f.Hidden {
+			t.Errorf("upstream/flags.txt lists --%s, which kube-proxy --help does not show: not a flag of this binary "+
+				"(regenerate upstream/flags.txt), or deprecated or hidden upstream (mark it so in nftproxy)", name)
 		}
 	}
 }
@@ -104,8 +142,7 @@ func upstreamOutput(t *testing.T, args ...string) string {
 func TestFlagGroups(t *testing.T) {
 	fs := newFlagValues().flagSet()
 	alwaysApplied := []string{"config", "write-config-to", "cleanup", "init-only", "version",
-		"hostname-override", "master", "service-cidr", "ip-families", "metrics-bind-address-override", "own-tables", "full-sync-period", "max-reader-wait", "remove-kube-proxy-tables", "service-traffic-metrics",
-		"boot-id-file", "machine-id-file"}
+		"hostname-override", "master", "service-cidr", "ip-families", "metrics-bind-address-override", "own-tables", "full-sync-period", "max-reader-wait", "remove-kube-proxy-tables", "service-traffic-metrics"}
 	var logging pflag.FlagSet
 	logsapi.AddFlags(&newFlagValues().cfg.Logging, &logging)
 	fs.VisitAll(func(f *pflag.Flag) {
