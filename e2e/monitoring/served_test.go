@@ -144,7 +144,7 @@ func probeHealth(t *testing.T, health *healthz.ProxyHealth) {
 func requestAPI(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"major":"1","minor":"36","gitVersion":"v1.36.3"}`))
+		_, _ = w.Write([]byte(`{"major":"1","minor":"37","gitVersion":"v1.37.2"}`))
 	}))
 	defer srv.Close()
 	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})

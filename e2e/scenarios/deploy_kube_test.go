@@ -22,7 +22,8 @@ import (
 
 // Helpers of TestDeploy: a bed set up like a kubeadm cluster (kubeadm's own
 // kube-proxy objects, an API server that allows privileged pods), kubectl
-// and kubeadm built from Kubernetes v1.36.3, and the deploy/ kustomizations.
+// and kubeadm built from the newest Kubernetes release (e2e/tools/versions),
+// and the deploy/ kustomizations.
 
 // Names of the objects deploy/ and kubeadm create in kube-system.
 const (

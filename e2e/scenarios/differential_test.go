@@ -11,22 +11,23 @@ import (
 )
 
 // diffDeliberate lists where nftproxy deliberately gives another outcome
-// than upstream kube-proxy v1.36.3 for a probe of TestDifferential (keys are
-// diffRow.key(), outcomes as the table prints them), each with its reason.
-// Anything else that differs fails the test, and so does an entry whose
-// difference no longer shows.
+// than upstream kube-proxy (the newest release of e2e/tools/versions) for a
+// probe of TestDifferential (keys are diffRow.key(), outcomes as the table
+// prints them), each with its reason. Anything else that differs fails the
+// test, and so does an entry whose difference no longer shows.
 //
-// Empty today. The difference expected from kubernetes#131765 (a pod on a
-// node without a local endpoint dialing an eTP=Local Service's external or
-// LB IP: dropped by upstream, served by nftproxy) does not exist in v1.36.3:
-// kubernetes#132456 (cherry-picked to 1.33 as #133969) fixed it. v1.36.3
-// keeps the external IPs in service-ips with the external- chain even
-// without a local endpoint, and that chain's "short-circuit pod traffic" /
-// "short-circuit local traffic" rules DNAT in nat prerouting/output, before
-// the no-endpoint-services / no-endpoint-nodeports drop in the filter hooks
-// can match ("DROP anything that didn't get short-circuited by the EXT
-// chain", pkg/proxy/nftables/proxier.go). The rows "eTP=Local, only endpoint
-// on n3: ..." from pod and from node show both proxies serving b3.
+// Empty today (against v1.36.3 and v1.37.2). The difference expected from
+// kubernetes#131765 (a pod on a node without a local endpoint dialing an
+// eTP=Local Service's external or LB IP: dropped by upstream, served by
+// nftproxy) does not exist since kubernetes#132456 (cherry-picked to 1.33
+// as #133969) fixed it. Upstream keeps the external IPs in service-ips
+// with the external- chain even without a local endpoint, and that chain's
+// "short-circuit pod traffic" / "short-circuit local traffic" rules DNAT in
+// nat prerouting/output, before the no-endpoint-services /
+// no-endpoint-nodeports drop in the filter hooks can match ("DROP anything
+// that didn't get short-circuited by the EXT chain",
+// pkg/proxy/nftables/proxier.go). The rows "eTP=Local, only endpoint on
+// n3: ..." from pod and from node show both proxies serving b3.
 var diffDeliberate = []diffKnown{}
 
 // TestDifferential runs the same probes through node n1 (nftproxy) and node

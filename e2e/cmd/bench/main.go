@@ -1,5 +1,5 @@
 // Command bench measures nftproxy, and with --upstream upstream kube-proxy
-// v1.36.3 in nftables mode, on the e2e test bed: a real kube-apiserver with N
+// (the newest release of e2e/tools/versions) in nftables mode, on the e2e test bed: a real kube-apiserver with N
 // selector-less Services of M endpoints each (EndpointSlices written
 // directly), each proxy in its own node namespace, one proxy after the other
 // (the first is stopped before the second starts, so neither competes with

@@ -28,7 +28,7 @@ var operatorCRDs = map[string]string{
 	"monitoring.coreos.com_prometheusrules.yaml": "prometheusrules.monitoring.coreos.com",
 }
 
-// kubectl runs the kubectl that e2e/tools/build.sh builds (kubectl v1.36)
+// kubectl runs the kubectl that e2e/tools/build.sh builds (the newest release of e2e/tools/versions)
 // as the bed's admin, from the control namespace, with a discovery cache
 // of its own.
 type kubectl struct {
