@@ -13,7 +13,7 @@ GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 GO_LDFLAGS = -X main.version=$(VERSION) -X main.gitCommit=$(GIT_COMMIT) -X main.buildDate=$(BUILD_DATE)
 
-.PHONY: all deps build image test unit e2e-tools e2e demo bench bench-plots vet clean soak
+.PHONY: all deps build image test unit e2e-tools e2e demo bench bench-plots vet clean soak skew
 
 all: build
 
@@ -64,9 +64,25 @@ e2e-tools: deps
 	e2e/tools/build.sh
 
 # The real test bed: apiserver + etcd, nodes and pods as network namespaces.
+# KUBE_APISERVER_VERSION picks the beds' kube-apiserver and etcd: the newest
+# release (default) or the oldest supported one (make skew).
+KUBE_APISERVER_VERSION ?= $(NFTPROXY_KUBE_APISERVER_VERSION)
 e2e: e2e-tools
-	NFTPROXY_E2E=1 $(GO) test -count=1 $(E2E_FLAGS) ./e2e/...
-	$(MONITORING) $(GO) test -count=1 $(E2E_FLAGS) ./live
+	NFTPROXY_E2E=1 NFTPROXY_KUBE_APISERVER_VERSION=$(KUBE_APISERVER_VERSION) $(GO) test -count=1 $(E2E_FLAGS) ./e2e/...
+	$(MONITORING) NFTPROXY_KUBE_APISERVER_VERSION=$(KUBE_APISERVER_VERSION) $(GO) test -count=1 $(E2E_FLAGS) ./live
+
+# The scenarios that exercise the API (Services of every kind, EndpointSlices,
+# ServiceCIDRs, this Node, restarts, outages, objects straight from etcd)
+# against the kube-apiserver and etcd of the oldest Kubernetes release
+# nftproxy supports ("skew-kubernetes" in e2e/tools/versions; built on demand
+# by e2e/tools/build.sh --skew). docs/kubernetes-versions.md says what differs.
+SKEW_VERSION := $(shell awk '$$1 == "skew-kubernetes" { print $$2 }' e2e/tools/versions)
+SKEW_TESTS   ?= ^(TestClusterIP|TestExternal|TestSemantics|TestConntrack|TestRestart|TestEarlyConnectionAttempt|TestNodeChanges|TestAPIServerOutage|TestStartWithoutAPIServer|TestBadInputFromEtcd|TestDump|TestDiff)$$
+skew: e2e-tools
+	e2e/tools/build.sh --skew
+	NFTPROXY_E2E=1 NFTPROXY_KUBE_APISERVER_VERSION=$(SKEW_VERSION) $(GO) test -count=1 $(E2E_FLAGS) \
+		-run '$(SKEW_TESTS)' ./e2e/scenarios
+	NFTPROXY_E2E=1 NFTPROXY_KUBE_APISERVER_VERSION=$(SKEW_VERSION) $(GO) test -count=1 -run '^TestBed$$' ./e2e/testbed
 
 test: deps vet unit e2e
 
