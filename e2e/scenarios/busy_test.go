@@ -35,15 +35,7 @@ func TestReadersOnABusyNode(t *testing.T) {
 	if testing.Short() {
 		size = 2000
 	}
-	svcs := make([]testbed.StoredService, size)
-	for i := range svcs {
-		svcs[i] = testbed.StoredService{Name: fmt.Sprintf("busy-%d", i),
-			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
-			Slice: unansweredSlice(fmt.Sprintf("busy-%d", i), i, 0)}
-	}
-	if _, err := c.bed.Store(c.ns, svcs); err != nil {
-		t.Fatal(err)
-	}
+	svcs := c.storeUnanswered("busy", size)
 	a, b := c.backend(1, "busy-a"), c.backend(1, "busy-b")
 	client := n1.AddPod("busy-client")
 	ips := c.service("busy-web", 80, false, v1.ProtocolTCP)
