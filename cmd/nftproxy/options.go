@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -342,13 +341,6 @@ func (fv *flagValues) proxierConfig(env environment) (proxier.Config, error) {
 	}
 	pc.LocalDetect = proxier.LocalDetect{Mode: string(c.DetectLocalMode),
 		BridgeInterface: c.DetectLocal.BridgeInterface, InterfaceNamePrefix: c.DetectLocal.InterfaceNamePrefix}
-	if len(c.NodePortAddresses) != 1 || c.NodePortAddresses[0] != "primary" {
-		// checkNodePortAddresses reports the unparsable ones.
-		for _, a := range c.NodePortAddresses {
-			if p, err := netip.ParsePrefix(a); err == nil {
-				pc.NodePortCIDRs = append(pc.NodePortCIDRs, p.Masked())
-			}
-		}
-	}
+	pc.NodePortPrimary, pc.NodePortCIDRs = expandNodePortAddresses(c.NodePortAddresses)
 	return pc, errors.Join(errs...)
 }

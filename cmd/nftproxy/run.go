@@ -331,17 +331,22 @@ func openBackends(cfg proxier.Config, own bool) (map[nft.Family]nft.Interface, f
 
 // healthCheckServers returns one server per family for the health check
 // node ports of externalTrafficPolicy: Local Services, each counting that
-// family's endpoints, as upstream. They listen on the --nodeport-addresses
-// CIDRs, or with "primary" on every address (the node's primary IPs are
-// only known once its Node object is seen).
+// family's endpoints, as upstream. They listen on the local addresses in
+// the --nodeport-addresses CIDRs (127.0.0.1 and ::1 too with "localhost",
+// as upstream's), or with "primary" among them on every address (the
+// node's primary IPs are only known once its Node object is seen).
 func healthCheckServers(cfg proxier.Config, health *healthz.ProxyHealth) map[nft.Family]proxier.HealthCheckServer {
 	out := map[nft.Family]proxier.HealthCheckServer{}
+	addrs := cfg.NodePortCIDRs
+	if cfg.NodePortPrimary {
+		addrs = nil
+	}
 	for _, f := range enabledFamilies(cfg) {
 		network := "tcp4"
 		if f == nft.IPv6 {
 			network = "tcp6"
 		}
-		out[f] = healthcheck.New(healthcheck.Config{Network: network, NodePortAddresses: cfg.NodePortCIDRs,
+		out[f] = healthcheck.New(healthcheck.Config{Network: network, NodePortAddresses: addrs,
 			ProxyHealthy: func() bool { return health.Status().Healthy }})
 	}
 	return out
@@ -414,9 +419,12 @@ func logStartup(o *options) {
 		"masqueradeAll", c.MasqueradeAll, "masqueradeBit", c.MasqueradeBit,
 		"syncPeriod", c.SyncPeriod, "minSyncPeriod", c.MinSyncPeriod, "syncBusyShare", c.SyncBusyShare, "maxReaderWait", c.MaxReaderWait)
 	logFlagNotes(o)
-	if len(c.NodePortCIDRs) == 0 {
+	switch {
+	case len(c.NodePortCIDRs) == 0:
 		klog.InfoS("NodePorts answer on the node's primary IPs (from its Node object)")
-	} else {
+	case c.NodePortPrimary:
+		klog.InfoS("NodePorts answer on the node's primary IPs (from its Node object) and on local addresses in", "nodePortAddresses", c.NodePortCIDRs)
+	default:
 		klog.InfoS("NodePorts answer on local addresses in", "nodePortAddresses", c.NodePortCIDRs)
 	}
 	if len(c.ClusterCIDRs) == 0 && !c.MasqueradeAll {

@@ -132,11 +132,11 @@ func (n NodePortAddresses) guardsOn(f nft.Family, fd nft.Field) [][]nft.Phrase {
 		}
 		out = append(out, []nft.Phrase{nft.MatchPrefix{Field: fd, Prefix: netip.PrefixFrom(a, a.BitLen())}})
 	}
-	loopback := netip.MustParsePrefix("127.0.0.0/8")
-	if f == nft.IPv6 {
-		loopback = netip.MustParsePrefix("::1/128")
-	}
+	loopback := f.Loopback()
 	for _, c := range n.CIDRs {
+		if loopback.Overlaps(c) && c.Bits() >= loopback.Bits() {
+			continue // loopback only: a guard that nothing passes
+		}
 		g := []nft.Phrase{nft.MatchFibLocal{Field: fd}}
 		if c.Bits() > 0 {
 			g = append(g, nft.MatchPrefix{Field: fd, Prefix: c.Masked()})

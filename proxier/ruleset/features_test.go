@@ -130,6 +130,7 @@ func TestNodePortAddresses(t *testing.T) {
 		{"CIDR: non-local address inside", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")}}, []netip.Addr{nodeIP}, "10.20.0.9", false, false},
 		{"all: any local address", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}, []netip.Addr{nodeIP, ip("10.20.0.1")}, "10.20.0.1", false, true},
 		{"all: never loopback", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}, []netip.Addr{nodeIP, ip("127.0.0.1")}, "127.0.0.1", true, false},
+		{"loopback CIDR: not served by the kernel", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, []netip.Addr{nodeIP, ip("127.0.0.1")}, "127.0.0.1", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := featureConfig()
