@@ -83,6 +83,7 @@ func TestFeatureFlows(t *testing.T) {
 		{"NodePort on loopback is not served", trace.Packet{Src: ip("127.0.0.1"), Dst: ip("127.0.0.1"), Proto: nft.ProtoTCP, DPort: 30080, FromNode: true},
 			nft.VerdictAccept, nil, false},
 		{"NodePort without endpoints is rejected", pkt(outside, "10.10.0.11", 30083), trace.VerdictReject, nil, false},
+		{"NodePort without endpoints, from the node itself, is rejected (filter-input)", fromNode("10.10.0.11", 30083), trace.VerdictReject, nil, false},
 		{"external IP without endpoints is rejected", pkt(outside, "10.10.0.204", 80), trace.VerdictReject, nil, false},
 		{"external IP, masqueraded", pkt(outside, "10.10.0.201", 80), nft.VerdictAccept, both, true},
 		{"external IP, wrong port untouched", pkt(outside, "10.10.0.201", 81), nft.VerdictAccept, nil, false},
