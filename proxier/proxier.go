@@ -533,7 +533,8 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 	fs.slots = seedSlots(f, loaded)
 	fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
 	fs.noLocalInternal, fs.noLocalExternal = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
-	for _, set := range ruleset.Sets(f, p.cfg.TrafficCounters) {
+	rcfg, _ := p.rulesetConfig(f) // Sets reads only what a run never changes
+	for _, set := range ruleset.Sets(f, rcfg) {
 		fs.editor.AddSet(set)
 	}
 	fs.reserve = ruleset.Counts{}

@@ -95,7 +95,7 @@ func checkIncremental(t *testing.T, st fuzzstate.State, f nft.Family, kernel ker
 	t.Helper()
 	cfg := fuzzConfig(f)
 	fk, ed, slots := nftfake.New(), nft.NewEditor(f), NewSlots()
-	for _, s := range Sets(f, CountNone) {
+	for _, s := range Sets(f, Config{}) {
 		ed.AddSet(s)
 	}
 	ed.Replace(nil, Base(cfg, f))
