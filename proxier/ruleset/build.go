@@ -62,6 +62,10 @@ type LocalhostNodePorts struct {
 
 func (l LocalhostNodePorts) rejects(proto uint8) bool { return slices.Contains(l.Reject, proto) }
 
+// LocalhostRejectedSet is the counted set whose elements count the
+// connections to loopback NodePorts refused, one per protocol.
+const LocalhostRejectedSet = setLocalhostRejected
+
 // LocalhostRejected returns the protocol whose refused connections an
 // element's counter holds, if s is the set that counts them (ok false for
 // any other set).

@@ -21,7 +21,7 @@ import (
 // that is no NodePort. With every protocol rejected, connections to the
 // NodePorts are refused (TCP with a reset, UDP with an ICMP error) in
 // spite of the listeners, and counted per protocol in the elements of
-// localhost-nodeport-rejected (nftnl.ReadCounters); the other port
+// localhost-nodeport-rejected (nftnl.ReadSetCounters); the other port
 // answers. With TCP left to the userspace proxy, the TCP listener gets
 // its connection and UDP is still refused. `nft list` prints each table
 // as Dump says, and the listing loads again with `nft -f`.
@@ -51,7 +51,9 @@ func TestKernelLocalhostNodePorts(t *testing.T) {
 			}
 			udpEcho(t, ns, udpNodePort)
 
-			rs := Build(localhostConfig(tc.f, tc.l), tc.f, localhostState(tc.f))
+			cfg := localhostConfig(tc.f, tc.l)
+			cfg.Counters = CountEndpoints // counted sets that ReadSetCounters must leave alone
+			rs := Build(cfg, tc.f, localhostState(tc.f))
 			nl, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: ns.Fd})
 			if err != nil {
 				t.Fatal(err)
@@ -74,10 +76,12 @@ func TestKernelLocalhostNodePorts(t *testing.T) {
 			}
 
 			counted := map[uint8]uint64{}
-			if err := nl.ReadCounters(context.Background(), tc.f, func(s *nft.Set, e nft.Element, c nftnl.Counter) {
-				if proto, ok := LocalhostRejected(s.Name, e); ok {
-					counted[proto] = c.Packets
+			if err := nl.ReadSetCounters(context.Background(), tc.f, []string{LocalhostRejectedSet}, func(s *nft.Set, e nft.Element, c nftnl.Counter) {
+				proto, ok := LocalhostRejected(s.Name, e)
+				if !ok {
+					t.Errorf("ReadSetCounters read set %s", s.Name)
 				}
+				counted[proto] = c.Packets
 			}); err != nil {
 				t.Fatal(err)
 			}
