@@ -48,6 +48,12 @@ type Config struct {
 	// TrafficCounters says which dispatch maps count new connections
 	// (--service-traffic-metrics; see ruleset.Counters).
 	TrafficCounters ruleset.Counters
+	// LocalhostNodePorts is the feature gate
+	// KubeProxyNFTablesLocalhostNodePorts: NodePort connections to the
+	// node's loopback addresses are refused, or for TCP in a family whose
+	// NodePortCIDRs name a loopback CIDR, proxied in userspace
+	// (LocalhostProxied, Deps.LocalhostNodePorts).
+	LocalhostNodePorts bool
 
 	// SyncPeriod is the longest time between two syncs (default 30 s);
 	// MinSyncPeriod the shortest (0: see SyncBusyShare); FullSyncPeriod
@@ -127,7 +133,38 @@ func rulesetConfig(c Config, f nft.Family, node model.Node, apiServiceCIDRs []ne
 		cfg.LocalTraffic.CIDRs = ofFamily(f, c.ClusterCIDRs)
 	}
 	cfg.NodePorts = nodePortAddresses(c, f, node)
+	cfg.LocalhostNodePorts = ruleset.LocalhostNodePorts{Reject: c.localhostRejected(f)}
 	return cfg, node
+}
+
+// LocalhostProxied reports whether family f's TCP NodePorts are served on
+// its loopback address by a userspace proxy (proxier/localnodeport), as
+// upstream's with the gate on: when NodePortCIDRs hold a CIDR of the
+// family whose network address is a loopback one (127.0.0.0/8,
+// 127.0.0.1/32, ::1/128; not 0.0.0.0/0, which only contains them).
+func (c Config) LocalhostProxied(f nft.Family) bool {
+	if !c.LocalhostNodePorts {
+		return false
+	}
+	for _, p := range ofFamily(f, c.NodePortCIDRs) {
+		if p.Masked().Addr().IsLoopback() {
+			return true
+		}
+	}
+	return false
+}
+
+// localhostRejected are the protocols whose NodePorts refuse connections
+// to family f's loopback addresses: none without the gate, UDP and SCTP
+// where the userspace proxy serves TCP, else all three.
+func (c Config) localhostRejected(f nft.Family) []uint8 {
+	switch {
+	case !c.LocalhostNodePorts:
+		return nil
+	case c.LocalhostProxied(f):
+		return []uint8{nft.ProtoUDP, nft.ProtoSCTP}
+	}
+	return []uint8{nft.ProtoTCP, nft.ProtoUDP, nft.ProtoSCTP}
 }
 
 // primaryNodePorts reports whether NodePorts answer on the node's primary
