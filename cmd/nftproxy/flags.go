@@ -128,7 +128,7 @@ func (fv *flagValues) addClientFlags(fs *pflag.FlagSet) {
 	fs.Float32Var(&cc.QPS, "kube-api-qps", cc.QPS, "QPS to use while talking with kubernetes apiserver.")
 	fs.Int32Var(&cc.Burst, "kube-api-burst", cc.Burst, "Burst to use while talking with kubernetes apiserver.")
 	fs.DurationVar(&c.ConfigSyncPeriod.Duration, "config-sync-period", c.ConfigSyncPeriod.Duration, "How often configuration from the apiserver is refreshed.  Must be greater than 0.")
-	fs.Var(cliflag.NewMapStringBool(&c.FeatureGates), "feature-gates", "A set of key=value pairs for kube-proxy v1.36's feature gates (upstream/feature-gates.txt); unknown gates are an error, as upstream. nftproxy honours the logging gates (LoggingAlphaOptions, LoggingBetaOptions, ContextualLogging); the others have no effect.")
+	fs.Var(cliflag.NewMapStringBool(&c.FeatureGates), "feature-gates", "A set of key=value pairs for kube-proxy's feature gates (upstream/feature-gates.txt); unknown gates are an error, as upstream. nftproxy honours the logging gates (LoggingAlphaOptions, LoggingBetaOptions, ContextualLogging) and KubeProxyNFTablesLocalhostNodePorts (alpha, default false: NodePort connections to 127.0.0.1 and ::1 are refused, or for TCP proxied when --nodeport-addresses names loopback); the others have no effect.")
 }
 
 func (fv *flagValues) addProxyFlags(fs *pflag.FlagSet) {

@@ -37,7 +37,7 @@ type options struct {
 	ConfigFile string
 	ConfigData []byte
 	// FeatureGate holds the feature gates given, checked against
-	// kube-proxy's; nftproxy reads only the logging ones.
+	// kube-proxy's; nftproxy reads those in honouredGates.
 	FeatureGate featuregate.FeatureGate
 
 	Client clientOptions
@@ -226,6 +226,9 @@ func (fv *flagValues) resolve(fs *pflag.FlagSet, env environment, o *options) er
 	check(fv.resolveServers(o))
 	o.Proxier, err = fv.proxierConfig(env)
 	check(err)
+	if o.FeatureGate != nil {
+		o.Proxier.LocalhostNodePorts = o.FeatureGate.Enabled(gateLocalhostNodePorts)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}

@@ -718,3 +718,43 @@ func TestNodePortAddressKeywords(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalhostNodePortsGate: kube-proxy 1.37's gates are accepted, and
+// KubeProxyNFTablesLocalhostNodePorts (default off), from the flag or the
+// file, reaches the proxier's configuration; the proxies are made for the
+// families whose loopback nodePortAddresses names.
+func TestLocalhostNodePortsGate(t *testing.T) {
+	file := func(gates string) map[string]string {
+		return map[string]string{"c": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n" +
+			"featureGates: {" + gates + "}\nnodePortAddresses: [primary, 127.0.0.0/8]\n"}
+	}
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		files map[string]string
+		on    bool
+	}{
+		{name: "default off"},
+		{name: "flag", args: []string{"--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true,NFTablesNetlink=false"}, on: true},
+		{name: "flag off", args: []string{"--feature-gates=KubeProxyNFTablesLocalhostNodePorts=false"}},
+		{name: "file", args: []string{"--config=c"}, files: file("KubeProxyNFTablesLocalhostNodePorts: true"), on: true},
+		{name: "file without", args: []string{"--config=c"}, files: file("NFTablesNetlink: true")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseOptions(tc.args, testEnv(tc.files))
+			if err != nil {
+				t.Fatal(err)
+			}
+			expect(t, "LocalhostNodePorts", o.Proxier.LocalhostNodePorts, tc.on)
+			var families []string
+			for f := range localhostProxies(o.Proxier) {
+				families = append(families, f.String())
+			}
+			if tc.files != nil && tc.on {
+				expect(t, "proxied families", families, []string{"ip"})
+			} else {
+				expect(t, "proxied families", families, []string(nil))
+			}
+		})
+	}
+}
