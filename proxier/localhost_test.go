@@ -13,10 +13,14 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nftfake"
 	"github.com/nftproxy/nftproxy/nft/trace"
+	"github.com/nftproxy/nftproxy/proxier/healthz"
 	"github.com/nftproxy/nftproxy/proxier/localnodeport"
 	"github.com/nftproxy/nftproxy/proxier/model"
 )
@@ -198,5 +202,60 @@ func TestLocalhostConfig(t *testing.T) {
 				t.Errorf("reject %v %v, want %v %v", r4.LocalhostNodePorts.Reject, r6.LocalhostNodePorts.Reject, tc.reject4, tc.reject6)
 			}
 		})
+	}
+}
+
+// TestLocalhostNodePortsRestart: a restart that turns the gate on adds
+// the localhost objects, one with the same gate writes nothing, and one
+// that turns it off removes them all.
+func TestLocalhostNodePortsRestart(t *testing.T) {
+	rec := &recorder{Fake: nftfake.New()}
+	objs := []runtime.Object{nodePortService("web", "10.96.0.10", 30080, v1.ProtocolTCP),
+		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")}
+	run := func(gate bool) {
+		t.Helper()
+		in := &instance{health: healthz.NewProxyHealth(time.Minute, nil)}
+		var err error
+		in.p, err = New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute, LocalhostNodePorts: gate},
+			Deps{Client: fake.NewClientset(objs...), NFT: map[nft.Family]nft.Interface{nft.IPv4: rec}, Health: in.health})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { _ = in.p.Run(ctx); close(done) }()
+		waitFor(t, "the first sync", func() bool {
+			return !in.health.Status().Families[nft.IPv4.IPFamily()].LastUpdated.IsZero()
+		})
+		cancel()
+		<-done
+	}
+	localhostObjects := func() int {
+		n := 0
+		for _, l := range strings.Split(rec.Dump(nft.IPv4), "\n") {
+			if strings.Contains(l, "localhost") {
+				n++
+			}
+		}
+		return n
+	}
+	run(false)
+	if n := localhostObjects(); n != 0 {
+		t.Fatalf("%d lines about localhost without the gate:\n%s", n, rec.Dump(nft.IPv4))
+	}
+	run(true)
+	if n := localhostObjects(); n == 0 {
+		t.Fatalf("no localhost objects after a restart with the gate:\n%s", rec.Dump(nft.IPv4))
+	}
+	before := rec.count()
+	run(true)
+	for _, tx := range rec.since(before) {
+		if len(tx.Ops) > 0 {
+			t.Errorf("a restart with the same gate sent %d operations", len(tx.Ops))
+		}
+	}
+	run(false)
+	if n := localhostObjects(); n != 0 {
+		t.Errorf("%d lines about localhost after a restart without the gate:\n%s", n, rec.Dump(nft.IPv4))
 	}
 }
