@@ -62,6 +62,18 @@ func TestLocalhostNodePorts(t *testing.T) {
 	c.eventually(n2.Netns, "tcp", at(lo6, np), 3, "refused on ::1", all("refused"))
 	c.eventually(n2.Netns, "udp", at(lo4, npUDP), 3, "refused on 127.0.0.1", all("refused"))
 
+	// nftproxy explain reads the refusals from the kernel's table.
+	for _, q := range []struct {
+		n     *testbed.Node
+		proto string
+		to    netip.AddrPort
+	}{{n2, "tcp", at(lo4, np)}, {n2, "tcp", at(lo6, np)}, {n1, "udp", at(lo4, npUDP)}} {
+		outcomes, text := c.explainOn(q.n, "node", q.proto, q.to)
+		if len(outcomes) != 1 || outcomes[0].Verdict != "reject" || outcomes[0].Reason != "NodePorts that refuse connections to loopback" {
+			t.Errorf("%s: explain %s %s: %+v\n%s", q.n.Name, q.proto, q.to, outcomes, text)
+		}
+	}
+
 	const (
 		listeners = "kubeproxy_nftables_localhost_nodeport_listeners"
 		failures  = "kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total"
