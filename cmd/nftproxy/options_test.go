@@ -758,3 +758,37 @@ func TestLocalhostNodePortsGate(t *testing.T) {
 		})
 	}
 }
+
+// FuzzNodePortAddresses: any list is either refused or expands to valid
+// CIDRs, two per localhost and all keyword and one per CIDR entry, and
+// to primary exactly when it names it.
+func FuzzNodePortAddresses(f *testing.F) {
+	for _, s := range []string{"primary", "localhost,all", "primary,10.0.0.0/8,::1/128", "all,all", "127.0.0.1/8", "x", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		list := strings.Split(s, ",")
+		if err := checkNodePortAddresses(list); err != nil {
+			return
+		}
+		primary, cidrs := expandNodePortAddresses(list)
+		want := 0
+		for _, a := range list {
+			switch a {
+			case nodePortLocalhost, nodePortAll:
+				want += 2
+			case nodePortPrimary:
+			default:
+				want++
+			}
+		}
+		if primary != slices.Contains(list, nodePortPrimary) || len(cidrs) != want {
+			t.Fatalf("%q: primary %v, %d CIDRs %v, want %d", s, primary, len(cidrs), cidrs, want)
+		}
+		for _, p := range cidrs {
+			if !p.IsValid() || p != p.Masked() {
+				t.Fatalf("%q: CIDR %v", s, p)
+			}
+		}
+	})
+}
