@@ -259,29 +259,19 @@ func (s *session) dumpOne(ctx context.Context, family Family, proto uint8, flows
 		if err != nil {
 			return flows, wrap(err)
 		}
-		done := false
-		err = nfnl.Messages(buf, func(h nfnl.Header, payload []byte) error {
-			if h.Seq != seq {
-				return nil // a late reply to an earlier request
+		done, err := nfnl.DumpMessages(buf, seq, func(h nfnl.Header, payload []byte) error {
+			if h.Type != ctType(ctMsgNew) {
+				return nil
 			}
-			switch h.Type {
-			case unix.NLMSG_DONE:
-				done = true
-				return nfnl.DoneErr(payload)
-			case unix.NLMSG_ERROR:
-				done = true
-				return nfnl.ParseAck(h.Flags, payload).Err()
-			case ctType(ctMsgNew):
-				fl, err := parseFlow(payload)
-				if err != nil {
-					parseErrs++
-					if firstParseErr == nil {
-						firstParseErr = err
-					}
-					return nil
+			fl, err := parseFlow(payload)
+			if err != nil {
+				parseErrs++
+				if firstParseErr == nil {
+					firstParseErr = err
 				}
-				flows = append(flows, fl)
+				return nil
 			}
+			flows = append(flows, fl)
 			return nil
 		})
 		if err != nil {

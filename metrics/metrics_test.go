@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -166,4 +167,61 @@ func labelNames(m *dto.Metric) []string {
 		names = append(names, l.GetName())
 	}
 	return names
+}
+
+// TestLocalhostNodePortMetrics: the three metrics of localhost NodePorts
+// are served only once registered (the feature gate is on), with
+// upstream's names, types and labels.
+func TestLocalhostNodePortMetrics(t *testing.T) {
+	names := []string{"kubeproxy_nftables_localhost_nodeport_listeners",
+		"kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total",
+		"kubeproxy_nftables_localhost_nodeport_rejected_packets_total"}
+	LocalhostNodePortListeners.WithLabelValues(IPv4).Set(2)
+	LocalhostNodePortListenerCreationFailuresTotal.WithLabelValues(IPv6).Inc()
+	for _, name := range names {
+		if _, ok := gather(t)[name]; ok {
+			t.Errorf("%s served before RegisterLocalhostNodePorts", name)
+		}
+	}
+	unregister, err := RegisterLocalhostNodePorts(fixedRejected{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	families := gather(t)
+	for i, want := range []struct {
+		typ    dto.MetricType
+		labels []string
+	}{
+		{dto.MetricType_GAUGE, []string{"ip_family"}},
+		{dto.MetricType_COUNTER, []string{"ip_family"}},
+		{dto.MetricType_COUNTER, []string{"ip_family", "protocol"}},
+	} {
+		mf, ok := families[names[i]]
+		if !ok {
+			t.Errorf("%s not served", names[i])
+			continue
+		}
+		if mf.GetType() != want.typ || !slices.Equal(labelNames(mf.GetMetric()[0]), want.labels) ||
+			!strings.HasPrefix(mf.GetHelp(), "[ALPHA] ") {
+			t.Errorf("%s: %v %v %q, want %v %v and an [ALPHA] help", names[i], mf.GetType(), labelNames(mf.GetMetric()[0]),
+				mf.GetHelp(), want.typ, want.labels)
+		}
+	}
+	unregister()
+	if _, ok := gather(t)[names[2]]; ok {
+		t.Error("rejected packets served after unregister")
+	}
+	unregister, err = RegisterLocalhostNodePorts(fixedRejected{})
+	if err != nil {
+		t.Fatalf("second registration: %v", err)
+	}
+	unregister()
+}
+
+// fixedRejected reports one series of rejected packets.
+type fixedRejected struct{}
+
+func (fixedRejected) Describe(ch chan<- *prometheus.Desc) { ch <- LocalhostNodePortRejectedPackets }
+func (fixedRejected) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(LocalhostNodePortRejectedPackets, prometheus.CounterValue, 3, IPv4, "UDP")
 }

@@ -54,6 +54,22 @@ func (f Family) Contains(a netip.Addr) bool {
 	return a.Is4()
 }
 
+// Unspecified is the family's unspecified address (0.0.0.0, ::).
+func (f Family) Unspecified() netip.Addr {
+	if f == IPv6 {
+		return netip.IPv6Unspecified()
+	}
+	return netip.IPv4Unspecified()
+}
+
+// Loopback is the family's loopback prefix: 127.0.0.0/8, or ::1/128.
+func (f Family) Loopback() netip.Prefix {
+	if f == IPv6 {
+		return netip.PrefixFrom(netip.IPv6Loopback(), 128)
+	}
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{127, 0, 0, 0}), 8)
+}
+
 // DataType is an nft set key or data type. Magic is the type number nft
 // stores in NFTA_SET_KEY_TYPE (nftables src/datatype.h); Len is the number of
 // bytes of the value in the kernel.

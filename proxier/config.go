@@ -25,9 +25,15 @@ type Config struct {
 	// LocalDetect says how traffic from this node's pods is recognised
 	// (--detect-local-mode); the zero value is ClusterCIDR mode.
 	LocalDetect LocalDetect
-	// NodePortCIDRs (--nodeport-addresses): NodePorts answer on this node's
-	// addresses inside them. Empty: on the node's primary IPs only.
-	NodePortCIDRs []netip.Prefix
+	// NodePortCIDRs (--nodeport-addresses, its keywords "localhost" and
+	// "all" expanded): NodePorts answer on this node's addresses inside
+	// them. NodePortPrimary ("primary", the default), or no CIDRs at all:
+	// also on the node's primary IPs, from its Node object. An IP family
+	// that neither names answers on all its addresses, as upstream's
+	// (kube-proxy adds 0.0.0.0/0 or ::/0 for it). Loopback addresses are
+	// never served by the kernel's rules (see nodePortAddresses).
+	NodePortCIDRs   []netip.Prefix
+	NodePortPrimary bool
 	// ServiceCIDRs are the fallback service CIDRs (--service-cidr), used when
 	// the ServiceCIDR API is not available: traffic to an unallocated
 	// address inside them is dropped.
@@ -42,6 +48,12 @@ type Config struct {
 	// TrafficCounters says which dispatch maps count new connections
 	// (--service-traffic-metrics; see ruleset.Counters).
 	TrafficCounters ruleset.Counters
+	// LocalhostNodePorts is the feature gate
+	// KubeProxyNFTablesLocalhostNodePorts: NodePort connections to the
+	// node's loopback addresses are refused, or for TCP in a family whose
+	// NodePortCIDRs name a loopback CIDR, proxied in userspace
+	// (LocalhostProxied, Deps.LocalhostNodePorts).
+	LocalhostNodePorts bool
 
 	// SyncPeriod is the longest time between two syncs (default 30 s);
 	// MinSyncPeriod the shortest (0: see SyncBusyShare); FullSyncPeriod
@@ -120,16 +132,72 @@ func rulesetConfig(c Config, f nft.Family, node model.Node, apiServiceCIDRs []ne
 	default:
 		cfg.LocalTraffic.CIDRs = ofFamily(f, c.ClusterCIDRs)
 	}
-	if len(c.NodePortCIDRs) > 0 {
-		cfg.NodePorts.CIDRs = ofFamily(f, c.NodePortCIDRs)
-	} else {
-		for _, a := range node.Addresses {
-			if f.Contains(a) {
-				cfg.NodePorts.Addresses = append(cfg.NodePorts.Addresses, a)
-			}
+	cfg.NodePorts = nodePortAddresses(c, f, node)
+	cfg.LocalhostNodePorts = ruleset.LocalhostNodePorts{Reject: c.localhostRejected(f)}
+	return cfg, node
+}
+
+// LocalhostProxied reports whether family f's TCP NodePorts are served on
+// its loopback address by a userspace proxy (proxier/localnodeport), as
+// upstream's with the gate on: when NodePortCIDRs hold a CIDR of the
+// family whose network address is a loopback one (127.0.0.0/8,
+// 127.0.0.1/32, ::1/128; not 0.0.0.0/0, which only contains them).
+func (c Config) LocalhostProxied(f nft.Family) bool {
+	if !c.LocalhostNodePorts {
+		return false
+	}
+	for _, p := range ofFamily(f, c.NodePortCIDRs) {
+		if p.Masked().Addr().IsLoopback() {
+			return true
 		}
 	}
-	return cfg, node
+	return false
+}
+
+// localhostRejected are the protocols whose NodePorts refuse connections
+// to family f's loopback addresses: none without the gate, UDP and SCTP
+// where the userspace proxy serves TCP, else all three.
+func (c Config) localhostRejected(f nft.Family) []uint8 {
+	switch {
+	case !c.LocalhostNodePorts:
+		return nil
+	case c.LocalhostProxied(f):
+		return []uint8{nft.ProtoUDP, nft.ProtoSCTP}
+	}
+	return []uint8{nft.ProtoTCP, nft.ProtoUDP, nft.ProtoSCTP}
+}
+
+// primaryNodePorts reports whether NodePorts answer on the node's primary
+// IPs.
+func (c Config) primaryNodePorts() bool { return c.NodePortPrimary || len(c.NodePortCIDRs) == 0 }
+
+// nodePortAddresses are the destinations of family f on which the kernel's
+// rules serve NodePorts: the node's primary IPs of the family (see
+// primaryNodePorts), and its local addresses inside the family's CIDRs,
+// or inside 0.0.0.0/0 (::/0) when the list names neither. Loopback CIDRs
+// (127.0.0.0/8, ::1/128) are left out: the kernel never DNATs traffic to
+// a loopback address, which would then leave the node with a source it
+// cannot answer; upstream's rules leave it alone too, and what happens to
+// it is the localhost NodePorts' business.
+func nodePortAddresses(c Config, f nft.Family, node model.Node) ruleset.NodePortAddresses {
+	var np ruleset.NodePortAddresses
+	cidrs := ofFamily(f, c.NodePortCIDRs)
+	if c.primaryNodePorts() {
+		for _, a := range node.Addresses {
+			if f.Contains(a) {
+				np.Addresses = append(np.Addresses, a)
+			}
+		}
+	} else if len(cidrs) == 0 {
+		cidrs = []netip.Prefix{netip.PrefixFrom(f.Unspecified(), 0)}
+	}
+	lo := f.Loopback()
+	for _, p := range cidrs {
+		if !lo.Overlaps(p) || p.Bits() < lo.Bits() {
+			np.CIDRs = append(np.CIDRs, p)
+		}
+	}
+	return np
 }
 
 func ofFamily(f nft.Family, ps []netip.Prefix) []netip.Prefix {

@@ -44,6 +44,10 @@ type Deps struct {
 	// HealthCheck, if set, serves the health check ports of
 	// externalTrafficPolicy: Local Services, one server per family.
 	HealthCheck map[nft.Family]HealthCheckServer
+	// LocalhostNodePorts, if set, serves TCP NodePorts on the loopback
+	// address of the families Config.LocalhostProxied names, one proxy
+	// per family.
+	LocalhostNodePorts map[nft.Family]LocalhostNodePortProxy
 	// Conntrack, if set, deletes stale UDP and SCTP flows after syncs.
 	Conntrack conntrack.Interface
 	// Monitor, if set, reports changes other processes make to the
@@ -127,6 +131,11 @@ type familyState struct {
 	healthLocal map[healthcheck.ServiceName]int
 	// Services with a Local traffic policy and no endpoint on this node.
 	noLocalInternal, noLocalExternal map[model.ServiceName]bool
+	// TCP NodePorts of the Services, for the userspace proxy of localhost
+	// NodePorts (Deps.LocalhostNodePorts); localhostChanged: since they
+	// were last handed to it.
+	localhostPorts   map[model.ServiceName][]localhostPort
+	localhostChanged bool
 
 	// frag and oldFrag are the memory a sync builds each Service's new and
 	// old fragment in (the editor copies the elements it keeps).
@@ -408,6 +417,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	p.firstSync(ctx, f, fs)
 	p.cleanConntrack(f, fs, ctJob)
 	p.syncHealthChecks(f, fs)
+	p.syncLocalhostNodePorts(f, fs)
 	return nil
 }
 
@@ -533,7 +543,9 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 	fs.slots = seedSlots(f, loaded)
 	fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
 	fs.noLocalInternal, fs.noLocalExternal = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
-	for _, set := range ruleset.Sets(f, p.cfg.TrafficCounters) {
+	fs.localhostPorts, fs.localhostChanged = map[model.ServiceName][]localhostPort{}, true
+	rcfg, _ := p.rulesetConfig(f) // Sets reads only what a run never changes
+	for _, set := range ruleset.Sets(f, rcfg) {
 		fs.editor.AddSet(set)
 	}
 	fs.reserve = ruleset.Counts{}
@@ -715,6 +727,7 @@ func (p *Proxier) syncService(f nft.Family, fs *familyState, name model.ServiceN
 		}
 	}
 	p.syncHealthCheck(fs, name, svc, ports)
+	p.syncLocalhostPorts(f, fs, name, ports)
 	delete(fs.noLocalInternal, name)
 	delete(fs.noLocalExternal, name)
 	for _, sp := range ports {

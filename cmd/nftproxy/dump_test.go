@@ -236,6 +236,31 @@ func TestDumpFollowsFlags(t *testing.T) {
 	if !strings.Contains(n2, "10.10.0.12") || strings.Contains(n2, "10.10.0.11") {
 		t.Errorf("the dump for n2 does not answer NodePorts on n2's address only:\n%s", n2)
 	}
+	plain := runDumpCommand(t, nil, files, "", append(dumpArgs, from...)...)
+	gate := append(append(dumpArgs, from...), "--feature-gates", "KubeProxyNFTablesLocalhostNodePorts=true")
+	refused := runDumpCommand(t, nil, files, "", gate...)
+	proxied := runDumpCommand(t, nil, files, "", append(gate, "--nodeport-addresses", "primary,localhost")...)
+	for _, tc := range []struct {
+		name, dump string
+		want, not  []string
+	}{
+		{"without the gate", plain, nil, []string{"localhost"}},
+		{"with the gate", refused, []string{"ip daddr 127.0.0.0/8 meta l4proto . th dport vmap @localhost-nodeport-reject-ports",
+			"ip6 daddr ::1 meta l4proto . th dport vmap @localhost-nodeport-reject-ports",
+			`tcp . 30011 comment "ns/np:tcp" : goto localhost-nodeport-reject`}, nil},
+		{"with the gate and localhost", proxied, []string{"localhost-nodeport-reject-ports"}, []string{": goto localhost-nodeport-reject,", "tcp . 30011 comment \"ns/np:tcp\" : goto localhost-nodeport-reject"}},
+	} {
+		for _, w := range tc.want {
+			if !strings.Contains(tc.dump, w) {
+				t.Errorf("%s: the dump lacks %q:\n%s", tc.name, w, tc.dump)
+			}
+		}
+		for _, n := range tc.not {
+			if strings.Contains(tc.dump, n) {
+				t.Errorf("%s: the dump has %q:\n%s", tc.name, n, tc.dump)
+			}
+		}
+	}
 }
 
 // TestDumpLoadsInNft: `nft -c -f` accepts the dump, in a fresh network

@@ -30,11 +30,24 @@ func upstreamRelease() string {
 	return "(unknown release)"
 }
 
+// The feature gates nftproxy acts on (honouredGates); the others are
+// accepted, as kube-proxy's, and logged as having no effect.
+const (
+	// gateLocalhostNodePorts: localhost NodePorts refused, or proxied in
+	// userspace (proxier.Config.LocalhostNodePorts). Alpha in kube-proxy
+	// v1.37, off by default.
+	gateLocalhostNodePorts featuregate.Feature = "KubeProxyNFTablesLocalhostNodePorts"
+)
+
+// honouredGates are the gates that change what nftproxy does: the logging
+// ones (component-base applies them) and gateLocalhostNodePorts.
+var honouredGates = []string{"LoggingAlphaOptions", "LoggingBetaOptions", "ContextualLogging", string(gateLocalhostNodePorts)}
+
 // featureGateFor returns a feature gate that knows exactly the gates of
 // kube-proxy's upstreamRelease, set from gates: an unknown gate (one the
 // release removed, say), a value other than the default of a locked one, or
 // a gate enabled without what it depends on is an error, as upstream.
-// nftproxy reads only the logging gates from it.
+// nftproxy reads the logging gates and gateLocalhostNodePorts from it.
 func featureGateFor(gates map[string]bool) (featuregate.FeatureGate, error) {
 	gate := featuregate.NewFeatureGate()
 	specs, deps, err := parseFeatureGates(upstreamFeatureGates)

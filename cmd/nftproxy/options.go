@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -38,7 +37,7 @@ type options struct {
 	ConfigFile string
 	ConfigData []byte
 	// FeatureGate holds the feature gates given, checked against
-	// kube-proxy's; nftproxy reads only the logging ones.
+	// kube-proxy's; nftproxy reads those in honouredGates.
 	FeatureGate featuregate.FeatureGate
 
 	Client clientOptions
@@ -231,6 +230,9 @@ func (fv *flagValues) resolve(fs *pflag.FlagSet, env environment, o *options) er
 	check(fv.resolveServers(o))
 	o.Proxier, err = fv.proxierConfig(env)
 	check(err)
+	if o.FeatureGate != nil {
+		o.Proxier.LocalhostNodePorts = o.FeatureGate.Enabled(gateLocalhostNodePorts)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
@@ -346,13 +348,6 @@ func (fv *flagValues) proxierConfig(env environment) (proxier.Config, error) {
 	}
 	pc.LocalDetect = proxier.LocalDetect{Mode: string(c.DetectLocalMode),
 		BridgeInterface: c.DetectLocal.BridgeInterface, InterfaceNamePrefix: c.DetectLocal.InterfaceNamePrefix}
-	if len(c.NodePortAddresses) != 1 || c.NodePortAddresses[0] != "primary" {
-		// checkNodePortAddresses reports the unparsable ones.
-		for _, a := range c.NodePortAddresses {
-			if p, err := netip.ParsePrefix(a); err == nil {
-				pc.NodePortCIDRs = append(pc.NodePortCIDRs, p.Masked())
-			}
-		}
-	}
+	pc.NodePortPrimary, pc.NodePortCIDRs = expandNodePortAddresses(c.NodePortAddresses)
 	return pc, errors.Join(errs...)
 }

@@ -48,6 +48,8 @@ func defaultProxierConfig() proxier.Config {
 		MaxReaderWait:  10 * time.Second,
 		ResyncPeriod:   15 * time.Minute,
 		LocalDetect:    proxier.LocalDetect{Mode: proxier.DetectClusterCIDR},
+		// nftables mode's default --nodeport-addresses=primary.
+		NodePortPrimary: true,
 	}
 }
 
@@ -636,8 +638,8 @@ func TestParseOptionsErrors(t *testing.T) {
 			want: []string{"--log-text-split-stream / logging.options.text.splitStream: Forbidden: Feature LoggingAlphaOptions is disabled"}},
 		{name: "flush frequency", args: []string{"--log-flush-frequency=0"},
 			want: []string{"--log-flush-frequency / logging.flushFrequency"}},
-		{name: "nodeport addresses", args: []string{"--nodeport-addresses=primary,10.0.0.0/8"},
-			want: []string{`"primary" must be the only value`}},
+		{name: "nodeport addresses", args: []string{"--nodeport-addresses=primary,10.0.0.0/33"},
+			want: []string{`nodePortAddresses[1] "10.0.0.0/33": neither a CIDR nor one of the keywords primary, localhost, all`}},
 		{name: "unknown flag", args: []string{"--no-such-flag"},
 			want: []string{"unknown flag: --no-such-flag"}},
 		{name: "stray argument", args: []string{"run"},
@@ -753,4 +755,146 @@ func expect[T any](t *testing.T, what string, got, want T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("%s = %#v, want %#v", what, got, want)
 	}
+}
+
+// TestNodePortAddressKeywords: --nodeport-addresses (and the file's
+// nodePortAddresses) take CIDRs and the keywords primary, localhost and
+// all, mixed, each keyword once; localhost and all expand to both
+// families' CIDRs, primary stays a flag, and /configz (o.Config) keeps
+// the list as given.
+func TestNodePortAddressKeywords(t *testing.T) {
+	tests := []struct {
+		name    string
+		list    string // "-": the flag not given
+		primary bool
+		cidrs   []netip.Prefix
+		err     string
+	}{
+		{name: "default", list: "-", primary: true},
+		{name: "primary", list: "primary", primary: true},
+		{name: "localhost", list: "localhost", cidrs: prefixes("127.0.0.0/8", "::1/128")},
+		{name: "all", list: "all", cidrs: prefixes("0.0.0.0/0", "::/0")},
+		{name: "primary and localhost", list: "primary,localhost", primary: true, cidrs: prefixes("127.0.0.0/8", "::1/128")},
+		{name: "keywords in any order, with CIDRs", list: "10.0.0.0/8,localhost,all,fd00::/64,primary", primary: true,
+			cidrs: prefixes("10.0.0.0/8", "127.0.0.0/8", "::1/128", "0.0.0.0/0", "::/0", "fd00::/64")},
+		{name: "a CIDR's host bits are masked", list: "127.0.0.1/8,10.1.2.3/16", cidrs: prefixes("127.0.0.0/8", "10.1.0.0/16")},
+		{name: "a CIDR may repeat", list: "10.0.0.0/8,10.0.0.0/8", cidrs: prefixes("10.0.0.0/8", "10.0.0.0/8")},
+		{name: "a keyword may not", list: "localhost,primary,localhost",
+			err: `--nodeport-addresses / nodePortAddresses[2] "localhost": keyword given twice`},
+		{name: "primary twice", list: "primary,primary", err: `nodePortAddresses[1] "primary": keyword given twice`},
+		{name: "unknown keyword", list: "loopback", err: `nodePortAddresses[0] "loopback": neither a CIDR nor one of the keywords primary, localhost, all`},
+		{name: "keywords are case sensitive", list: "Primary", err: `nodePortAddresses[0] "Primary": neither a CIDR`},
+		{name: "a bare address is no CIDR", list: "10.0.0.1", err: `nodePortAddresses[0] "10.0.0.1": neither a CIDR`},
+		{name: "every problem is reported", list: "all,x,all",
+			err: `nodePortAddresses[1] "x": neither a CIDR nor one of the keywords primary, localhost, all` + "\n" +
+				`--nodeport-addresses / nodePortAddresses[2] "all": keyword given twice`},
+	}
+	for _, tt := range tests {
+		for _, from := range []string{"flag", "file"} {
+			t.Run(tt.name+"/"+from, func(t *testing.T) {
+				var args []string
+				files := map[string]string{}
+				switch {
+				case tt.list == "-":
+				case from == "flag":
+					args = []string{"--nodeport-addresses=" + tt.list}
+				default:
+					args = []string{"--config=c"}
+					files["c"] = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n" +
+						"nodePortAddresses: [" + tt.list + "]\n"
+				}
+				o, err := parseOptions(args, testEnv(files))
+				if tt.err != "" {
+					if err == nil || !strings.Contains(err.Error(), tt.err) {
+						t.Fatalf("error %v, want %q", err, tt.err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				expect(t, "NodePortPrimary", o.Proxier.NodePortPrimary, tt.primary)
+				expect(t, "NodePortCIDRs", o.Proxier.NodePortCIDRs, tt.cidrs)
+				given := []string{"primary"} // nftables mode's default, as /configz shows it
+				if tt.list != "-" {
+					given = strings.Split(tt.list, ",")
+				}
+				expect(t, "Config.NodePortAddresses", o.Config.NodePortAddresses, given)
+			})
+		}
+	}
+}
+
+// TestLocalhostNodePortsGate: kube-proxy 1.37's gates are accepted, and
+// KubeProxyNFTablesLocalhostNodePorts (default off), from the flag or the
+// file, reaches the proxier's configuration; the proxies are made for the
+// families whose loopback nodePortAddresses names.
+func TestLocalhostNodePortsGate(t *testing.T) {
+	file := func(gates string) map[string]string {
+		return map[string]string{"c": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n" +
+			"featureGates: {" + gates + "}\nnodePortAddresses: [primary, 127.0.0.0/8]\n"}
+	}
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		files map[string]string
+		on    bool
+	}{
+		{name: "default off"},
+		{name: "flag", args: []string{"--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true,NFTablesNetlink=false"}, on: true},
+		{name: "flag off", args: []string{"--feature-gates=KubeProxyNFTablesLocalhostNodePorts=false"}},
+		{name: "file", args: []string{"--config=c"}, files: file("KubeProxyNFTablesLocalhostNodePorts: true"), on: true},
+		{name: "file without", args: []string{"--config=c"}, files: file("NFTablesNetlink: true")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseOptions(tc.args, testEnv(tc.files))
+			if err != nil {
+				t.Fatal(err)
+			}
+			expect(t, "LocalhostNodePorts", o.Proxier.LocalhostNodePorts, tc.on)
+			var families []string
+			for f := range localhostProxies(o.Proxier) {
+				families = append(families, f.String())
+			}
+			if tc.files != nil && tc.on {
+				expect(t, "proxied families", families, []string{"ip"})
+			} else {
+				expect(t, "proxied families", families, []string(nil))
+			}
+		})
+	}
+}
+
+// FuzzNodePortAddresses: any list is either refused or expands to valid
+// CIDRs, two per localhost and all keyword and one per CIDR entry, and
+// to primary exactly when it names it.
+func FuzzNodePortAddresses(f *testing.F) {
+	for _, s := range []string{"primary", "localhost,all", "primary,10.0.0.0/8,::1/128", "all,all", "127.0.0.1/8", "x", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		list := strings.Split(s, ",")
+		if err := checkNodePortAddresses(list); err != nil {
+			return
+		}
+		primary, cidrs := expandNodePortAddresses(list)
+		want := 0
+		for _, a := range list {
+			switch a {
+			case nodePortLocalhost, nodePortAll:
+				want += 2
+			case nodePortPrimary:
+			default:
+				want++
+			}
+		}
+		if primary != slices.Contains(list, nodePortPrimary) || len(cidrs) != want {
+			t.Fatalf("%q: primary %v, %d CIDRs %v, want %d", s, primary, len(cidrs), cidrs, want)
+		}
+		for _, p := range cidrs {
+			if !p.IsValid() || p != p.Masked() {
+				t.Fatalf("%q: CIDR %v", s, p)
+			}
+		}
+	})
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/nftproxy/nftproxy/proxier/healthcheck"
 	"github.com/nftproxy/nftproxy/proxier/healthz"
 	"github.com/nftproxy/nftproxy/proxier/leftovers"
+	"github.com/nftproxy/nftproxy/proxier/localnodeport"
 	"github.com/nftproxy/nftproxy/proxier/readers"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
 	"github.com/nftproxy/nftproxy/proxier/traffic"
@@ -129,6 +130,10 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 	for _, s := range deps.HealthCheck {
 		defer s.(*healthcheck.Server).Close()
 	}
+	deps.LocalhostNodePorts = localhostProxies(o.Proxier)
+	for _, lp := range deps.LocalhostNodePorts {
+		defer lp.(*localnodeport.Proxy).Close()
+	}
 	p, err := proxier.New(o.Proxier, deps)
 	if err != nil {
 		return fmt.Errorf("create proxier: %w", err)
@@ -138,6 +143,11 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 		return err
 	}
 	defer closeTraffic()
+	closeLocalhost, err := registerLocalhostMetrics(o.Proxier, deps.Readers)
+	if err != nil {
+		return err
+	}
+	defer closeLocalhost()
 	return runAll(ctx, proxyTasks(o, health, p)...)
 }
 
@@ -166,6 +176,45 @@ func registerTrafficMetrics(cfg proxier.Config, gate *readers.Gate) (func(), err
 		metrics.Registry.Unregister(c)
 		n.Close()
 	}, nil
+}
+
+// registerLocalhostMetrics serves, with the gate
+// KubeProxyNFTablesLocalhostNodePorts, upstream's three metrics of
+// localhost NodePorts, the refused connections read from the kernel's
+// counters at each scrape on a read-only socket of their own.
+func registerLocalhostMetrics(cfg proxier.Config, gate *readers.Gate) (func(), error) {
+	if !cfg.LocalhostNodePorts {
+		return func() {}, nil
+	}
+	n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("localhost NodePort metrics: %w", err)
+	}
+	var hold func() func()
+	if gate != nil {
+		hold = gate.Hold
+	}
+	unregister, err := metrics.RegisterLocalhostNodePorts(localnodeport.NewRejectedCollector(n, enabledFamilies(cfg), hold))
+	if err != nil {
+		n.Close()
+		return nil, fmt.Errorf("localhost NodePort metrics: %w", err)
+	}
+	return func() {
+		unregister()
+		n.Close()
+	}, nil
+}
+
+// localhostProxies returns the userspace proxies of localhost NodePorts,
+// one per family whose TCP NodePorts they serve (Config.LocalhostProxied).
+func localhostProxies(cfg proxier.Config) map[nft.Family]proxier.LocalhostNodePortProxy {
+	out := map[nft.Family]proxier.LocalhostNodePortProxy{}
+	for _, f := range enabledFamilies(cfg) {
+		if cfg.LocalhostProxied(f) {
+			out[f] = localnodeport.New(localnodeport.Config{Family: f})
+		}
+	}
+	return out
 }
 
 // checkLeftovers reports what kube-proxy left in the kernel, before the
@@ -331,17 +380,22 @@ func openBackends(cfg proxier.Config, own bool) (map[nft.Family]nft.Interface, f
 
 // healthCheckServers returns one server per family for the health check
 // node ports of externalTrafficPolicy: Local Services, each counting that
-// family's endpoints, as upstream. They listen on the --nodeport-addresses
-// CIDRs, or with "primary" on every address (the node's primary IPs are
-// only known once its Node object is seen).
+// family's endpoints, as upstream. They listen on the local addresses in
+// the --nodeport-addresses CIDRs (127.0.0.1 and ::1 too with "localhost",
+// as upstream's), or with "primary" among them on every address (the
+// node's primary IPs are only known once its Node object is seen).
 func healthCheckServers(cfg proxier.Config, health *healthz.ProxyHealth) map[nft.Family]proxier.HealthCheckServer {
 	out := map[nft.Family]proxier.HealthCheckServer{}
+	addrs := cfg.NodePortCIDRs
+	if cfg.NodePortPrimary {
+		addrs = nil
+	}
 	for _, f := range enabledFamilies(cfg) {
 		network := "tcp4"
 		if f == nft.IPv6 {
 			network = "tcp6"
 		}
-		out[f] = healthcheck.New(healthcheck.Config{Network: network, NodePortAddresses: cfg.NodePortCIDRs,
+		out[f] = healthcheck.New(healthcheck.Config{Network: network, NodePortAddresses: addrs,
 			ProxyHealthy: func() bool { return health.Status().Healthy }})
 	}
 	return out
@@ -414,10 +468,22 @@ func logStartup(o *options) {
 		"masqueradeAll", c.MasqueradeAll, "masqueradeBit", c.MasqueradeBit,
 		"syncPeriod", c.SyncPeriod, "minSyncPeriod", c.MinSyncPeriod, "syncBusyShare", c.SyncBusyShare, "maxReaderWait", c.MaxReaderWait)
 	logFlagNotes(o)
-	if len(c.NodePortCIDRs) == 0 {
+	switch {
+	case len(c.NodePortCIDRs) == 0:
 		klog.InfoS("NodePorts answer on the node's primary IPs (from its Node object)")
-	} else {
+	case c.NodePortPrimary:
+		klog.InfoS("NodePorts answer on the node's primary IPs (from its Node object) and on local addresses in", "nodePortAddresses", c.NodePortCIDRs)
+	default:
 		klog.InfoS("NodePorts answer on local addresses in", "nodePortAddresses", c.NodePortCIDRs)
+	}
+	if c.LocalhostNodePorts {
+		for _, f := range enabledFamilies(c) {
+			if c.LocalhostProxied(f) {
+				klog.InfoS("Localhost NodePorts: TCP proxied in userspace on the loopback address, UDP and SCTP refused", "ipFamily", f.IPFamily())
+			} else {
+				klog.InfoS("Localhost NodePorts: refused (nodePortAddresses names no loopback CIDR of the family)", "ipFamily", f.IPFamily())
+			}
+		}
 	}
 	if len(c.ClusterCIDRs) == 0 && !c.MasqueradeAll {
 		klog.InfoS("No --cluster-cidr: traffic to ClusterIPs from outside the pod network is not masqueraded")
@@ -443,7 +509,11 @@ func logFlagNotes(o *options) {
 	for _, name := range slices.Sorted(maps.Keys(o.NoEffectFlags)) {
 		klog.InfoS("Flag has no effect in nftproxy", "flag", name, "reason", o.NoEffectFlags[name])
 	}
-	if gates := o.Config.FeatureGates; len(gates) > 0 {
-		klog.InfoS("Feature gates other than the logging ones have no effect in nftproxy", "featureGates", gates)
+	ignored := maps.Clone(o.Config.FeatureGates)
+	for _, g := range honouredGates {
+		delete(ignored, g)
+	}
+	if len(ignored) > 0 {
+		klog.InfoS("Feature gates with no effect in nftproxy", "featureGates", ignored, "honoured", honouredGates)
 	}
 }

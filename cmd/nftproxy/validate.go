@@ -82,20 +82,63 @@ func checkClient(c *kpconfig.KubeProxyConfiguration) error {
 	return errors.Join(errs...)
 }
 
-// checkNodePortAddresses applies upstream's rule: CIDRs, or "primary" alone.
+// The keywords --nodeport-addresses takes besides CIDRs (kube-proxy 1.37):
+// they mix with each other and with CIDRs, each at most once.
+const (
+	// nodePortPrimary: the node's primary IPs, from its Node object (the
+	// default in nftables mode).
+	nodePortPrimary = "primary"
+	// nodePortLocalhost: 127.0.0.0/8 and ::1/128. With the gate
+	// KubeProxyNFTablesLocalhostNodePorts, TCP NodePorts are then proxied
+	// on 127.0.0.1 and ::1 (proxier/localnodeport).
+	nodePortLocalhost = "localhost"
+	// nodePortAll: 0.0.0.0/0 and ::/0, every local address.
+	nodePortAll = "all"
+)
+
+// checkNodePortAddresses applies upstream's rule: every entry is a CIDR or
+// a keyword, and no keyword is given twice (a CIDR may be).
 func checkNodePortAddresses(addrs []string) error {
-	for _, a := range addrs {
-		if a == "primary" {
-			if len(addrs) > 1 {
-				return fmt.Errorf("--nodeport-addresses / nodePortAddresses %q: \"primary\" must be the only value", addrs)
+	var errs []error
+	seen := map[string]bool{}
+	for i, a := range addrs {
+		switch a {
+		case nodePortPrimary, nodePortLocalhost, nodePortAll:
+			if seen[a] {
+				errs = append(errs, fmt.Errorf("--nodeport-addresses / nodePortAddresses[%d] %q: keyword given twice", i, a))
 			}
+			seen[a] = true
 			continue
 		}
 		if _, err := netip.ParsePrefix(a); err != nil {
-			return fmt.Errorf("--nodeport-addresses / nodePortAddresses %q: %w", a, err)
+			errs = append(errs, fmt.Errorf("--nodeport-addresses / nodePortAddresses[%d] %q: neither a CIDR nor one of the keywords primary, localhost, all", i, a))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// expandNodePortAddresses returns what a valid --nodeport-addresses stands
+// for: whether it names the node's primary IPs, and its CIDRs with
+// "localhost" and "all" expanded into theirs, as upstream expands them.
+// "primary" stays a flag: the primary IPs are read from the Node object
+// as it changes (proxier.Config.NodePortPrimary).
+func expandNodePortAddresses(addrs []string) (primary bool, cidrs []netip.Prefix) {
+	for _, a := range addrs {
+		switch a {
+		case nodePortPrimary:
+			primary = true
+		case nodePortLocalhost:
+			cidrs = append(cidrs, netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"))
+		case nodePortAll:
+			cidrs = append(cidrs, netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0"))
+		default:
+			// checkNodePortAddresses reports the unparsable ones.
+			if p, err := netip.ParsePrefix(a); err == nil {
+				cidrs = append(cidrs, p.Masked())
+			}
+		}
+	}
+	return primary, cidrs
 }
 
 // bindAddress validates a server address: "host:port", a bare IP (the

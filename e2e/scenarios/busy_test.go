@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/netip"
 	"os"
 	"slices"
@@ -35,15 +34,7 @@ func TestReadersOnABusyNode(t *testing.T) {
 	if testing.Short() {
 		size = 2000
 	}
-	svcs := make([]testbed.StoredService, size)
-	for i := range svcs {
-		svcs[i] = testbed.StoredService{Name: fmt.Sprintf("busy-%d", i),
-			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
-			Slice: unansweredSlice(fmt.Sprintf("busy-%d", i), i, 0)}
-	}
-	if _, err := c.bed.Store(c.ns, svcs); err != nil {
-		t.Fatal(err)
-	}
+	svcs := c.storeUnanswered("busy", size)
 	a, b := c.backend(1, "busy-a"), c.backend(1, "busy-b")
 	client := n1.AddPod("busy-client")
 	ips := c.service("busy-web", 80, false, v1.ProtocolTCP)
@@ -62,7 +53,9 @@ func TestReadersOnABusyNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.eventually(client.Netns, "tcp", addr, 3, "busy-a", onlyFrom("busy-a"))
-	n1.MustExec(t, "nft", "-f", writeTemp(t, foreignReload(20000, 500)))
+	// Another process's table, large enough that reading the whole ruleset
+	// takes longer than a few commits apart (the control below).
+	n1.MustExec(t, "nft", "-f", writeTemp(t, foreignReload(100000, 500)))
 
 	readers := []struct {
 		name string
@@ -70,7 +63,7 @@ func TestReadersOnABusyNode(t *testing.T) {
 	}{
 		{"nft list table ip nftproxy", []string{"nft", "list", "table", "ip", "nftproxy"}},
 		{"nft list ruleset", []string{"nft", "list", "ruleset"}},
-		{"nft -f (a foreign table's reload)", []string{"nft", "-f", writeTemp(t, foreignReload(20000, 500))}},
+		{"nft -f (a foreign table's reload)", []string{"nft", "-f", writeTemp(t, foreignReload(100000, 500))}},
 	}
 	idle := map[string]time.Duration{}
 	for _, r := range readers {
@@ -137,11 +130,14 @@ func TestReadersOnABusyNode(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 	limit := 5*idle["nft list ruleset"] + 3*time.Second
-	if d, err := timeCommand(ctx, n1, limit, "nft", "list", "ruleset"); err == nil {
-		t.Errorf("with --max-reader-wait=0, nft list ruleset under %.0f updates/s finished in %v: the bed does not reproduce readers being starved",
-			ch.rate(), d)
+	syncs := c.metric(n1, "nftproxy_syncs_total", "ip_family=IPv4", "result=success")
+	d, err := timeCommand(ctx, n1, limit, "nft", "list", "ruleset")
+	commits := c.metric(n1, "nftproxy_syncs_total", "ip_family=IPv4", "result=success") - syncs
+	if err == nil {
+		t.Errorf("with --max-reader-wait=0, nft list ruleset under %.0f updates/s (%.0f commits meanwhile) finished in %v: the bed does not reproduce readers being starved",
+			ch.rate(), commits, d)
 	} else {
-		t.Logf("BUSY control: with --max-reader-wait=0 nft list ruleset did not finish in %v", limit)
+		t.Logf("BUSY control: with --max-reader-wait=0 nft list ruleset did not finish in %v (%.0f commits meanwhile)", limit, commits)
 	}
 }
 
@@ -191,9 +187,28 @@ type churn struct {
 
 func (c *cluster) startChurn(svcs []testbed.StoredService, perSecond int) *churn {
 	ch := &churn{stopc: make(chan struct{}), done: make(chan struct{}), start: time.Now()}
-	rnd := rand.New(rand.NewPCG(33, 1))
+	// A ticker hands the updates to a few writers, so that a slow API
+	// server (a busy machine) does not slow the churn down.
+	work := make(chan int, perSecond)
+	var writers sync.WaitGroup
+	for range 4 {
+		writers.Go(func() {
+			for gen := range work {
+				k := (gen * 7919) % len(svcs)
+				es := unansweredSlice(svcs[k].Name, k, gen)
+				es.Namespace = c.ns
+				if _, err := c.client.DiscoveryV1().EndpointSlices(c.ns).Update(context.Background(), es, metav1.UpdateOptions{}); err == nil {
+					ch.mu.Lock()
+					ch.updates++
+					ch.mu.Unlock()
+				}
+			}
+		})
+	}
 	go func() {
 		defer close(ch.done)
+		defer writers.Wait()
+		defer close(work)
 		tick := time.NewTicker(time.Second / time.Duration(perSecond))
 		defer tick.Stop()
 		for gen := 1; ; gen++ {
@@ -202,13 +217,9 @@ func (c *cluster) startChurn(svcs []testbed.StoredService, perSecond int) *churn
 				return
 			case <-tick.C:
 			}
-			k := rnd.IntN(len(svcs))
-			es := unansweredSlice(svcs[k].Name, k, gen)
-			es.Namespace = c.ns
-			if _, err := c.client.DiscoveryV1().EndpointSlices(c.ns).Update(context.Background(), es, metav1.UpdateOptions{}); err == nil {
-				ch.mu.Lock()
-				ch.updates++
-				ch.mu.Unlock()
+			select {
+			case work <- gen:
+			default: // the writers are behind: this tick is lost
 			}
 		}
 	}()

@@ -315,15 +315,7 @@ func TestKillNineUnderLoad(t *testing.T) {
 	if testing.Short() {
 		size = 1000
 	}
-	svcs := make([]testbed.StoredService, size)
-	for i := range svcs {
-		svcs[i] = testbed.StoredService{Name: fmt.Sprintf("kill-%d", i),
-			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
-			Slice: unansweredSlice(fmt.Sprintf("kill-%d", i), i, 0)}
-	}
-	if _, err := c.bed.Store(c.ns, svcs); err != nil {
-		t.Fatal(err)
-	}
+	svcs := c.storeUnanswered("kill", size)
 	a, b := c.backendEcho(0, "kill-a"), c.backendEcho(1, "kill-b")
 	client := n1.AddPod("kill-client")
 	ips := c.service("kill-web", 80, false, v1.ProtocolTCP)
@@ -366,6 +358,24 @@ func TestKillNineUnderLoad(t *testing.T) {
 	if got := listFirewall(t, n1); got != fw {
 		t.Errorf("the firewall table changed through the restarts and the cleanup:\n%s\nwant\n%s", got, fw)
 	}
+}
+
+// storeUnanswered writes n Services <prefix>-0… into etcd (Bed.Store),
+// each with port http 80/TCP and unansweredSlice's endpoints, and returns
+// them.
+func (c *cluster) storeUnanswered(prefix string, n int) []testbed.StoredService {
+	c.t.Helper()
+	svcs := make([]testbed.StoredService, n)
+	for i := range svcs {
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		svcs[i] = testbed.StoredService{Name: name,
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
+			Slice: unansweredSlice(name, i, 0)}
+	}
+	if _, err := c.bed.Store(c.ns, svcs); err != nil {
+		c.t.Fatal(err)
+	}
+	return svcs
 }
 
 // unansweredSlice is Service name's EndpointSlice of generation gen: two

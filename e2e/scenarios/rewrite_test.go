@@ -6,8 +6,6 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-
-	"github.com/nftproxy/nftproxy/e2e/testbed"
 )
 
 // TestRewriteUnderLoad: nftproxy restarts six times while a client opens
@@ -21,15 +19,7 @@ import (
 func TestRewriteUnderLoad(t *testing.T) {
 	c := newCluster(t)
 	n1 := c.nodes[0]
-	svcs := make([]testbed.StoredService, 1000)
-	for i := range svcs {
-		svcs[i] = testbed.StoredService{Name: fmt.Sprintf("rw-%d", i),
-			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
-			Slice: unansweredSlice(fmt.Sprintf("rw-%d", i), i, 0)}
-	}
-	if _, err := c.bed.Store(c.ns, svcs); err != nil {
-		t.Fatal(err)
-	}
+	c.storeUnanswered("rw", 1000)
 	a, b := c.backendEcho(0, "rw-a"), c.backendEcho(1, "rw-b")
 	client := n1.AddPod("rw-client")
 	ips := c.service("rw-web", 80, false, v1.ProtocolTCP)

@@ -167,6 +167,29 @@ func Messages(b []byte, fn func(h Header, payload []byte) error) error {
 	return nil
 }
 
+// DumpMessages calls fn with each message of a datagram of a dump's
+// replies to the request with sequence number seq, and reports whether the
+// dump ended in it: at NLMSG_DONE, with the error the kernel put there, or
+// at NLMSG_ERROR, with its error. Messages of other sequence numbers (late
+// replies to earlier requests) are skipped.
+func DumpMessages(b []byte, seq uint32, fn func(h Header, payload []byte) error) (done bool, err error) {
+	err = Messages(b, func(h Header, payload []byte) error {
+		if h.Seq != seq {
+			return nil
+		}
+		switch h.Type {
+		case unix.NLMSG_DONE:
+			done = true
+			return DoneErr(payload)
+		case unix.NLMSG_ERROR:
+			done = true
+			return ParseAck(h.Flags, payload).Err()
+		}
+		return fn(h, payload)
+	})
+	return done, err
+}
+
 // Ack is an NLMSG_ERROR: the kernel's answer to a request that failed, or
 // that asked for an ACK (Errno 0).
 type Ack struct {

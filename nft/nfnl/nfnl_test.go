@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -260,5 +261,55 @@ func TestSeqs(t *testing.T) {
 	var s Seqs
 	if first, next := s.Next(3), s.Next(0); first != 1 || next != 4 {
 		t.Errorf("first %d, then %d", first, next)
+	}
+}
+
+// rawMessage is a netlink message of type typ, sequence seq and payload.
+func rawMessage(typ, flags uint16, seq uint32, payload []byte) []byte {
+	b := binary.NativeEndian.AppendUint32(nil, uint32(HeaderLen+len(payload)))
+	b = binary.NativeEndian.AppendUint16(b, typ)
+	b = binary.NativeEndian.AppendUint16(b, flags)
+	b = binary.NativeEndian.AppendUint32(b, seq)
+	b = binary.NativeEndian.AppendUint32(b, 0)
+	b = append(b, payload...)
+	return append(b, make([]byte, Align(len(b))-len(b))...)
+}
+
+// TestDumpMessages: a dump's messages reach fn but those of other
+// requests; NLMSG_DONE and NLMSG_ERROR end it with their errors; fn's
+// error stops it.
+func TestDumpMessages(t *testing.T) {
+	data := func(s string) []byte { return rawMessage(0x100, unix.NLM_F_MULTI, 5, []byte(s)) }
+	done := func(errno unix.Errno) []byte {
+		return rawMessage(unix.NLMSG_DONE, unix.NLM_F_MULTI, 5, binary.NativeEndian.AppendUint32(nil, uint32(-int32(errno))))
+	}
+	ackFlags, ackPayload := errorMessage(unix.EPERM, HeaderLen, true, "")
+	failed := errors.New("fn failed")
+	tests := []struct {
+		name     string
+		b        []byte
+		fnErr    error
+		want     string
+		wantDone bool
+		wantErr  error
+	}{
+		{"messages, no end yet", slices.Concat(data("a"), data("b")), nil, "ab", false, nil},
+		{"another request's messages are skipped", slices.Concat(rawMessage(0x100, 0, 4, []byte("x")), data("a")), nil, "a", false, nil},
+		{"done", slices.Concat(data("a"), done(0)), nil, "a", true, nil},
+		{"done with an error", done(unix.EINTR), nil, "", true, unix.EINTR},
+		{"error", rawMessage(unix.NLMSG_ERROR, ackFlags, 5, ackPayload), nil, "", true, unix.EPERM},
+		{"fn's error", slices.Concat(data("a"), data("b")), failed, "a", false, failed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got strings.Builder
+			d, err := DumpMessages(tt.b, 5, func(h Header, payload []byte) error {
+				got.Write(bytes.TrimRight(payload, "\x00"))
+				return tt.fnErr
+			})
+			if got.String() != tt.want || d != tt.wantDone || !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
+				t.Errorf("DumpMessages: fn saw %q, done %v, err %v; want %q, %v, %v", got.String(), d, err, tt.want, tt.wantDone, tt.wantErr)
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package nftnl
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -41,6 +42,17 @@ var ErrInterrupted = errLoadRaced
 // `counter`, one nftproxy did not write, and the elements that end ranges
 // are left out. No table: no call and no error.
 func (n *Netlink) ReadCounters(ctx context.Context, f nft.Family, fn CountedElement) error {
+	return n.readCounters(ctx, f, nil, fn)
+}
+
+// ReadSetCounters is ReadCounters for the counted sets of these names
+// only: the elements of the other sets, however many, are not read.
+func (n *Netlink) ReadSetCounters(ctx context.Context, f nft.Family, names []string, fn CountedElement) error {
+	return n.readCounters(ctx, f, names, fn)
+}
+
+// readCounters reads the counted sets named (nil: all).
+func (n *Netlink) readCounters(ctx context.Context, f nft.Family, names []string, fn CountedElement) error {
 	wrap := func(err error) error { return fmt.Errorf("read counters of table %s %s: %w", f, nft.TableName, err) }
 	return n.locked(ctx, wrap, func() error {
 		found, _, err := n.tableFlags(f)
@@ -50,7 +62,7 @@ func (n *Netlink) ReadCounters(ctx context.Context, f nft.Family, fn CountedElem
 		var counted []*nft.Set
 		if err := n.dump(unix.NFT_MSG_GETSET, f, func(e *encoder) { e.Str(unix.NFTA_SET_TABLE, nft.TableName) }, func(attrs []byte) error {
 			var d nfnl.Decoder
-			if s := decodeSet(&d, f, attrs); s != nil && s.Counter && s.Key != nil {
+			if s := decodeSet(&d, f, attrs); s != nil && s.Counter && s.Key != nil && (names == nil || slices.Contains(names, s.Name)) {
 				counted = append(counted, s)
 			}
 			return d.Err()

@@ -68,7 +68,7 @@ func BenchmarkDecodeElements(b *testing.B) {
 				var ends []uint32
 				var sc elementScratch
 				for _, m := range msgs {
-					if err := decodeElements(nft.IPv4, into, m, &ends, &sc); err != nil {
+					if err := decodeElements(nft.IPv4, into, m, &ends, &sc, nil); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -99,10 +99,10 @@ func TestDecodeReportsMalformed(t *testing.T) {
 		into := &nft.Set{Name: s.Name, Key: s.Key, Data: s.Data, EndpointsProto: s.EndpointsProto}
 		var ends []uint32
 		var sc elementScratch
-		if err := decodeElements(nft.IPv4, into, bad, &ends, &sc); !errors.Is(err, nfnl.ErrMalformed) {
+		if err := decodeElements(nft.IPv4, into, bad, &ends, &sc, nil); !errors.Is(err, nfnl.ErrMalformed) {
 			t.Errorf("set %s: a malformed element list decoded (%d elements), error %v", s.Name, into.Elements.Len(), err)
 		}
-		if err := decodeElements(nft.IPv4, into, last[:len(last)-3], &ends, &sc); !errors.Is(err, nfnl.ErrMalformed) {
+		if err := decodeElements(nft.IPv4, into, last[:len(last)-3], &ends, &sc, nil); !errors.Is(err, nfnl.ErrMalformed) {
 			t.Errorf("set %s: a truncated element list decoded, error %v", s.Name, err)
 		}
 	}

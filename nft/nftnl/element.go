@@ -3,6 +3,7 @@ package nftnl
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"unsafe"
 
@@ -203,15 +204,11 @@ func (b *batch) elementValue(s *nft.Set, e nft.Element, withValue bool) (elemVal
 
 // loadElements reads the elements of set s, closing the ranges of an
 // endpoints map.
-func (n *Netlink) loadElements(f nft.Family, s *nft.Set) error {
-	req := func(e *encoder) {
-		e.Str(unix.NFTA_SET_ELEM_LIST_TABLE, nft.TableName)
-		e.Str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
-	}
+func (n *Netlink) loadElements(f nft.Family, s *nft.Set, g *elementsDigest) error {
 	var ends []uint32
 	var sc elementScratch
-	if err := n.dump(unix.NFT_MSG_GETSETELEM, f, req, func(attrs []byte) error {
-		return decodeElements(f, s, attrs, &ends, &sc)
+	if err := n.dump(unix.NFT_MSG_GETSETELEM, f, elementsRequest(s), func(attrs []byte) error {
+		return decodeElements(f, s, attrs, &ends, &sc, g)
 	}); err != nil {
 		return fmt.Errorf("dump elements of set %s: %w", s.Name, err)
 	}
@@ -223,12 +220,81 @@ func (n *Netlink) loadElements(f nft.Family, s *nft.Set) error {
 	return nil
 }
 
-// decodeElements adds the elements of a NEWSETELEM of an element dump to s;
-// in an endpoints map, the keys of the elements that end ranges go to ends
+func elementsRequest(s *nft.Set) func(*encoder) {
+	return func(e *encoder) {
+		e.Str(unix.NFTA_SET_ELEM_LIST_TABLE, nft.TableName)
+		e.Str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
+	}
+}
+
+// A hash set is dumped in pieces, each of which walks the kernel's hash
+// table from its start and skips what earlier pieces sent; when the table
+// is resized between two pieces (the kernel grows and shrinks it in the
+// background, after the commits that filled or emptied it), the order
+// changes and a dump can miss elements, with nothing to say so: no commit
+// happened, the generation did not move. Load therefore reads each hash
+// set a second time and compares what the two readings hold (checkElements);
+// when they differ, it reads the table again. The interval sets (endpoints
+// maps) are trees, which are not resized.
+
+// elementsDigest sums, over a set's elements, a hash of each element's key
+// and data as the kernel sent them: the same elements give the same sum in
+// any order. Counters, which traffic moves between two readings, are left
+// out.
+type elementsDigest struct {
+	count int
+	sum   uint64
+}
+
+func (g *elementsDigest) add(d *nfnl.Decoder, elem []byte) {
+	h := fnv.New64a()
+	d.Attrs(elem, func(t uint16, data []byte) {
+		if t == unix.NFTA_SET_ELEM_KEY || t == unix.NFTA_SET_ELEM_DATA {
+			h.Write(data)
+		}
+	})
+	g.count++
+	g.sum += h.Sum64()
+}
+
+// digestElements reads the elements of set s again and digests them.
+func (n *Netlink) digestElements(f nft.Family, s *nft.Set) (elementsDigest, error) {
+	var g elementsDigest
+	err := n.dump(unix.NFT_MSG_GETSETELEM, f, elementsRequest(s), func(attrs []byte) error {
+		return walkElements(attrs, func(d *nfnl.Decoder, elem []byte) error {
+			g.add(d, elem)
+			return nil
+		})
+	})
+	if err != nil {
+		return g, fmt.Errorf("dump elements of set %s: %w", s.Name, err)
+	}
+	return g, nil
+}
+
+// checkElements reads the elements of hash set s again and fails with
+// errLoadRaced when they differ from what loadElements read (first).
+func (n *Netlink) checkElements(f nft.Family, s *nft.Set, first elementsDigest) error {
+	second, err := n.digestElements(f, s)
+	if err != nil {
+		return err
+	}
+	if first != second {
+		return fmt.Errorf("%w: two readings of set %s differ (%d and %d elements): the kernel resized its hash table meanwhile",
+			errLoadRaced, s.Name, first.count, second.count)
+	}
+	return nil
+}
+
+// decodeElements adds the elements of a NEWSETELEM of an element dump to s,
+// and digests them into g if it is not nil; in an endpoints map, the keys of the elements that end ranges go to ends
 // instead, and the range starts are added with the end openRange, which
 // closeRanges replaces.
-func decodeElements(f nft.Family, s *nft.Set, attrs []byte, ends *[]uint32, sc *elementScratch) error {
+func decodeElements(f nft.Family, s *nft.Set, attrs []byte, ends *[]uint32, sc *elementScratch, g *elementsDigest) error {
 	return walkElements(attrs, func(d *nfnl.Decoder, elem []byte) error {
+		if g != nil {
+			g.add(d, elem)
+		}
 		e, end, err := decodeElement(d, f, s, elem, sc)
 		switch {
 		case err != nil:

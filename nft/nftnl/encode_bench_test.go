@@ -37,7 +37,7 @@ func benchFragment(slots *ruleset.Slots, sz benchstate.Size, i, gen int) *nft.Fr
 // single changes.
 func benchEditor(sz benchstate.Size) (*nft.Editor, []*nft.Fragment, *ruleset.Slots) {
 	ed := nft.NewEditor(nft.IPv4)
-	for _, s := range ruleset.Sets(nft.IPv4, ruleset.CountNone) {
+	for _, s := range ruleset.Sets(nft.IPv4, ruleset.Config{}) {
 		ed.AddSet(s)
 	}
 	ed.Replace(nil, ruleset.Base(benchCfg, nft.IPv4))

@@ -262,7 +262,8 @@ func (n *Netlink) loadDumps(ctx context.Context, deadline time.Time, f nft.Famil
 // loadJobs are the dumps that fill in rs once its chains and sets are
 // known: each set's elements (but the dynamic sets'), the plain sets
 // (hash tables, read back in O(n²)) before the endpoints maps (many small
-// ones), then each chain's rules (see loadRules).
+// ones), then each chain's rules (see loadRules). A hash set's elements
+// are read twice (checkElements).
 func loadJobs(rs *nft.Ruleset) []func(*Netlink) error {
 	f := rs.Family
 	var jobs []func(*Netlink) error
@@ -272,7 +273,17 @@ func loadJobs(rs *nft.Ruleset) []func(*Netlink) error {
 			if s.Dynamic || s.Key == nil || (s.EndpointsProto != 0) != maps {
 				continue // filled by the packet path, not ours to read, or not in this pass
 			}
-			jobs = append(jobs, func(on *Netlink) error { return on.loadElements(f, s) })
+			if s.EndpointsProto != 0 {
+				jobs = append(jobs, func(on *Netlink) error { return on.loadElements(f, s, nil) })
+				continue
+			}
+			jobs = append(jobs, func(on *Netlink) error { // a hash set: read twice (checkElements)
+				var first elementsDigest
+				if err := on.loadElements(f, s, &first); err != nil {
+					return err
+				}
+				return on.checkElements(f, s, first)
+			})
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(rs.Chains)) {

@@ -46,6 +46,9 @@ const (
 	diagFlagDumping  = 0x1
 	diagMsgInodeOff  = 16
 	diagMsgPortIDOff = 4
+	// diagSeq is every request's sequence number: the lister's socket
+	// has one request at a time under way.
+	diagSeq = 1
 )
 
 // SocketLister lists the netfilter netlink sockets of other processes
@@ -142,6 +145,7 @@ func (l *SocketLister) dump() ([]Socket, error) {
 	binary.NativeEndian.PutUint32(req[0:], uint32(len(req)))
 	binary.NativeEndian.PutUint16(req[4:], unix.SOCK_DIAG_BY_FAMILY)
 	binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
+	binary.NativeEndian.PutUint32(req[8:], diagSeq)
 	body := req[nfnl.HeaderLen:]
 	body[0] = unix.AF_NETLINK
 	body[1] = unix.NETLINK_NETFILTER
@@ -155,16 +159,7 @@ func (l *SocketLister) dump() ([]Socket, error) {
 		if err != nil {
 			return nil, err
 		}
-		done := false
-		err = nfnl.Messages(l.buf[:n], func(h nfnl.Header, payload []byte) error {
-			switch h.Type {
-			case unix.NLMSG_DONE:
-				done = true
-				return nfnl.DoneErr(payload)
-			case unix.NLMSG_ERROR:
-				done = true
-				return nfnl.ParseAck(h.Flags, payload).Err()
-			}
+		done, err := nfnl.DumpMessages(l.buf[:n], diagSeq, func(h nfnl.Header, payload []byte) error {
 			s, err := decodeDiagMsg(payload)
 			if err != nil {
 				return err

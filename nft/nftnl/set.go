@@ -170,14 +170,15 @@ func setUserdata(f nft.Family, s *nft.Set) ([]byte, error) {
 }
 
 // byteorder is the byte order nft records for a key or data type: none for
-// a concatenation or a verdict, host order for marks and integers, network
-// order otherwise.
+// a concatenation, a verdict or a protocol (one byte: nft 1.0.6's
+// inet_protocol_type has none), host order for marks and integers,
+// network order otherwise.
 func byteorder(ts []nft.DataType) uint32 {
 	if len(ts) != 1 {
 		return byteorderInvalid
 	}
 	switch ts[0] {
-	case nft.TypeVerdict:
+	case nft.TypeVerdict, nft.TypeInetProto:
 		return byteorderInvalid
 	case nft.TypeMark, nft.TypeInteger:
 		return byteorderHost

@@ -74,6 +74,7 @@ func everyPhraseSets(rs *nft.Ruleset, f nft.Family) {
 	rs.AddSet(&nft.Set{Name: "hairpin-connections", Key: []nft.DataType{at, at, nft.TypeInetProto, nft.TypeInetService},
 		Comment: "service hairpin connections"})
 	rs.AddSet(&nft.Set{Name: "affinity-ABC", Key: []nft.DataType{at}, Timeout: 10 * time.Minute, Dynamic: true, Size: 65535})
+	rs.AddSet(&nft.Set{Name: "protocols", Key: []nft.DataType{nft.TypeInetProto}, Counter: true, Comment: "counted per protocol"})
 }
 
 // everyPhraseBaseRules adds the base chains, the regular ones and their
@@ -114,6 +115,11 @@ func everyPhraseBaseRules(rs *nft.Ruleset, f nft.Family) {
 		nft.MatchSet{Fields: []nft.Field{nft.FieldSrcAddr, nft.FieldL4Proto, nft.FieldSrcPort}, Set: "service-traffic"}}})
 	rs.Append("traffic", nft.Rule{Phrases: []nft.Phrase{nft.MatchCtDirection{},
 		nft.MatchSet{Fields: []nft.Field{nft.FieldDstAddr, nft.FieldL4Proto, nft.FieldDstPort}, Set: "service-traffic"}}})
+	rs.Append("traffic", nft.Rule{Phrases: []nft.Phrase{
+		nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: Prefix(f, "127.0.0.0/8", "::1/128")},
+		nft.VmapLookup{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldDstPort}, Map: "service-nodeports"}}})
+	rs.Append("traffic", nft.Rule{Phrases: []nft.Phrase{
+		nft.MatchSet{Fields: []nft.Field{nft.FieldL4Proto}, Set: "protocols"}, nft.Goto("svc-c")}})
 	rs.Append("cluster-ips-check", nft.Rule{Phrases: []nft.Phrase{
 		nft.MatchSet{Fields: []nft.Field{nft.FieldDstAddr}, Set: "cluster-ips"}, nft.Reject{}},
 		Comment: "Reject traffic to invalid ports of ClusterIPs"})
@@ -232,6 +238,8 @@ func everyPhraseElements(rs *nft.Ruleset, f nft.Family) {
 	rs.AddElement("nodeport-ips", nft.Element{Key: []nft.Datum{nft.Addr(Addr(f, "10.10.0.58", "fd00:10::58"))}})
 	be := Backends(f, 1, 1, 8080)[0]
 	rs.AddElement("hairpin-connections", nft.Element{Key: []nft.Datum{nft.Addr(be.Addr()), nft.Addr(be.Addr()), TCP, nft.Int(8080)}})
+	rs.AddElement("protocols", nft.Element{Key: []nft.Datum{TCP}})
+	rs.AddElement("protocols", nft.Element{Key: []nft.Datum{UDP}})
 }
 
 // Service is one Service port of RealisticRuleset.

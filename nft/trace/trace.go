@@ -100,7 +100,12 @@ const VerdictReject nft.VerdictKind = "reject"
 
 // Tracer walks packets through rulesets (a Fake's, or a table read back), hook by hook, the way
 // netfilter does for a first packet: prerouting (or output), then input or
-// forward, then postrouting, base chains in priority order.
+// forward, then postrouting, base chains in priority order. A packet from
+// the node to one of its own addresses (or a loopback one) then comes back
+// in on lo and crosses input too; the prerouting hook it also crosses
+// then is not traced (its NAT is decided, and nftproxy's prerouting
+// filter rules look for frontends it no longer has, or for LoadBalancer
+// IPs, which a node's own traffic to them reaches before DNAT, in output).
 type Tracer struct {
 	Rulesets map[nft.Family]*nft.Ruleset
 	// LocalAddrs are the node's own addresses: a packet whose destination
@@ -153,10 +158,19 @@ func (t *Tracer) Trace(p Packet) Result {
 		hooks = append(hooks, nft.HookForward)
 	}
 	hooks = append(hooks, nft.HookPostrouting)
+	if p.FromNode {
+		hooks = append(hooks, nft.HookInput) // only if the packet stays on the node (below)
+	}
 	for i, h := range hooks {
 		if h == nft.HookForward && t.isLocal(st.pkt.Dst) {
 			hooks[i] = nft.HookInput
 			h = nft.HookInput
+		}
+		if p.FromNode && h == nft.HookInput {
+			if !t.isLocal(st.pkt.Dst) && !st.pkt.Dst.IsLoopback() {
+				break
+			}
+			st.pkt.Iif = "lo"
 		}
 		if v := t.runHook(rs, h, st); v == nft.VerdictDrop || v == VerdictReject {
 			st.res.Verdict = v

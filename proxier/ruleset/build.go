@@ -26,6 +26,54 @@ type Config struct {
 	// Counters says which dispatch maps count new connections
 	// (--service-traffic-metrics).
 	Counters Counters
+	// LocalhostNodePorts says which NodePorts refuse connections to a
+	// loopback address (KubeProxyNFTablesLocalhostNodePorts).
+	LocalhostNodePorts LocalhostNodePorts
+}
+
+// LocalhostNodePorts is what becomes of a connection from the node to a
+// NodePort on a loopback address (127.0.0.0/8, ::1), which the kernel's
+// rules never DNAT (see NodePortAddresses). Without the feature gate
+// KubeProxyNFTablesLocalhostNodePorts nothing does: Reject is empty, the
+// table has none of the objects below, and the connection reaches whatever
+// listens on the port. With it, NodePorts of the protocols in Reject
+// refuse it, TCP with a reset as all of nftproxy's refusals (see
+// nft.RejectTCPReset), and count it per protocol; a NodePort of another
+// protocol (TCP, when --nodeport-addresses names the family's loopback
+// and proxier/localnodeport serves it in userspace) is left alone:
+//
+//	map localhost-nodeport-reject-ports { type inet_proto . inet_service : verdict; … }
+//	set localhost-nodeport-rejected { type inet_proto; counter; elements = { tcp, udp, sctp } }
+//	chain nodeport-endpoints-check { …; ip daddr 127.0.0.0/8 meta l4proto . th dport vmap @localhost-nodeport-reject-ports }
+//	chain localhost-nodeport-reject { meta l4proto @localhost-nodeport-rejected goto reject-chain }
+//	element localhost-nodeport-reject-ports { tcp . 30080 comment "default/web:http" : goto localhost-nodeport-reject }
+//
+// nodeport-endpoints-check is reached from filter-input for a
+// connection's first packet: a process's connection to 127.0.0.1 crosses
+// the output hooks, then comes back in on lo. Every NodePort of a
+// rejected protocol has its element, with or without endpoints. The
+// counters live in the elements of a set, not in named counters (which
+// upstream uses), so that they are read like the traffic metrics'
+// (nftnl.ReadCounters) and survive restarts with the table.
+type LocalhostNodePorts struct {
+	// Reject lists protocols (nft.ProtoTCP, ProtoUDP, ProtoSCTP).
+	Reject []uint8
+}
+
+func (l LocalhostNodePorts) rejects(proto uint8) bool { return slices.Contains(l.Reject, proto) }
+
+// LocalhostRejectedSet is the counted set whose elements count the
+// connections to loopback NodePorts refused, one per protocol.
+const LocalhostRejectedSet = setLocalhostRejected
+
+// LocalhostRejected returns the protocol whose refused connections an
+// element's counter holds, if s is the set that counts them (ok false for
+// any other set).
+func LocalhostRejected(set string, e nft.Element) (proto uint8, ok bool) {
+	if set != setLocalhostRejected || len(e.Key) != 1 {
+		return 0, false
+	}
+	return uint8(e.Key[0].Int), true
 }
 
 // Counters says which maps give each element a counter (nft.Set.Counter).
@@ -132,11 +180,11 @@ func (n NodePortAddresses) guardsOn(f nft.Family, fd nft.Field) [][]nft.Phrase {
 		}
 		out = append(out, []nft.Phrase{nft.MatchPrefix{Field: fd, Prefix: netip.PrefixFrom(a, a.BitLen())}})
 	}
-	loopback := netip.MustParsePrefix("127.0.0.0/8")
-	if f == nft.IPv6 {
-		loopback = netip.MustParsePrefix("::1/128")
-	}
+	loopback := f.Loopback()
 	for _, c := range n.CIDRs {
+		if loopback.Overlaps(c) && c.Bits() >= loopback.Bits() {
+			continue // loopback only: a guard that nothing passes
+		}
 		g := []nft.Phrase{nft.MatchFibLocal{Field: fd}}
 		if c.Bits() > 0 {
 			g = append(g, nft.MatchPrefix{Field: fd, Prefix: c.Masked()})
@@ -167,7 +215,7 @@ func Build(cfg Config, f nft.Family, ports []model.ServicePortState) *nft.Rulese
 // already have one keep it.
 func BuildSlots(cfg Config, f nft.Family, ports []model.ServicePortState, slots *Slots) *nft.Ruleset {
 	ed := nft.NewEditor(f)
-	for _, s := range Sets(f, cfg.Counters) {
+	for _, s := range Sets(f, cfg) {
 		ed.AddSet(s)
 	}
 	fr := ServiceFragment(cfg, ports, slots)
@@ -181,15 +229,16 @@ func BuildSlots(cfg Config, f nft.Family, ports []model.ServicePortState, slots 
 	return ed.Ruleset()
 }
 
-// Sets are the sets and maps every node has. Their definitions never
-// change while nftproxy runs. The endpoints maps come with the slots
-// handed out (Slots.Maps, Counters.EndpointsMap).
-func Sets(f nft.Family, counters Counters) []*nft.Set {
+// Sets are the sets and maps every node has. They depend only on
+// cfg.Counters and cfg.LocalhostNodePorts, which are fixed for a run:
+// their definitions never change while nftproxy runs. The endpoints maps
+// come with the slots handed out (Slots.Maps, Counters.EndpointsMap).
+func Sets(f nft.Family, cfg Config) []*nft.Set {
 	addr := f.AddrType()
 	vipKey := []nft.DataType{addr, nft.TypeInetProto, nft.TypeInetService}
 	portKey := []nft.DataType{nft.TypeInetProto, nft.TypeInetService}
 	verdict := []nft.DataType{nft.TypeVerdict}
-	counted := counters != CountNone
+	counted := cfg.Counters != CountNone
 	sets := []*nft.Set{
 		{Name: setClusterIPs, Key: []nft.DataType{addr}, Comment: "Active ClusterIPs"},
 		{Name: mapServiceIPs, Key: vipKey, Data: verdict, Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic",
@@ -208,6 +257,13 @@ func Sets(f nft.Family, counters Counters) []*nft.Set {
 				Comment: "packets and bytes of ClusterIP, ExternalIP and LoadBalancer IP traffic, both ways"},
 			&nft.Set{Name: setNodePortTraffic, Key: portKey, Counter: true,
 				Comment: "packets and bytes of NodePort traffic, both ways"})
+	}
+	if len(cfg.LocalhostNodePorts.Reject) > 0 {
+		sets = append(sets,
+			&nft.Set{Name: mapLocalhostRejectPorts, Key: portKey, Data: verdict,
+				Comment: "NodePorts that refuse connections to loopback"},
+			&nft.Set{Name: setLocalhostRejected, Key: []nft.DataType{nft.TypeInetProto}, Counter: true,
+				Comment: "connections to loopback NodePorts refused, per protocol"})
 	}
 	return sets
 }
@@ -280,6 +336,16 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 	var nodePortCheck []nft.Rule
 	for _, g := range guards {
 		nodePortCheck = append(nodePortCheck, rule(append(g, nft.VmapLookup{Fields: protoPort, Map: mapNoEndpointNodePorts})...))
+	}
+	if len(cfg.LocalhostNodePorts.Reject) > 0 {
+		nodePortCheck = append(nodePortCheck, rule(nft.MatchPrefix{Field: nft.FieldDstAddr, Prefix: f.Loopback()},
+			nft.VmapLookup{Fields: protoPort, Map: mapLocalhostRejectPorts}))
+		chain(chainLocalhostReject, rule(nft.MatchSet{Fields: []nft.Field{nft.FieldL4Proto}, Set: setLocalhostRejected},
+			nft.Goto(chainReject)))
+		for _, proto := range cfg.LocalhostNodePorts.Reject {
+			fr.Elements = append(fr.Elements, nft.SetElement{Set: setLocalhostRejected,
+				Element: nft.Element{Key: []nft.Datum{nft.Int(uint32(proto))}}})
+		}
 	}
 	chain(chainNodePortEndpointCheck, nodePortCheck...)
 	chain(chainFirewallCheck, rule(nft.VmapLookup{Fields: vipProtoPort, Map: mapFirewallIPs}))
@@ -480,6 +546,10 @@ func portFragment(fr *nft.Fragment, cfg Config, sp *model.ServicePortState, slot
 	vip[0] = nft.Addr(sp.ClusterIP)
 	b.element(setClusterIPs, nft.Element{Key: vip})
 	hairpins(b, sp.LocalEndpoints)
+	if sp.NodePort != 0 && cfg.LocalhostNodePorts.rejects(sp.Name.Protocol) {
+		b.element(mapLocalhostRejectPorts, nft.Element{Key: b.nodePortKey(), Comment: comment,
+			Verdict: gotoChain(chainLocalhostReject)})
+	}
 
 	// No endpoint at all: every frontend rejects (in the filter chains,
 	// after the packet was not DNATed).

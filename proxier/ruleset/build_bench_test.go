@@ -33,7 +33,7 @@ func benchFragments(ports [][]model.ServicePortState, slots *Slots) []*nft.Fragm
 // every fragment.
 func benchEditor(frags []*nft.Fragment, slots *Slots) *nft.Editor {
 	ed := nft.NewEditor(nft.IPv4)
-	for _, s := range Sets(nft.IPv4, CountNone) {
+	for _, s := range Sets(nft.IPv4, Config{}) {
 		ed.AddSet(s)
 	}
 	for _, m := range slots.Maps(nft.IPv4) {

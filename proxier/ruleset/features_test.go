@@ -83,6 +83,7 @@ func TestFeatureFlows(t *testing.T) {
 		{"NodePort on loopback is not served", trace.Packet{Src: ip("127.0.0.1"), Dst: ip("127.0.0.1"), Proto: nft.ProtoTCP, DPort: 30080, FromNode: true},
 			nft.VerdictAccept, nil, false},
 		{"NodePort without endpoints is rejected", pkt(outside, "10.10.0.11", 30083), trace.VerdictReject, nil, false},
+		{"NodePort without endpoints, from the node itself, is rejected (filter-input)", fromNode("10.10.0.11", 30083), trace.VerdictReject, nil, false},
 		{"external IP without endpoints is rejected", pkt(outside, "10.10.0.204", 80), trace.VerdictReject, nil, false},
 		{"external IP, masqueraded", pkt(outside, "10.10.0.201", 80), nft.VerdictAccept, both, true},
 		{"external IP, wrong port untouched", pkt(outside, "10.10.0.201", 81), nft.VerdictAccept, nil, false},
@@ -130,6 +131,7 @@ func TestNodePortAddresses(t *testing.T) {
 		{"CIDR: non-local address inside", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")}}, []netip.Addr{nodeIP}, "10.20.0.9", false, false},
 		{"all: any local address", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}, []netip.Addr{nodeIP, ip("10.20.0.1")}, "10.20.0.1", false, true},
 		{"all: never loopback", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}, []netip.Addr{nodeIP, ip("127.0.0.1")}, "127.0.0.1", true, false},
+		{"loopback CIDR: not served by the kernel", NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, []netip.Addr{nodeIP, ip("127.0.0.1")}, "127.0.0.1", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := featureConfig()

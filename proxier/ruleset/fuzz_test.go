@@ -20,9 +20,10 @@ import (
 var families = []nft.Family{nft.IPv4, nft.IPv6}
 
 // fuzzConfig is the configuration of the fuzz targets' node (see
-// fuzzstate: pods in 10.244.0.0/16, Services in 10.96.0.0/12).
+// fuzzstate: pods in 10.244.0.0/16, Services in 10.96.0.0/12), with
+// localhost NodePorts refused, so that fuzzed names reach that map too.
 func fuzzConfig(f nft.Family) Config {
-	cfg := Config{MasqueradeMark: 0x4000}
+	cfg := Config{MasqueradeMark: 0x4000, LocalhostNodePorts: rejectAll}
 	pods, services := "10.244.0.0/16", "10.96.0.0/12"
 	if f == nft.IPv6 {
 		pods, services = "fd00:244::/48", "fd00:96::/112"
@@ -95,7 +96,7 @@ func checkIncremental(t *testing.T, st fuzzstate.State, f nft.Family, kernel ker
 	t.Helper()
 	cfg := fuzzConfig(f)
 	fk, ed, slots := nftfake.New(), nft.NewEditor(f), NewSlots()
-	for _, s := range Sets(f, CountNone) {
+	for _, s := range Sets(f, cfg) {
 		ed.AddSet(s)
 	}
 	ed.Replace(nil, Base(cfg, f))

@@ -24,22 +24,26 @@ func TestGolden(t *testing.T) {
 		{"features.nft", Build(featureConfig(), nft.IPv4, featureState())},
 		{"counters.nft", Build(countersConfig(), nft.IPv4, testState())},
 	} {
-		t.Run(tc.file, func(t *testing.T) {
-			got := tc.rs.Dump()
-			path := filepath.Join("testdata", tc.file)
-			if *update {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if nft.Canonical(string(want)) != got {
-				t.Errorf("ruleset differs from %s (run with -update to accept):\n%s", path, got)
-			}
-		})
+		t.Run(tc.file, func(t *testing.T) { checkGolden(t, tc.file, tc.rs) })
+	}
+}
+
+// checkGolden compares rs with testdata/file (rewriting it with -update).
+func checkGolden(t *testing.T, file string, rs *nft.Ruleset) {
+	t.Helper()
+	got := rs.Dump()
+	path := filepath.Join("testdata", file)
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nft.Canonical(string(want)) != got {
+		t.Errorf("ruleset differs from %s (run with -update to accept):\n%s", path, got)
 	}
 }
 

@@ -31,15 +31,16 @@ const (
 	chainTrafficPostrouting     = "traffic-postrouting"        // count replies leaving, after their un-DNAT
 
 	// Regular chains.
-	chainServices              = "services"                 // dispatch on VIP . proto . port, then NodePorts
-	chainMasquerading          = "masquerading"             // masquerade marked and hairpin traffic
-	chainServiceEndpointCheck  = "service-endpoints-check"  // no-endpoint services
-	chainNodePortEndpointCheck = "nodeport-endpoints-check" // no-endpoint NodePorts
-	chainFirewallCheck         = "firewall-check"           // loadBalancerSourceRanges
-	chainClusterIPsCheck       = "cluster-ips-check"        // wrong port, unallocated IP
-	chainReject                = "reject-chain"             // target of no-endpoint vmap elements
-	chainCountRequests         = "count-requests"           // a request's frontend in service-traffic or nodeport-traffic
-	chainCountReplies          = "count-replies"            // a reply's frontend (its source) in the same sets
+	chainServices              = "services"                  // dispatch on VIP . proto . port, then NodePorts
+	chainMasquerading          = "masquerading"              // masquerade marked and hairpin traffic
+	chainServiceEndpointCheck  = "service-endpoints-check"   // no-endpoint services
+	chainNodePortEndpointCheck = "nodeport-endpoints-check"  // no-endpoint NodePorts
+	chainFirewallCheck         = "firewall-check"            // loadBalancerSourceRanges
+	chainClusterIPsCheck       = "cluster-ips-check"         // wrong port, unallocated IP
+	chainReject                = "reject-chain"              // target of no-endpoint vmap elements
+	chainCountRequests         = "count-requests"            // a request's frontend in service-traffic or nodeport-traffic
+	chainCountReplies          = "count-replies"             // a reply's frontend (its source) in the same sets
+	chainLocalhostReject       = "localhost-nodeport-reject" // count, then reject, a connection to a NodePort on loopback
 
 	// Sets and maps.
 	setClusterIPs          = "cluster-ips"           // every active ClusterIP
@@ -51,6 +52,10 @@ const (
 	setHairpinConnections  = "hairpin-connections"   // endpoint . endpoint . proto . port
 	setServiceTraffic      = "service-traffic"       // VIP . proto . port, counted (--service-traffic-metrics)
 	setNodePortTraffic     = "nodeport-traffic"      // proto . port, counted (--service-traffic-metrics)
+	// proto . port : goto localhost-nodeport-reject (KubeProxyNFTablesLocalhostNodePorts)
+	mapLocalhostRejectPorts = "localhost-nodeport-reject-ports"
+	// proto, counted: the connections localhost-nodeport-reject refused
+	setLocalhostRejected = "localhost-nodeport-rejected"
 )
 
 // Prefixes of the per-service-port chains.

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -249,4 +250,35 @@ func gather(c prometheus.Collector) (map[string]float64, error) {
 		}
 	}
 	return out, nil
+}
+
+// TestCollectorHoldsCommits: each family's read runs inside a hold (the
+// proxy's commits wait for it), released after it, interruptions
+// included; reads interrupted more than three times still succeed.
+func TestCollectorHoldsCommits(t *testing.T) {
+	rs := build(nft.IPv4, ruleset.CountServices)
+	interrupted := fmt.Errorf("dump: %w", nftnl.ErrInterrupted)
+	r := &fakeReader{rulesets: map[nft.Family]*nft.Ruleset{nft.IPv4: rs}, counts: map[string]uint64{},
+		fail: map[nft.Family][]error{nft.IPv4: {interrupted, interrupted, interrupted, interrupted, interrupted}}}
+	held, maxHeld, holds := 0, 0, 0
+	hold := func() func() {
+		holds++
+		held++
+		maxHeld = max(maxHeld, held)
+		return func() { held-- }
+	}
+	errs := testutil.ToFloat64(metrics.RulesetReadFailuresTotal.WithLabelValues("IPv4", metrics.ReaderCounters))
+	got, err := gather(NewCollector(r, []nft.Family{nft.IPv4}, hold))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if holds != 1 || held != 0 || maxHeld != 1 {
+		t.Errorf("holds taken %d, still held %d, most at once %d; want 1, 0, 1", holds, held, maxHeld)
+	}
+	if r.reads != 6 || len(got) == 0 {
+		t.Errorf("%d reads, %d series; want 6 (5 interrupted) and the series", r.reads, len(got))
+	}
+	if d := testutil.ToFloat64(metrics.RulesetReadFailuresTotal.WithLabelValues("IPv4", metrics.ReaderCounters)) - errs; d != 0 {
+		t.Errorf("%v failed reads counted, want 0", d)
+	}
 }
