@@ -20,8 +20,11 @@
 # With --skew it builds only the kube-apiserver of the oldest supported release
 # ("skew-kubernetes", module e2e/tools/kube-skew) and its etcd (e2e/tools/etcd-skew), for
 # `make skew`.
+# With --conformance it also builds what `make conformance` runs (docs/conformance.md):
+# upstream's e2e suite (e2e.test, a test binary), the ginkgo CLI and agnhost from the nested
+# module e2e/tools/conformance, and CoreDNS from e2e/tools/coredns.
 #
-# Usage: e2e/tools/build.sh [--force] [--kubelet] [--skew]
+# Usage: e2e/tools/build.sh [--force] [--kubelet] [--skew] [--conformance]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,12 +33,14 @@ bin="$cache/bin"
 force=0
 kubelet=0
 skew=0
+conformance=0
 for arg in "$@"; do
 	case "$arg" in
 	--force) force=1 ;;
 	--kubelet) kubelet=1 ;;
 	--skew) skew=1 ;;
-	*) echo "usage: $0 [--force] [--kubelet] [--skew]" >&2; exit 2 ;;
+	--conformance) conformance=1 ;;
+	*) echo "usage: $0 [--force] [--kubelet] [--skew] [--conformance]" >&2; exit 2 ;;
 	esac
 done
 
@@ -73,19 +78,22 @@ kube_ldflags="-s -w \
  -X k8s.io/component-base/version.gitMajor=1 \
  -X k8s.io/component-base/version.gitMinor=${kube_minor}"
 
-# stamp_of prints the identity of a build: module files, Go version, flags.
+# stamp_of prints the identity of a build: module files (and Go files at the module's root,
+# e2e/tools/coredns's main.go), Go version, flags.
 stamp_of() {
 	local moddir="$1" ldflags="$2"
 	{
 		cat "$moddir/go.mod" "$moddir/go.sum"
+		find "$moddir" -maxdepth 1 -name '*.go' -print0 | sort -z | xargs -0r cat
 		go version
 		echo "$ldflags"
 	} | sha256sum | cut -d' ' -f1
 }
 
-# build NAME MODDIR PACKAGE LDFLAGS
+# build NAME MODDIR PACKAGE LDFLAGS [test]: with "test", the package's test binary
+# (go test -c), as upstream builds e2e.test.
 build() {
-	local name="$1" moddir="$2" pkg="$3" ldflags="$4"
+	local name="$1" moddir="$2" pkg="$3" ldflags="$4" kind="${5:-}"
 	local stamp
 	stamp="$(stamp_of "$moddir" "$ldflags")"
 	if [[ $force == 0 && -x "$bin/$name" && "$(cat "$bin/$name.stamp" 2>/dev/null)" == "$stamp" ]]; then
@@ -94,7 +102,11 @@ build() {
 	fi
 	echo "building $name from $pkg ..."
 	local start=$SECONDS
-	(cd "$moddir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg")
+	if [[ $kind == test ]]; then
+		(cd "$moddir" && CGO_ENABLED=0 go test -c -vet=off -trimpath -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg")
+	else
+		(cd "$moddir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg")
+	fi
 	mv -f "$bin/$name.tmp" "$bin/$name"
 	echo "$stamp" >"$bin/$name.stamp"
 	echo "built $bin/$name in $((SECONDS - start))s"
@@ -111,6 +123,12 @@ if [[ $kubelet == 1 && $skew == 0 ]]; then
 	for cmd in kubelet kube-controller-manager kube-scheduler; do
 		build "$cmd" "$here/kubenode" "k8s.io/kubernetes/cmd/$cmd" "$kube_ldflags"
 	done
+fi
+if [[ $conformance == 1 && $skew == 0 ]]; then
+	build ginkgo "$here/conformance" github.com/onsi/ginkgo/v2/ginkgo "-s -w"
+	build agnhost "$here/conformance" k8s.io/kubernetes/test/images/agnhost "-s -w"
+	build e2e.test "$here/conformance" k8s.io/kubernetes/test/e2e "$kube_ldflags" test
+	build coredns "$here/coredns" . "-s -w"
 fi
 
 echo "binaries in $bin:"
