@@ -4,6 +4,8 @@
 //	image build  --binary bin/nftproxy-static --out bin/nftproxy-image.tar \
 //	             --version v1.2.3 --revision <commit> --created 2026-11-24T10:00:00Z
 //	image unpack --archive bin/nftproxy-image.tar --rootfs DIR [--ref latest]
+//	image pack   --layer base.tar.gz --layer top.tar.gz --name registry.k8s.io/pause:3.10.2 \
+//	             [--entrypoint '["/pause"]'] [--cmd '[]'] [--env K=V] [--workdir /] --out pause.tar
 //
 // The image holds one layer: the static binary at /usr/local/bin/nftproxy (the path
 // deploy/daemonset.yaml runs) and its parent directories, nothing else. No shell, no
@@ -12,6 +14,9 @@
 // as root), no time zone data (logs are in UTC without /etc/localtime) and no
 // /etc/nsswitch.conf (Go then looks names up in /etc/hosts, then DNS); /proc, /sys, /dev,
 // /etc/hosts and /etc/resolv.conf come from the container runtime.
+//
+// pack makes an image of prepared layers (tar files) instead: `make conformance`'s test
+// images (e2e/cmd/testimages), which carry Debian's programs and libraries.
 //
 // The archive is an OCI image layout (oci-layout, index.json, blobs/sha256/…) that also
 // carries a Docker manifest.json pointing at the same blobs, as `docker save` writes since
@@ -28,6 +33,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
+	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -43,6 +50,8 @@ func main() {
 		err = buildCmd(os.Args[2:])
 	case "unpack":
 		err = unpackCmd(os.Args[2:])
+	case "pack":
+		err = packCmd(os.Args[2:])
 	default:
 		usage()
 	}
@@ -53,7 +62,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: image build|unpack [flags] (image <command> -h lists the flags)")
+	fmt.Fprintln(os.Stderr, "usage: image build|unpack|pack [flags] (image <command> -h lists the flags)")
 	os.Exit(2)
 }
 
@@ -94,6 +103,63 @@ func buildCmd(args []string) error {
 		return err
 	}
 	fmt.Printf("%s\n  %s %s\n  %s\n", out, refs[0].Short, refs[1].Short, digest)
+	return nil
+}
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+// jsonList is a flag holding a JSON array of strings, as a Dockerfile's
+// exec form: `--entrypoint '["/agnhost"]'`.
+type jsonList struct{ list []string }
+
+func (l *jsonList) String() string     { b, _ := json.Marshal(l.list); return string(b) }
+func (l *jsonList) Set(v string) error { return json.Unmarshal([]byte(v), &l.list) }
+
+func packCmd(args []string) error {
+	fs := flag.NewFlagSet("pack", flag.ExitOnError)
+	var o PackOptions
+	var layers, names, env stringList
+	var entrypoint, cmd jsonList
+	var created, out string
+	fs.Var(&layers, "layer", "a layer: tar file, gzip-compressed or not (repeatable, bottom first)")
+	fs.Var(&names, "name", "a full image name, REPOSITORY:TAG (repeatable)")
+	fs.Var(&entrypoint, "entrypoint", `entrypoint, a JSON array ("[\"/agnhost\"]")`)
+	fs.Var(&cmd, "cmd", "command (arguments of the entrypoint), a JSON array")
+	fs.Var(&env, "env", "an environment variable, K=V (repeatable)")
+	fs.StringVar(&o.WorkingDir, "workdir", "", "working directory")
+	fs.StringVar(&o.Arch, "arch", runtime.GOARCH, "architecture")
+	fs.StringVar(&created, "created", "1970-01-01T00:00:00Z", "creation time, RFC 3339: every timestamp in the image")
+	fs.StringVar(&out, "out", "", "the archive to write")
+	fs.Parse(args)
+	if len(layers) == 0 || len(names) == 0 || out == "" {
+		return fmt.Errorf("--layer, --name and --out are required")
+	}
+	t, err := time.Parse(time.RFC3339, created)
+	if err != nil {
+		return fmt.Errorf("--created: %w", err)
+	}
+	o.Layers, o.Names, o.Env, o.Created = layers, names, env, t
+	o.Entrypoint, o.Cmd = entrypoint.list, cmd.list
+	refs, err := RefsFromNames(o.Names)
+	if err != nil {
+		return err
+	}
+	img, err := Pack(o)
+	if err != nil {
+		return err
+	}
+	if err := writeArchiveFile(out, img, refs, o.Created); err != nil {
+		return err
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s\n  %s\n  %s\n", out, strings.Join(o.Names, " "), digest)
 	return nil
 }
 
