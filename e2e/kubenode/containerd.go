@@ -21,8 +21,10 @@ const PauseImage = "docker.io/nftproxy-e2e/pause:1"
 
 // containerdConfig is containerd 1.6's configuration (version 2 schema) for a
 // node. Everything containerd keeps is under the node's directory: its root
-// and state, its socket, the opt plugin's directory (default /opt/containerd)
-// and the CNI directories (none is configured: pods use the host network).
+// and state, its socket, the opt plugin's directory (default /opt/containerd),
+// the CNI configuration (none without Options.CNI: pods then use the host
+// network) and the registries' hosts.toml files (Options.Registry). The CNI
+// plugins are Debian's, read-only (cniBinDir).
 //
 // restrict_oom_score_adj: the CRI plugin gives a sandbox oom_score_adj -998
 // and the kubelet gives containers of critical pods -997. Lowering a score
@@ -45,8 +47,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   restrict_oom_score_adj = true
   disable_apparmor = true
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{{.Dir}}/cni/bin"
+    bin_dir = "{{.CNIBinDir}}"
     conf_dir = "{{.Dir}}/cni/net.d"
+{{- if .Registry}}
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{{.Dir}}/certs.d"
+{{- end}}
   [plugins."io.containerd.grpc.v1.cri".containerd]
     default_runtime_name = "runc"
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
@@ -62,8 +68,12 @@ const containerdTimeout = 30 * time.Second
 // node's namespaces; it returns once containerd answers on its socket.
 func (n *Node) startContainerd() error {
 	var cfg bytes.Buffer
-	err := containerdConfig.Execute(&cfg, struct{ Dir, Socket, PauseImage string }{n.Dir, n.Socket, PauseImage})
+	err := containerdConfig.Execute(&cfg, struct{ Dir, Socket, PauseImage, CNIBinDir, Registry string }{
+		n.Dir, n.Socket, PauseImage, cniBinDir, n.opts.Registry})
 	if err != nil {
+		return err
+	}
+	if err := n.writeNetworkConfig(); err != nil {
 		return err
 	}
 	path := filepath.Join(n.Dir, "containerd.toml")
@@ -87,6 +97,31 @@ func (n *Node) startContainerd() error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// writeNetworkConfig writes what containerd reads of the node's network and
+// registries (Options.CNI, Options.Registry).
+func (n *Node) writeNetworkConfig() error {
+	netd := filepath.Join(n.Dir, "cni", "net.d")
+	if err := os.MkdirAll(netd, 0o755); err != nil {
+		return err
+	}
+	if n.opts.CNI {
+		if err := checkCNIPlugins(); err != nil {
+			return err
+		}
+		cfg, err := cniConfig(n.PodCIDRs[0], filepath.Join(n.Dir, "cni", "ipam"))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(netd, "10-nfp.conflist"), cfg, 0o644); err != nil {
+			return err
+		}
+	}
+	if n.opts.Registry != "" {
+		return writeRegistryHosts(filepath.Join(n.Dir, "certs.d"), n.opts.Registry)
+	}
+	return nil
 }
 
 // imported matches what `ctr images import` prints for each image:

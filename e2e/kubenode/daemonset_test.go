@@ -70,7 +70,7 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	kubenode.StartControllers(t, bed, bins)
 
 	r.step("start containerd and the kubelet on node1")
-	kn := kubenode.Start(t, bed, node, bins, image, pause)
+	kn := kubenode.Start(t, bed, node, bins, kubenode.Options{Images: []string{image, pause}})
 	t.Logf("node1: containerd and kubelet up; images %v", kn.Images)
 
 	r.step("the DaemonSet's pod running and ready on node1")

@@ -8,8 +8,12 @@
 // A kubelet and a container runtime expect a machine of their own; here they
 // share one with other tests and must leave it as they found it:
 //
-//   - Network: the node's namespace. There is no CNI, so only hostNetwork
-//     pods run, in the node's namespace too.
+//   - Network: the node's namespace. Without Options.CNI only hostNetwork
+//     pods run, in the node's namespace too; with it, Debian's bridge,
+//     host-local and portmap plugins give pods addresses from the node's
+//     IPv4 pod CIDR on a bridge cni0 in the node's namespace (the bed
+//     already routes every node's pod CIDR to it), their leases in the
+//     node's /var/lib tmpfs.
 //   - Files: the node's containerd, kubelet and containers run in one mount
 //     namespace of their own (they must share one: the kubelet mounts volumes
 //     that the runtime then bind-mounts into containers). In it the machine's
@@ -28,7 +32,9 @@
 //     the kubelet wants, and protectKernelDefaults makes it fail rather than
 //     write should one differ.
 //
-// Each Node is stopped when the test ends, before its bed: the kubelet, then
-// every process in the node's cgroups (the containers) and the cgroups
-// themselves, then containerd, its shims and the mount namespace's holder.
+// Each Node is stopped when the test ends, before its bed (and, on SIGINT or
+// SIGTERM, by the bed's cleanup): the kubelet, then every process in the
+// node's cgroups (the containers) and the cgroups themselves, then
+// containerd, its shims and the mount namespace's holder. The pods' network
+// namespaces are mounted in the node's /run tmpfs, so they go with it.
 package kubenode

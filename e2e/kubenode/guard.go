@@ -11,8 +11,9 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/testbed/cgroupfs"
 )
 
-// machinePaths are where the kubelet, containerd, CNI and the controller
-// manager keep their files by default. A node must create none of them.
+// machinePaths are where the kubelet, containerd, the CNI plugins
+// (host-local's leases in /var/lib/cni) and the controller manager keep
+// their files by default. A node must create none of them.
 var machinePaths = []string{
 	"/var/lib/kubelet",
 	"/var/lib/containerd",
@@ -22,6 +23,7 @@ var machinePaths = []string{
 	"/var/log/containers",
 	"/etc/cni",
 	"/opt/cni",
+	"/var/lib/cni",
 	"/opt/containerd",
 	"/run/containerd",
 }

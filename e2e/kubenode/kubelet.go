@@ -20,7 +20,14 @@ const kubeletHealthz = "127.0.0.1:10248"
 
 // kubeletConfig is the node's KubeletConfiguration (kubelet.config.k8s.io/v1beta1).
 func (n *Node) kubeletConfig() map[string]any {
-	return map[string]any{
+	authn := map[string]any{
+		"anonymous": map[string]bool{"enabled": false},
+		"webhook":   map[string]bool{"enabled": false},
+	}
+	if n.opts.ClientCAFile != "" {
+		authn["x509"] = map[string]string{"clientCAFile": n.opts.ClientCAFile}
+	}
+	cfg := map[string]any{
 		"apiVersion": "kubelet.config.k8s.io/v1beta1",
 		"kind":       "KubeletConfiguration",
 		// Our test machines have cgroup v1, which kubelet 1.35 and later
@@ -45,13 +52,18 @@ func (n *Node) kubeletConfig() map[string]any {
 		},
 		"readOnlyPort":       0,
 		"healthzBindAddress": "127.0.0.1",
-		"authentication": map[string]any{
-			"anonymous": map[string]bool{"enabled": false},
-			"webhook":   map[string]bool{"enabled": false},
-		},
-		"authorization": map[string]string{"mode": "AlwaysAllow"},
+		"authentication":     authn,
+		"authorization":      map[string]string{"mode": "AlwaysAllow"},
 	}
+	if n.opts.ClusterDNS != "" {
+		cfg["clusterDNS"] = []string{n.opts.ClusterDNS}
+		cfg["clusterDomain"] = ClusterDomain
+	}
+	return cfg
 }
+
+// ClusterDomain is the cluster's DNS domain (kubeadm's default).
+const ClusterDomain = "cluster.local"
 
 // startKubelet writes the kubelet's configuration and starts it in the node's
 // namespaces, as the bed's admin; it returns once the kubelet is healthy and
@@ -65,20 +77,30 @@ func (n *Node) startKubelet() error {
 	if err := os.WriteFile(path, cfg, 0o644); err != nil {
 		return err
 	}
-	// No name servers: the only pods are hostNetwork ones that resolve nothing.
-	if err := os.WriteFile(filepath.Join(n.Dir, "resolv.conf"), nil, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(n.Dir, "resolv.conf"), resolvConf(n.opts.Nameserver), 0o644); err != nil {
 		return err
 	}
 	root := filepath.Join(n.Dir, "kubelet")
-	n.kubelet = n.startInside(n.bins.Kubelet,
-		"--config="+path,
-		"--kubeconfig="+n.bed.AdminKubeconfig,
-		"--root-dir="+root,
-		"--cert-dir="+filepath.Join(root, "pki"),
-		"--hostname-override="+n.Name,
-		"--node-ip="+n.IPv4.String()+","+n.IPv6.String(),
+	n.kubeletArgs = []string{n.bins.Kubelet,
+		"--config=" + path,
+		"--kubeconfig=" + n.bed.AdminKubeconfig,
+		"--root-dir=" + root,
+		"--cert-dir=" + filepath.Join(root, "pki"),
+		"--hostname-override=" + n.Name,
+		"--node-ip=" + n.IPv4.String() + "," + n.IPv6.String(),
 		"--v=2",
-	)
+	}
+	n.kubelet = n.startInside(n.kubeletArgs...)
+	return n.waitKubelet()
+}
+
+// RestartKubelet stops the node's kubelet (SIGTERM, SIGKILL after 10 s) and
+// starts it again with the same command line, as `systemctl restart
+// kubelet` would; pods and their containers keep running meanwhile. It
+// returns once the kubelet is healthy again and has reported its status.
+func (n *Node) RestartKubelet() error {
+	n.kubelet.Stop(stopTimeout)
+	n.kubelet = n.startInside(n.kubeletArgs...)
 	return n.waitKubelet()
 }
 

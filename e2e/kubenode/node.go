@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -32,16 +33,45 @@ type Node struct {
 
 	bed                         *testbed.Bed
 	bins                        Binaries
+	opts                        Options
 	holder, containerd, kubelet *testbed.Process
+	kubeletArgs                 []string
+	stopOnce                    sync.Once
+}
+
+// Options say what a node runs besides containerd and a kubelet for
+// hostNetwork pods. The zero value is such a node.
+type Options struct {
+	// Images are image archives imported into containerd before the
+	// kubelet starts.
+	Images []string
+	// CNI gives the node a pod network: Debian's bridge, host-local and
+	// portmap plugins on its IPv4 pod CIDR (cniConfig). Without it the
+	// node stays NotReady and runs only hostNetwork pods.
+	CNI bool
+	// ClusterDNS is the cluster's DNS Service IP for the kubelet
+	// (clusterDNS, with clusterDomain ClusterDomain); "" for none.
+	ClusterDNS string
+	// Nameserver goes into the node's resolv.conf ("" leaves it empty):
+	// what pods with dnsPolicy Default, CoreDNS's forward among them, ask.
+	Nameserver string
+	// ClientCAFile is the CA whose client certificates the kubelet
+	// accepts (KubeletClientPKI): the API server's, for exec, logs and
+	// port-forward. "" accepts none.
+	ClientCAFile string
+	// Registry is a plain-HTTP registry (host:port) that serves every
+	// pull from docker.io and registry.k8s.io, in their place; "" pulls
+	// nothing from anywhere the machine cannot reach.
+	Registry string
 }
 
 // Start makes node a Kubernetes node: its mount namespace and cgroup parent,
-// containerd with the given image archives and the pause image imported,
-// then the kubelet, registered as the node (which the bed created). The node
-// is stopped and its cgroups removed when the test ends, before the bed.
-// Start fails the test when any of it does not come up; the error says which
-// part and where its log is.
-func Start(t testbed.TB, bed *testbed.Bed, node *testbed.Node, bins Binaries, images ...string) *Node {
+// containerd with the image archives of opts imported, then the kubelet,
+// registered as the node (which the bed created). The node is stopped and
+// its cgroups removed when the test ends, before the bed, and also when the
+// bed is cleaned up on SIGINT or SIGTERM. Start fails the test when any of it
+// does not come up; the error says which part and where its log is.
+func Start(t testbed.TB, bed *testbed.Bed, node *testbed.Node, bins Binaries, opts Options) *Node {
 	t.Helper()
 	n := &Node{
 		Node:         node,
@@ -49,11 +79,13 @@ func Start(t testbed.TB, bed *testbed.Bed, node *testbed.Node, bins Binaries, im
 		CgroupParent: node.NS,
 		bed:          bed,
 		bins:         bins,
+		opts:         opts,
 	}
 	n.Socket = filepath.Join(n.Dir, "containerd.sock")
 	// Registered first, so that a start failing half way is undone too.
 	t.Cleanup(n.stop)
-	if err := n.start(images); err != nil {
+	bed.OnCleanup(n.stop)
+	if err := n.start(opts.Images); err != nil {
 		t.Fatalf("kubenode %s: %v", node.Name, err)
 	}
 	return n
@@ -120,6 +152,10 @@ const stopTimeout = 10 * time.Second
 // cgroups, then stops containerd and its shims (in the node's network
 // namespace, not in its cgroups), then the mount namespace's holder.
 func (n *Node) stop() {
+	n.stopOnce.Do(n.stopNow)
+}
+
+func (n *Node) stopNow() {
 	if n.kubelet != nil {
 		n.kubelet.Stop(stopTimeout)
 	}

@@ -84,6 +84,7 @@ type Bed struct {
 	procSeq    int
 	nodes      []*Node
 	apisrv     *Process // the running kube-apiserver, or the last one stopped
+	hooks      []func() // OnCleanup's, in registration order
 }
 
 // Start creates a bed: the control namespace and fabric, etcd and kube-apiserver (ready,
@@ -242,6 +243,18 @@ func (b *Bed) Nodes() []*Node {
 // LogDir is the directory holding the logs of etcd, kube-apiserver and started processes.
 func (b *Bed) LogDir() string { return b.logDir }
 
+// OnCleanup registers f to run when the bed is cleaned up, before its processes are
+// killed, most recent first: also when the test process is interrupted (SIGINT,
+// SIGTERM), when the test's own Cleanup functions do not run. f must be safe to call
+// more than once (it may run from both) and from another goroutine. e2e/kubenode stops
+// its nodes with it: their containers live in cgroups and pod namespaces that killing
+// the bed's processes and namespaces would not reach.
+func (b *Bed) OnCleanup(f func()) {
+	b.mu.Lock()
+	b.hooks = append(b.hooks, f)
+	b.mu.Unlock()
+}
+
 // cleanup kills every process and deletes every namespace of the bed, once. It runs from
 // t.Cleanup or from the signal handler (then without t, so it writes to stderr).
 func (b *Bed) cleanup(failed bool) {
@@ -249,10 +262,13 @@ func (b *Bed) cleanup(failed bool) {
 		defer unregister(b)
 		b.mu.Lock()
 		procs, namespaces := slices.Clone(b.procs), slices.Clone(b.namespaces)
-		containers := slices.Clone(b.containers)
+		containers, hooks := slices.Clone(b.containers), slices.Clone(b.hooks)
 		b.mu.Unlock()
 		if failed {
 			b.dumpLogs(procs)
+		}
+		for _, f := range slices.Backward(hooks) {
+			f()
 		}
 		for _, id := range slices.Backward(containers) {
 			if err := deleteContainer(id); err != nil {

@@ -1,0 +1,166 @@
+package kubenode
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nftproxy/nftproxy/e2e/testbed"
+)
+
+func TestCNIConfig(t *testing.T) {
+	b, err := cniConfig(netip.MustParsePrefix("10.244.2.0/24"), "/d/ipam")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		CNIVersion string `json:"cniVersion"`
+		Plugins    []struct {
+			Type         string          `json:"type"`
+			Bridge       string          `json:"bridge"`
+			IsGateway    bool            `json:"isGateway"`
+			IPMasq       *bool           `json:"ipMasq"`
+			HairpinMode  bool            `json:"hairpinMode"`
+			Capabilities map[string]bool `json:"capabilities"`
+			IPAM         struct {
+				Type    string                `json:"type"`
+				DataDir string                `json:"dataDir"`
+				Ranges  [][]map[string]string `json:"ranges"`
+			} `json:"ipam"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.CNIVersion != "1.0.0" || len(cfg.Plugins) != 2 {
+		t.Fatalf("config %s", b)
+	}
+	br, pm := cfg.Plugins[0], cfg.Plugins[1]
+	r := br.IPAM.Ranges
+	if br.Type != "bridge" || br.Bridge != "cni0" || !br.IsGateway || br.IPMasq == nil || *br.IPMasq || !br.HairpinMode ||
+		br.IPAM.Type != "host-local" || br.IPAM.DataDir != "/d/ipam" || len(r) != 1 || len(r[0]) != 1 ||
+		r[0][0]["subnet"] != "10.244.2.0/24" || r[0][0]["rangeStart"] != "10.244.2.64" || r[0][0]["gateway"] != "10.244.2.1" {
+		t.Errorf("bridge plugin: %s", b)
+	}
+	if pm.Type != "portmap" || !pm.Capabilities["portMappings"] {
+		t.Errorf("portmap plugin: %s", b)
+	}
+	for _, bad := range []string{"fd00:244:1::/64", "10.244.1.0/25"} {
+		if _, err := cniConfig(netip.MustParsePrefix(bad), "/d"); err == nil {
+			t.Errorf("cniConfig accepted %s", bad)
+		}
+	}
+}
+
+func TestRegistryHosts(t *testing.T) {
+	dir := t.TempDir()
+	if err := writeRegistryHosts(dir, "10.10.0.1:5000"); err != nil {
+		t.Fatal(err)
+	}
+	want := "server = \"http://10.10.0.1:5000\"\n\n[host.\"http://10.10.0.1:5000\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+	for _, r := range []string{"docker.io", "registry.k8s.io"} {
+		got, err := os.ReadFile(filepath.Join(dir, r, "hosts.toml"))
+		if err != nil || string(got) != want {
+			t.Errorf("%s/hosts.toml = %q (%v), want %q", r, got, err, want)
+		}
+	}
+}
+
+func TestResolvConf(t *testing.T) {
+	if got := resolvConf(""); len(got) != 0 {
+		t.Errorf("resolvConf(\"\") = %q", got)
+	}
+	if got := string(resolvConf("10.10.0.1")); got != "nameserver 10.10.0.1\n" {
+		t.Errorf("resolvConf = %q", got)
+	}
+}
+
+func TestKubeletConfigOptions(t *testing.T) {
+	n := &Node{Node: &testbed.Node{}, Dir: "/d", CgroupParent: "nfp00000-node1", Socket: "/d/c.sock"}
+	plain := n.kubeletConfig()
+	if _, ok := plain["clusterDNS"]; ok {
+		t.Error("clusterDNS without Options.ClusterDNS")
+	}
+	if _, ok := plain["authentication"].(map[string]any)["x509"]; ok {
+		t.Error("a client CA without Options.ClientCAFile")
+	}
+	n.opts = Options{ClusterDNS: "10.96.0.10", ClientCAFile: "/d/ca.crt"}
+	cfg := n.kubeletConfig()
+	if dns, _ := cfg["clusterDNS"].([]string); len(dns) != 1 || dns[0] != "10.96.0.10" || cfg["clusterDomain"] != "cluster.local" {
+		t.Errorf("cluster DNS: %v %v", cfg["clusterDNS"], cfg["clusterDomain"])
+	}
+	x509cfg, _ := cfg["authentication"].(map[string]any)["x509"].(map[string]string)
+	if x509cfg["clientCAFile"] != "/d/ca.crt" {
+		t.Errorf("authentication: %v", cfg["authentication"])
+	}
+}
+
+// TestKubeletClientPKI checks that the API server's certificate is a client
+// certificate the kubelet's CA verifies, and that its key matches.
+func TestKubeletClientPKI(t *testing.T) {
+	p, err := NewKubeletClientPKI(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.LoadX509KeyPair(p.CertFile, p.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, _ := os.ReadFile(p.CAFile)
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		t.Fatal("no CA certificate")
+	}
+	block, _ := pem.Decode(mustRead(t, p.CertFile))
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	if err != nil || len(pair.Certificate) != 1 {
+		t.Errorf("verify the client certificate: %v", err)
+	}
+	flags := strings.Join(p.APIServerFlags(), " ")
+	if !strings.Contains(flags, "--kubelet-client-certificate="+p.CertFile) || !strings.Contains(flags, "--kubelet-client-key="+p.KeyFile) {
+		t.Errorf("flags %s", flags)
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestContainerdConfig(t *testing.T) {
+	render := func(registry string) string {
+		var b strings.Builder
+		err := containerdConfig.Execute(&b, struct{ Dir, Socket, PauseImage, CNIBinDir, Registry string }{
+			"/d", "/d/c.sock", PauseImage, cniBinDir, registry})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	plain, mirrored := render(""), render("10.10.0.1:5000")
+	for _, want := range []string{`bin_dir = "/usr/lib/cni"`, `conf_dir = "/d/cni/net.d"`, `sandbox_image = "docker.io/nftproxy-e2e/pause:1"`} {
+		if !strings.Contains(plain, want) {
+			t.Errorf("config lacks %s:\n%s", want, plain)
+		}
+	}
+	if strings.Contains(plain, "config_path") {
+		t.Errorf("registry configuration without a registry:\n%s", plain)
+	}
+	if !strings.Contains(mirrored, "[plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"/d/certs.d\"\n") {
+		t.Errorf("no registry config_path:\n%s", mirrored)
+	}
+}
