@@ -2,7 +2,9 @@ package testbed
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -10,11 +12,12 @@ import (
 )
 
 // kubeadmConfig is what `kubeadm init` would be given for the bed: its
-// control-plane endpoint and a pod subnet that holds every node's IPv4 pod
-// CIDR (10.244.N.0/24). kube-proxy's mode is left unset, as on a default
-// cluster: kubeadm v1.37 then writes "mode: iptables" into the ConfigMap,
-// which nftproxy reads as nftables (docs/migrating-from-kube-proxy.md).
-// The Kubernetes version is
+// control-plane endpoint, a pod subnet that holds every node's IPv4 pod
+// CIDR (10.244.N.0/24) and the IPv4 Service range (the coredns addon's
+// Service kube-dns takes its tenth address, ClusterDNSIP). kube-proxy's mode
+// is left unset, as on a default cluster: kubeadm v1.37 then writes "mode:
+// iptables" into the ConfigMap, which nftproxy reads as nftables
+// (docs/migrating-from-kube-proxy.md). The Kubernetes version is
 // pinned, or kubeadm would ask dl.k8s.io for the latest; the node name, CRI
 // socket and advertise address are set so that it looks nothing up on this
 // machine (hostname, container runtime, default route). Of those, the addon
@@ -36,11 +39,17 @@ kubernetesVersion: ` + KubeVersions().Kubernetes + `
 controlPlaneEndpoint: ` + ControlIPv4 + `:6443
 networking:
   podSubnet: 10.244.0.0/16
+  serviceSubnet: 10.96.0.0/12
+  dnsDomain: cluster.local
 ---
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 `
 }
+
+// ClusterDNSIP is the address of Service kube-system/kube-dns that kubeadm's
+// coredns addon creates: the tenth of serviceSubnet.
+const ClusterDNSIP = "10.96.0.10"
 
 // KubeadmProxyAddon runs kubeadm's kube-proxy addon phase against the bed,
 // as its admin, from the control namespace: ServiceAccount, RBAC,
@@ -50,17 +59,55 @@ kind: KubeProxyConfiguration
 // and fails the test if kubeadm fails.
 func (b *Bed) KubeadmProxyAddon(t testing.TB, kubeadm, dir, kubeProxy string) string {
 	t.Helper()
-	cfg := filepath.Join(dir, "kubeadm.yaml")
-	if err := os.WriteFile(cfg, []byte(kubeadmConfig()+kubeProxy), 0o644); err != nil {
+	return b.KubeadmAddons(t, kubeadm, dir, kubeProxy, "kube-proxy")
+}
+
+// KubeadmAddons runs kubeadm's addon phases ("kube-proxy", "coredns": the
+// Deployment coredns, its ConfigMap with kubeadm's Corefile, RBAC and
+// Service kube-dns at ClusterDNSIP) in order, as KubeadmProxyAddon does, and
+// returns their output.
+func (b *Bed) KubeadmAddons(t testing.TB, kubeadm, dir, kubeProxy string, addons ...string) string {
+	t.Helper()
+	cfg, err := WriteKubeadmConfig(dir, kubeProxy)
+	if err != nil {
 		t.Fatal(err)
+	}
+	var all strings.Builder
+	for _, addon := range addons {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		out, err := b.Ctl.Exec(ctx, kubeadm, "init", "phase", "addon", addon, "--config", cfg,
+			"--kubeconfig", b.AdminKubeconfig)
+		cancel()
+		if err != nil {
+			t.Fatalf("kubeadm addon %s: %v\n%s", addon, err, out)
+		}
+		t.Logf("kubeadm addon %s: %s", addon, strings.TrimSpace(out))
+		all.WriteString(out)
+	}
+	return all.String()
+}
+
+// WriteKubeadmConfig writes the bed's kubeadm configuration, with kubeProxy's
+// lines added to its KubeProxyConfiguration, to dir/kubeadm.yaml and
+// returns the file's path.
+func WriteKubeadmConfig(dir, kubeProxy string) (string, error) {
+	cfg := filepath.Join(dir, "kubeadm.yaml")
+	return cfg, os.WriteFile(cfg, []byte(kubeadmConfig()+kubeProxy), 0o644)
+}
+
+// KubeadmImages lists the images kubeadm's phases would run for the bed's
+// configuration (`kubeadm config images list`; it needs no cluster): among
+// them the kube-proxy and coredns images of its addons.
+func KubeadmImages(kubeadm, dir string) ([]string, error) {
+	cfg, err := WriteKubeadmConfig(dir, "")
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := b.Ctl.Exec(ctx, kubeadm, "init", "phase", "addon", "kube-proxy", "--config", cfg,
-		"--kubeconfig", b.AdminKubeconfig)
+	out, err := exec.CommandContext(ctx, kubeadm, "config", "images", "list", "--config", cfg).Output()
 	if err != nil {
-		t.Fatalf("kubeadm: %v\n%s", err, out)
+		return nil, fmt.Errorf("kubeadm config images list: %w", err)
 	}
-	t.Logf("kubeadm: %s", strings.TrimSpace(out))
-	return out
+	return strings.Fields(string(out)), nil
 }
