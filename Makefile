@@ -124,6 +124,45 @@ kubelet-e2e: e2e-tools image
 	NFTPROXY_KUBELET_E2E=1 NFTPROXY_IMAGE_TAR=$(abspath $(IMAGE_TAR)) \
 		$(GO) test -count=1 -v -timeout 20m -run TestDaemonSetOnKubelet ./e2e/kubenode/
 
+# Upstream's [sig-network] conformance tests on a two-node cluster of real
+# kubelets, once with nftproxy (make image, kubectl apply -k deploy/) and once
+# with upstream kube-proxy, then nftproxy's disruptions measured under load
+# (docs/conformance.md). Not part of `make test`: it builds e2e.test,
+# agnhost, CoreDNS and the test images, and runs two clusters.
+# CONFORMANCE_SET=sig-network runs the broader set; PREV_RELEASE is the
+# commit whose image the upgrade case starts from. The JUnit reports, logs and
+# disruption figures go to bin/conformance; the table of docs/conformance.md
+# is rewritten from the reports (also after a failed run).
+CONFORMANCE_SET ?= conformance
+CONFORMANCE_OUT := $(BIN)/conformance
+PREV_RELEASE    ?= eec0c2a
+PREV_IMAGE_TAR  := $(BIN)/nftproxy-image-$(PREV_RELEASE).tar
+.PHONY: conformance conformance-table prev-image
+conformance: e2e-tools image prev-image
+	e2e/tools/build.sh --kubelet --conformance
+	NFTPROXY_CONFORMANCE=1 NFTPROXY_CONFORMANCE_SET=$(CONFORMANCE_SET) \
+		NFTPROXY_IMAGE_TAR=$(abspath $(IMAGE_TAR)) NFTPROXY_PREV_IMAGE_TAR=$(abspath $(PREV_IMAGE_TAR)) \
+		NFTPROXY_CONFORMANCE_OUT=$(abspath $(CONFORMANCE_OUT)) \
+		$(GO) test -count=1 -v -timeout 6h -run TestConformance ./e2e/conformance/; \
+		status=$$?; $(MAKE) --no-print-directory conformance-table; exit $$status
+
+conformance-table:
+	junits=""; for p in nftproxy kube-proxy; do \
+		f=$(CONFORMANCE_OUT)/junit-$$p.xml; [ -f $$f ] && junits="$$junits --junit $$p=$$f"; \
+	done; \
+	$(GO) run ./e2e/cmd/conformance-table --set $(CONFORMANCE_SET) $$junits --doc docs/conformance.md
+
+# The image of an earlier commit (make image there, from `git archive`), for
+# the conformance run's upgrade case; built once per commit.
+prev-image: $(PREV_IMAGE_TAR)
+$(PREV_IMAGE_TAR):
+	rm -rf $(BIN)/prev-src && mkdir -p $(BIN)/prev-src
+	git archive $(PREV_RELEASE) | tar -x -C $(BIN)/prev-src
+	$(MAKE) -C $(BIN)/prev-src image IMAGE_TAR=$(abspath $@) \
+		VERSION=$$(git describe --tags --always $(PREV_RELEASE)) GIT_COMMIT=$$(git rev-parse $(PREV_RELEASE)) \
+		BUILD_DATE=$$(TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ $(PREV_RELEASE))
+	rm -rf $(BIN)/prev-src
+
 # A local control plane, a node with two pods, traffic through a Service.
 demo: e2e-tools
 	$(GO) run ./e2e/cmd/demo
