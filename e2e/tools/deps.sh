@@ -2,7 +2,8 @@
 # deps.sh installs what `make demo`, `make test` and the other targets need on a
 # fresh Debian machine, as root: the Debian packages the tests run (nft and conntrack
 # to read the kernel back, ip for the namespaces, runc, skopeo and containerd for the
-# image test and `make kubelet-e2e`, prometheus and promtool for the monitoring tests)
+# image test, `make kubelet-e2e` and `make conformance`, the CNI plugins of the latter's
+# pod network, prometheus and promtool for the monitoring tests)
 # and, if there is no Go, the Go toolchain from the Go module proxy. What is there
 # already is left alone, so a second run costs a few `command -v`.
 #
@@ -31,9 +32,18 @@ declare -A packages=(
 	[iptables-nft]=iptables
 )
 
+# file → Debian package, for packages that put nothing on the PATH
+declare -A files=(
+	# CNI plugins (bridge, host-local, loopback, portmap): make conformance's pod network
+	[/usr/lib/cni/bridge]=containernetworking-plugins
+)
+
 missing=()
 for cmd in "${!packages[@]}"; do
 	command -v "$cmd" >/dev/null 2>&1 || missing+=("${packages[$cmd]}")
+done
+for f in "${!files[@]}"; do
+	[[ -e $f ]] || missing+=("${files[$f]}")
 done
 
 if ((${#missing[@]} > 0)); then
