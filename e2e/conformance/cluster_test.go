@@ -186,7 +186,7 @@ func (c *cluster) startRegistry(binary string) {
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		c.t.Fatal(err)
 	}
-	p := c.bed.Ctl.Start(binary, "serve", cfgPath)
+	p := c.bed.Ctl.Start(confined(dir, binary, "serve", cfgPath)...)
 	hc := &http.Client{Transport: &http.Transport{DialContext: c.bed.Ctl.DialContext}, Timeout: time.Second}
 	defer hc.CloseIdleConnections()
 	deadline := time.Now().Add(30 * time.Second)
@@ -212,6 +212,17 @@ func (c *cluster) startRegistry(binary string) {
 	}
 }
 
+// confined wraps a command line so that it sees the machine's root file
+// system read-only but for dir (also its TMPDIR) and an empty /var/tmp, in
+// the mount namespace `ip netns exec` gives it: skopeo unpacks archives in
+// /var/tmp whatever TMPDIR says, and keeps a blob cache in
+// /var/lib/containers when it can create it (it does without when not).
+func confined(dir string, args ...string) []string {
+	q := "'" + strings.ReplaceAll(dir, "'", `'\''`) + "'"
+	script := "mount --bind " + q + " " + q + " && mount -t tmpfs tmp /var/tmp && mount -o remount,bind,ro / && TMPDIR=" + q + ` exec "$@"`
+	return append([]string{"sh", "-c", script, "sh"}, args...)
+}
+
 // pushNftproxy copies an nftproxy image archive to the local registry under
 // each of its tags (but latest, unless withLatest), as library/nftproxy: what
 // docker.io/library/nftproxy resolves to through the nodes' hosts.toml.
@@ -224,8 +235,8 @@ func (c *cluster) pushNftproxy(archive string, withLatest bool) {
 	refs := slices.DeleteFunc(all, func(r string) bool { return r == "latest" && !withLatest })
 	for _, ref := range refs {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		out, err := c.bed.Ctl.Exec(ctx, "skopeo", "copy", "--quiet", "--insecure-policy", "--dest-tls-verify=false",
-			"oci-archive:"+archive+":"+ref, "docker://"+registryAddr+"/library/nftproxy:"+ref)
+		out, err := c.bed.Ctl.Exec(ctx, confined(c.dir, "skopeo", "copy", "--quiet", "--insecure-policy", "--dest-tls-verify=false",
+			"oci-archive:"+archive+":"+ref, "docker://"+registryAddr+"/library/nftproxy:"+ref)...)
 		cancel()
 		if err != nil {
 			c.t.Fatalf("push %s:%s to the registry (skopeo: Debian package skopeo): %v\n%s", archive, ref, err, out)

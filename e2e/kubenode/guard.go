@@ -26,6 +26,8 @@ var machinePaths = []string{
 	"/var/lib/cni",
 	"/opt/containerd",
 	"/run/containerd",
+	// skopeo's blob cache (make conformance pushes images with it).
+	"/var/lib/containers",
 }
 
 // CheckMachineUntouched records what the nodes and controllers of the bed
