@@ -22,10 +22,12 @@ import (
 )
 
 // kubeProxyConfig is added to the KubeProxyConfiguration of kubeadm's
-// ConfigMap: conntrack.maxPerCore 0 leaves nf_conntrack_max alone, which is
-// global to the machine (the TCP timeouts are per network namespace, and
-// both proxies set them in the node's).
-const kubeProxyConfig = "conntrack:\n  maxPerCore: 0\n"
+// ConfigMap: nftables mode (kubeadm v1.37 writes iptables for an unset mode;
+// nftproxy would read that as nftables, kube-proxy would not), and
+// conntrack.maxPerCore 0, which leaves nf_conntrack_max alone: it is global
+// to the machine (the TCP timeouts are per network namespace, and both
+// proxies set them in the node's).
+const kubeProxyConfig = "mode: nftables\nconntrack:\n  maxPerCore: 0\n"
 
 // registryAddr is the local registry, in the control namespace.
 const registryAddr = testbed.ControlIPv4 + ":5000"

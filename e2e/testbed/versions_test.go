@@ -23,7 +23,8 @@ func TestKubeVersions(t *testing.T) {
 	tools := filepath.Join(root, "e2e", "tools")
 	var staging []string // the newest release's staging modules, from e2e/tools/kube
 	for _, m := range []struct{ dir, kube string }{
-		{"kube", v.Kubernetes}, {"kubecli", v.Kubernetes}, {"kubenode", v.Kubernetes}, {"kube-skew", v.SkewKubernetes},
+		{"kube", v.Kubernetes}, {"kubecli", v.Kubernetes}, {"kubenode", v.Kubernetes}, {"conformance", v.Kubernetes},
+		{"kube-skew", v.SkewKubernetes},
 	} {
 		mod := readGoMod(t, filepath.Join(tools, m.dir, "go.mod"))
 		names := checkKubernetesModule(t, "e2e/tools/"+m.dir, mod, m.kube)
@@ -36,6 +37,12 @@ func TestKubeVersions(t *testing.T) {
 		if got := mod.require["go.etcd.io/etcd/server/v3"]; got != m.etcd {
 			t.Errorf("e2e/tools/%s/go.mod: go.etcd.io/etcd/server/v3 %s, want %s (e2e/tools/versions)", m.dir, got, m.etcd)
 		}
+	}
+	// CoreDNS at the version kubeadm's coredns addon deploys (make
+	// conformance tags it with kubeadm's image name).
+	coredns := readGoMod(t, filepath.Join(tools, "coredns", "go.mod")).require["github.com/coredns/coredns"]
+	if want := cachedKubeadmCoreDNS(t, v.Kubernetes); want != "" && coredns != want {
+		t.Errorf("e2e/tools/coredns/go.mod: github.com/coredns/coredns %s, want %s (kubeadm %s's CoreDNSVersion)", coredns, want, v.Kubernetes)
 	}
 	want := StagingVersion(v.Kubernetes)
 	for _, dir := range []string{".", "e2e/monitoring"} {
@@ -120,16 +127,7 @@ func checkKubernetesModule(t *testing.T, name string, mod goMod, kube string) []
 // staging directories, from its go.mod in the module cache, or nil when
 // the cache does not hold it.
 func cachedStaging(t *testing.T, kube string) []string {
-	cache := os.Getenv("GOMODCACHE")
-	if cache == "" {
-		gopath := os.Getenv("GOPATH")
-		if gopath == "" {
-			home, _ := os.UserHomeDir()
-			gopath = filepath.Join(home, "go")
-		}
-		cache = filepath.Join(strings.Split(gopath, string(os.PathListSeparator))[0], "pkg", "mod")
-	}
-	path := filepath.Join(cache, "cache", "download", "k8s.io", "kubernetes", "@v", kube+".mod")
+	path := filepath.Join(modCache(), "cache", "download", "k8s.io", "kubernetes", "@v", kube+".mod")
 	if _, err := os.Stat(path); err != nil {
 		t.Logf("%s not in the module cache: checking the staging modules' versions, not their list", kube)
 		return nil
@@ -143,6 +141,36 @@ func cachedStaging(t *testing.T, kube string) []string {
 	}
 	slices.Sort(names)
 	return names
+}
+
+// cachedKubeadmCoreDNS is the CoreDNSVersion of kubeadm in
+// k8s.io/kubernetes@kube, from the module cache, or "" when the cache does
+// not hold its sources.
+func cachedKubeadmCoreDNS(t *testing.T, kube string) string {
+	b, err := os.ReadFile(filepath.Join(modCache(), "k8s.io", "kubernetes@"+kube, "cmd", "kubeadm", "app", "constants", "constants.go"))
+	if err != nil {
+		t.Logf("k8s.io/kubernetes@%s's sources not in the module cache: not checking CoreDNS's version", kube)
+		return ""
+	}
+	m := regexp.MustCompile(`CoreDNSVersion\s*=\s*"(v[0-9.]+)"`).FindSubmatch(b)
+	if m == nil {
+		t.Errorf("kubeadm %s: no CoreDNSVersion in its constants.go", kube)
+		return ""
+	}
+	return string(m[1])
+}
+
+// modCache is the Go module cache.
+func modCache() string {
+	if cache := os.Getenv("GOMODCACHE"); cache != "" {
+		return cache
+	}
+	gopath := os.Getenv("GOPATH")
+	if gopath == "" {
+		home, _ := os.UserHomeDir()
+		gopath = filepath.Join(home, "go")
+	}
+	return filepath.Join(strings.Split(gopath, string(os.PathListSeparator))[0], "pkg", "mod")
 }
 
 // goMod is what TestKubeVersions reads of a go.mod: module path → version

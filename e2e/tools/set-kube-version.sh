@@ -3,11 +3,13 @@
 # every go.mod that depends on them, then runs go mod tidy in each
 # (docs/upgrading-kubernetes.md):
 #
-#   - e2e/tools/kube, kubecli, kubenode ("kubernetes") and e2e/tools/kube-skew
+#   - e2e/tools/kube, kubecli, kubenode, conformance ("kubernetes") and e2e/tools/kube-skew
 #     ("skew-kubernetes"): require k8s.io/kubernetes at that version and replace each of
 #     its staging modules, as listed by that version's own go.mod (they change between
 #     releases), by the published v0.X.Y;
 #   - e2e/tools/etcd ("etcd") and e2e/tools/etcd-skew ("skew-etcd"): the etcd server;
+#   - e2e/tools/coredns: CoreDNS at the version kubeadm of "kubernetes" deploys
+#     (its CoreDNSVersion), which make conformance tags with kubeadm's image name;
 #   - the main module and e2e/monitoring: each k8s.io staging module they require at the
 #     v0.X.Y of "kubernetes" (go get, so that their other dependencies follow).
 #
@@ -119,6 +121,21 @@ set_etcd() {
 	(cd "$1" && go mod edit "-require=go.etcd.io/etcd/server/v3@$2" && go mod tidy)
 }
 
+# coredns_of VERSION prints the CoreDNS version kubeadm of k8s.io/kubernetes@VERSION deploys.
+coredns_of() {
+	local dir
+	dir="$(cd "$root" && go mod download -json "k8s.io/kubernetes@$1" |
+		sed -n -E 's/^[[:space:]]*"Dir": "(.*)",?$/\1/p')"
+	sed -n -E 's/^[[:space:]]*CoreDNSVersion[[:space:]]*=[[:space:]]*"(v[0-9.]+)".*/\1/p' \
+		"$dir/cmd/kubeadm/app/constants/constants.go"
+}
+
+# set_coredns MODDIR VERSION points the nested module at CoreDNS VERSION.
+set_coredns() {
+	echo "$1: coredns $2"
+	(cd "$1" && go mod edit "-require=github.com/coredns/coredns@$2" && go mod tidy)
+}
+
 # set_clients MODDIR VERSION moves each staging module MODDIR requires to the v0.X.Y of
 # k8s.io/kubernetes@VERSION.
 set_clients() {
@@ -147,9 +164,10 @@ esac
 
 kube="$(version kubernetes)"
 skew="$(version skew-kubernetes)"
-for mod in kube kubecli kubenode; do
+for mod in kube kubecli kubenode conformance; do
 	set_kubernetes "$here/$mod" "$kube"
 done
+set_coredns "$here/coredns" "$(coredns_of "$kube")"
 set_kubernetes "$here/kube-skew" "$skew"
 set_etcd "$here/etcd" "$(version etcd)"
 set_etcd "$here/etcd-skew" "$(version skew-etcd)"
