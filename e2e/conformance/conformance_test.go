@@ -1,6 +1,7 @@
 package conformance_test
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -63,7 +64,7 @@ func (c *cluster) runSuite(cfg config) {
 	args := []string{"env", "HOME=" + home, c.tools.Ginkgo,
 		fmt.Sprintf("--procs=%d", cfg.procs),
 		"--timeout=" + cfg.suiteTimeout.String(),
-		"--focus=" + cfg.set.Focus(),
+		"--focus=" + cmp.Or(cfg.focus, cfg.set.Focus()),
 		"--no-color",
 		"--silence-skips",
 	}
@@ -98,7 +99,7 @@ func (c *cluster) runSuite(cfg config) {
 	ran, passed := 0, 0
 	var failed []string
 	for name, r := range results {
-		if !cfg.set.Selected(name) || !r.Ran() {
+		if !cfg.selected(name) || !r.Ran() {
 			continue
 		}
 		ran++

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -40,6 +41,9 @@ const (
 	procsEnv = "NFTPROXY_CONFORMANCE_PROCS"
 	// disruptionEnv=0 leaves the disruption measurements out.
 	disruptionEnv = "NFTPROXY_CONFORMANCE_DISRUPTION"
+	// focusEnv replaces the set's --focus by this regular expression
+	// (debugging: one test, one area); its skips stay.
+	focusEnv = "NFTPROXY_CONFORMANCE_FOCUS"
 	// registryEnv=0 imports nftproxy's image into containerd instead of
 	// serving it from the local registry.
 	registryEnv = "NFTPROXY_CONFORMANCE_REGISTRY"
@@ -53,6 +57,7 @@ const (
 
 type config struct {
 	set              conformance.Set
+	focus            string // focusEnv, or ""
 	proxies          []string
 	out              string
 	image, prevImage string
@@ -70,6 +75,7 @@ func readConfig(t *testing.T) config {
 		out:        envOr(outEnv, filepath.Join(root, "bin", "conformance")),
 		image:      envOr(imageEnv, filepath.Join(root, "bin", "nftproxy-image.tar")),
 		prevImage:  os.Getenv(prevImageEnv),
+		focus:      os.Getenv(focusEnv),
 		disruption: os.Getenv(disruptionEnv) != "0",
 		reg:        os.Getenv(registryEnv) != "0",
 	}
@@ -258,4 +264,13 @@ func versionTag(t *testing.T, archive string) string {
 	}
 	t.Fatalf("%s: no version tag among %q", archive, refs)
 	return ""
+}
+
+// selected reports whether the run selects the test named name.
+func (c config) selected(name string) bool {
+	if c.focus == "" {
+		return c.set.Selected(name)
+	}
+	skip := c.set.SkipPattern()
+	return regexp.MustCompile(c.focus).MatchString(name) && (skip == "" || !regexp.MustCompile(skip).MatchString(name))
 }
