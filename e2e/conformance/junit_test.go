@@ -77,7 +77,7 @@ func TestTable(t *testing.T) {
 		{SetNetwork, []string{
 			"- nftproxy: 1 passed, 1 failed, 1 skipped, 1 not run (of 4)",
 			"| [sig-network] Networking should provide Internet connection for containers [Feature:Networking-IPv4] | — | — | reaches the Internet",
-			"| [sig-network] Services should work with the LoadBalancer type | skipped | skipped | needs a cloud provider's load balancer",
+			"| [sig-network] Services should work with the LoadBalancer type | skipped | skipped | the test skips itself: Only supported for providers",
 		}, []string{"sig-apps"}},
 	} {
 		got := Table(tc.set, []Column{{"nftproxy", nft}, {"kube-proxy", kp}})

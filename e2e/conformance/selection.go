@@ -41,14 +41,13 @@ type Skip struct {
 // (the framework's SkipUnless..., e.g. a provider or SSH keys) need no entry:
 // their own reason comes back in the JUnit report.
 var Skips = []Skip{
-	{`\[Disruptive\]`, "disruptive: reboots, partitions or restarts nodes and control-plane components, over SSH or a cloud API; the nodes here are network namespaces of one machine (make conformance measures its own disruptions, see below)"},
-	{`\[Flaky\]`, "marked flaky upstream; kept out of every upstream conformance job"},
-	{`LoadBalancer`, "needs a cloud provider's load balancer: there is none here (--provider=local)"},
-	{`SCTP`, "needs SCTP sockets: this kernel is built without SCTP (CONFIG_IP_SCTP is not set)"},
+	{`\[Disruptive\]`, "disruptive: restarts kube-proxy, the API server or nodes over SSH; the nodes here are namespaces of one machine, without SSH (make conformance measures nftproxy's own disruptions, see below)"},
+	{`\[Feature:LoadBalancer\]`, "needs a cloud provider's load balancer: there is none here (--provider=local)"},
+	{`SCTP`, "needs SCTP: this kernel is built without it (CONFIG_IP_SCTP is not set)"},
 	{`\[Feature:Networking-IPv4\]|\[Feature:Networking-IPv6\]|\[Feature:Networking-DNS\]`, "reaches the Internet (8.8.8.8, 2001:4860:4860::8888, google.com): the bed has no uplink, by design nothing leaves it"},
-	{`\[Feature:IPv6DualStack\]|\[Feature:Networking-IPv6\]|\[Experimental:IPv6\]`, "needs dual-stack or IPv6 pods: the cluster's pod network here is IPv4 only (its Services are dual-stack)"},
-	{`NetworkPolicy|Netpol`, "needs a NetworkPolicy implementation: the bridge CNI plugin has none (a CNI's job, not a service proxy's)"},
-	{`\[Feature:GCE|GCE|\[Feature:Ingress\]|\[Feature:NEG\]|\[Feature:kubemci\]`, "needs a cloud provider (GCE ingress, NEGs): there is none here"},
+	{`\[Feature:IPv6DualStack\]`, "needs dual-stack pods: the pod network here is IPv4 only (the Services are dual-stack)"},
+	{`\[Feature:NetworkPolicy\]`, "needs a NetworkPolicy implementation: the bridge CNI plugin has none (a CNI's job, not a service proxy's)"},
+	{`\[Feature:LocalhostNodePorts\]`, "needs the alpha gate KubeProxyNFTablesLocalhostNodePorts and localhost in nodePortAddresses; both proxies run with kubeadm's defaults here (the registry case also needs agnhost's fake registry data, which our agnhost image lacks)"},
 }
 
 // SkipPattern is ginkgo's --skip for s: the alternation of Skips' patterns

@@ -8,7 +8,8 @@
 //	    --doc docs/conformance.md
 //
 // The table replaces what is between the doc's markers; without --doc it is
-// printed.
+// printed. With --print-selection it prints the set's ginkgo --focus and
+// --skip instead (to run the same selection by hand).
 package main
 
 import (
@@ -30,7 +31,13 @@ func main() {
 	set := flag.String("set", string(conformance.SetConformance), "the tests the reports' runs selected: conformance or sig-network")
 	doc := flag.String("doc", "", "the Markdown file whose table to replace (default: print the table)")
 	flag.Var(&junits, "junit", "PROXY=FILE: a proxy's JUnit report (repeatable, in column order)")
+	selection := flag.Bool("print-selection", false, "print the set's ginkgo --focus and --skip, one a line, and exit")
 	flag.Parse()
+	if *selection {
+		s := conformance.Set(*set)
+		fmt.Printf("--focus=%s\n--skip=%s\n", s.Focus(), s.SkipPattern())
+		return
+	}
 	if err := run(conformance.Set(*set), junits, *doc); err != nil {
 		fmt.Fprintln(os.Stderr, "conformance-table:", err)
 		os.Exit(1)

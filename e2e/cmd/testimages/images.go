@@ -10,12 +10,13 @@ import (
 // share (agnhost, glibc-dns-testing, nginx, kube-proxy), with their
 // dependencies. What the suite runs in them (test/e2e/network, v1.37):
 // sh -c scripts with dig, getent, seq and test (DNS tests), curl, nc -v -t/-u,
-// nslookup, wget (busybox's, as in upstream's Alpine agnhost), ip and socat
-// (agnhost's Dockerfile installs them); nginx for the nginx image; nft for
+// nslookup, wget (busybox's, as in upstream's Alpine agnhost), ip, socat and
+// iperf (2, for the [Feature:Networking-Performance] test; agnhost's
+// Dockerfile installs them); nginx for the nginx image; nft for
 // kube-proxy's nftables mode (knftables runs `nft` for every transaction).
 var basePackages = []string{
 	"bash", "dash", "coreutils", "grep", "sed", "libc-bin",
-	"bind9-dnsutils", "curl", "netcat-openbsd", "iproute2", "socat", "procps",
+	"bind9-dnsutils", "curl", "netcat-openbsd", "iproute2", "socat", "procps", "iperf",
 	"busybox-static", "nginx-light", "nftables",
 }
 
