@@ -131,10 +131,11 @@ kubelet-e2e: e2e-tools image
 # agnhost, CoreDNS and the test images, and runs two clusters.
 # CONFORMANCE_SET=sig-network runs the broader set; PREV_RELEASE is the
 # commit whose image the upgrade case starts from. The JUnit reports, logs and
-# disruption figures go to bin/conformance; the table of docs/conformance.md
-# is rewritten from the reports (also after a failed run).
+# disruption figures go to bin/conformance (bin/conformance/sig-network for
+# that set); the set's table in docs/conformance.md is rewritten from the
+# reports (also after a failed run).
 CONFORMANCE_SET ?= conformance
-CONFORMANCE_OUT := $(BIN)/conformance
+CONFORMANCE_OUT  = $(BIN)/conformance$(if $(filter-out conformance,$(CONFORMANCE_SET)),/$(CONFORMANCE_SET))
 PREV_RELEASE    ?= eec0c2a
 PREV_IMAGE_TAR  := $(BIN)/nftproxy-image-$(PREV_RELEASE).tar
 .PHONY: conformance conformance-table prev-image

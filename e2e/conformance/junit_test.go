@@ -95,15 +95,17 @@ func TestTable(t *testing.T) {
 }
 
 func TestReplaceTable(t *testing.T) {
-	doc := "# Conformance\n\n" + tableBegin + "\nold\n" + tableEnd + "\n\nafter\n"
-	got, err := ReplaceTable(doc, "new\n")
+	cb, ce := markers(SetConformance)
+	nb, ne := markers(SetNetwork)
+	doc := "# Conformance\n\n" + cb + "\nold\n" + ce + "\n\n" + nb + "\nold too\n" + ne + "\nafter\n"
+	got, err := ReplaceTable(doc, SetNetwork, "new\n")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "# Conformance\n\n" + tableBegin + "\nnew\n" + tableEnd + "\n\nafter\n"; got != want {
+	if want := "# Conformance\n\n" + cb + "\nold\n" + ce + "\n\n" + nb + "\nnew\n" + ne + "\nafter\n"; got != want {
 		t.Errorf("ReplaceTable = %q, want %q", got, want)
 	}
-	if _, err := ReplaceTable("no markers", "x"); err == nil {
+	if _, err := ReplaceTable("no markers", SetConformance, "x"); err == nil {
 		t.Error("a doc without markers was accepted")
 	}
 }

@@ -7,7 +7,7 @@
 //	    --junit kube-proxy=bin/conformance/junit-kube-proxy.xml \
 //	    --doc docs/conformance.md
 //
-// The table replaces what is between the doc's markers; without --doc it is
+// The table replaces what is between the doc's markers for the set; without --doc it is
 // printed. With --print-selection it prints the set's ginkgo --focus and
 // --skip instead (to run the same selection by hand).
 package main
@@ -72,7 +72,7 @@ func run(set conformance.Set, junits []string, doc string) error {
 	if err != nil {
 		return err
 	}
-	updated, err := conformance.ReplaceTable(string(old), table)
+	updated, err := conformance.ReplaceTable(string(old), set, table)
 	if err != nil {
 		return fmt.Errorf("%s: %w", doc, err)
 	}
