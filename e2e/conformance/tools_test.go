@@ -122,7 +122,7 @@ type tools struct {
 	kubenode.Binaries
 	// E2E is upstream's e2e.test, Ginkgo the CLI that runs it in parallel,
 	// Agnhost, CoreDNS and KubeProxy the programs of their images.
-	E2E, Ginkgo, Agnhost, CoreDNS, KubeProxy string
+	E2E, Ginkgo, Agnhost, CoreDNS, KubeProxy, Issue74839 string
 	// Porter holds agnhost's TLS test files (test/images/agnhost/porter).
 	Porter string
 }
@@ -142,8 +142,9 @@ func ensureTools(t *testing.T) tools {
 	tl := tools{Binaries: bins,
 		E2E: filepath.Join(dir, "e2e.test"), Ginkgo: filepath.Join(dir, "ginkgo"), Agnhost: filepath.Join(dir, "agnhost"),
 		CoreDNS: filepath.Join(dir, "coredns"), KubeProxy: filepath.Join(dir, "kube-proxy"),
+		Issue74839: filepath.Join(dir, "regression-issue-74839"),
 	}
-	for _, p := range []string{tl.E2E, tl.Ginkgo, tl.Agnhost, tl.CoreDNS, tl.KubeProxy} {
+	for _, p := range []string{tl.E2E, tl.Ginkgo, tl.Agnhost, tl.CoreDNS, tl.KubeProxy, tl.Issue74839} {
 		if _, err := os.Stat(p); err != nil {
 			t.Fatalf("%v (built by %s --conformance)", err, script)
 		}
@@ -190,7 +191,8 @@ func buildImages(t *testing.T, tl tools, dir string) map[string]image {
 	start := time.Now()
 	cmd := exec.Command("go", "run", "./e2e/cmd/testimages", "--out", dir, "--repo", repoRoot(),
 		"--e2e-images", e2eList, "--kubeadm-images", kubeadmList,
-		"--agnhost", tl.Agnhost, "--coredns", tl.CoreDNS, "--kube-proxy", tl.KubeProxy, "--porter", tl.Porter)
+		"--agnhost", tl.Agnhost, "--coredns", tl.CoreDNS, "--kube-proxy", tl.KubeProxy, "--porter", tl.Porter,
+		"--regression-issue-74839", tl.Issue74839)
 	cmd.Dir = repoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("e2e/cmd/testimages: %v\n%s", err, out)

@@ -127,6 +127,7 @@ fi
 if [[ $conformance == 1 && $skew == 0 ]]; then
 	build ginkgo "$here/conformance" github.com/onsi/ginkgo/v2/ginkgo "-s -w"
 	build agnhost "$here/conformance" k8s.io/kubernetes/test/images/agnhost "-s -w"
+	build regression-issue-74839 "$here/conformance" k8s.io/kubernetes/test/images/regression-issue-74839 "-s -w"
 	build e2e.test "$here/conformance" k8s.io/kubernetes/test/e2e "$kube_ldflags" test
 	build coredns "$here/coredns" . "-s -w"
 fi

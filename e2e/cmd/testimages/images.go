@@ -10,14 +10,16 @@ import (
 // share (agnhost, glibc-dns-testing, nginx, kube-proxy), with their
 // dependencies. What the suite runs in them (test/e2e/network, v1.37):
 // sh -c scripts with dig, getent, seq and test (DNS tests), curl, nc -v -t/-u,
-// nslookup, wget (busybox's, as in upstream's Alpine agnhost), ip, socat and
+// nslookup, wget (wgetWrapper), ip, socat and
 // iperf (2, for the [Feature:Networking-Performance] test; agnhost's
 // Dockerfile installs them); nginx for the nginx image; nft for
-// kube-proxy's nftables mode (knftables runs `nft` for every transaction).
+// kube-proxy's nftables mode (knftables runs `nft` for every transaction);
+// hostname (the DNS hostname tests run it); iptables and conntrack for
+// distroless-iptables (the CLOSE_WAIT test reads conntrack entries with it).
 var basePackages = []string{
 	"bash", "dash", "coreutils", "grep", "sed", "libc-bin",
-	"bind9-dnsutils", "curl", "netcat-openbsd", "iproute2", "socat", "procps", "iperf",
-	"busybox-static", "nginx-light", "nftables",
+	"bind9-dnsutils", "curl", "netcat-openbsd", "iproute2", "socat", "procps", "iperf", "wget",
+	"hostname", "busybox-static", "nginx-light", "nftables", "iptables", "conntrack",
 }
 
 // alternatives are the links update-alternatives would make in a
@@ -27,6 +29,13 @@ var alternatives = map[string]string{
 	"/usr/bin/netcat": "nc.openbsd",
 	"/usr/bin/awk":    "mawk",
 }
+
+// wgetWrapper is agnhost's /usr/local/bin/wget (first on the PATH): GNU
+// wget, trying once as busybox's wget in upstream's Alpine image does (GNU
+// wget tries 20 times on a timeout). Debian's busybox 1.35 wget crashes on
+// -T, which the suite passes ("wget -T 5 -qO- ..."; the segmentation fault
+// failed a Services test with both proxies).
+const wgetWrapper = "#!/bin/sh\nexec /usr/bin/wget --tries=1 \"$@\"\n"
 
 // Users and groups of the images: Debian's base ones the packages expect
 // (root, www-data for nginx, nobody) and agnhost's user 1000 and group 50000
@@ -101,24 +110,28 @@ func addAlternatives(t *Tree) {
 
 // Image kinds: which image a name belongs to.
 const (
-	kindAgnhost   = "agnhost"
-	kindDNSTest   = "glibc-dns-testing"
-	kindNginx     = "nginx"
-	kindBusybox   = "busybox"
-	kindPause     = "pause"
-	kindCoreDNS   = "coredns"
-	kindKubeProxy = "kube-proxy"
-	kindProbe     = "probe"
+	kindAgnhost    = "agnhost"
+	kindDNSTest    = "glibc-dns-testing"
+	kindNginx      = "nginx"
+	kindBusybox    = "busybox"
+	kindPause      = "pause"
+	kindCoreDNS    = "coredns"
+	kindKubeProxy  = "kube-proxy"
+	kindProbe      = "probe"
+	kindIptables   = "distroless-iptables"
+	kindIssue74839 = "regression-issue-74839"
 )
 
 // e2eRepos are the repositories of test/utils/image/manifest.go we build, by
 // kind; every tag the suite lists for one of them names the same image.
 var e2eRepos = map[string]string{
-	"registry.k8s.io/e2e-test-images/agnhost":           kindAgnhost,
-	"registry.k8s.io/e2e-test-images/glibc-dns-testing": kindDNSTest,
-	"registry.k8s.io/e2e-test-images/nginx":             kindNginx,
-	"registry.k8s.io/e2e-test-images/busybox":           kindBusybox,
-	"registry.k8s.io/pause":                             kindPause,
+	"registry.k8s.io/e2e-test-images/agnhost":                kindAgnhost,
+	"registry.k8s.io/e2e-test-images/glibc-dns-testing":      kindDNSTest,
+	"registry.k8s.io/e2e-test-images/nginx":                  kindNginx,
+	"registry.k8s.io/e2e-test-images/busybox":                kindBusybox,
+	"registry.k8s.io/pause":                                  kindPause,
+	"registry.k8s.io/build-image/distroless-iptables":        kindIptables,
+	"registry.k8s.io/e2e-test-images/regression-issue-74839": kindIssue74839,
 }
 
 // kubeadmRepos are the repositories of `kubeadm config images list` we build.

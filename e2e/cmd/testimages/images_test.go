@@ -17,6 +17,8 @@ registry.k8s.io/e2e-test-images/nginx:1.28.0-2
 registry.k8s.io/e2e-test-images/perl:5.26
 registry.k8s.io/etcd:3.7.0-0
 registry.k8s.io/pause:3.10.2
+registry.k8s.io/build-image/distroless-iptables:v0.9.9
+registry.k8s.io/e2e-test-images/regression-issue-74839:1.5
 invalid.registry.k8s.io/invalid/alpine:3.1
 `
 
@@ -33,14 +35,16 @@ func TestPickNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string][]string{
-		kindAgnhost:   {"registry.k8s.io/e2e-test-images/agnhost:2.55", "registry.k8s.io/e2e-test-images/agnhost:2.66.1"},
-		kindBusybox:   {"registry.k8s.io/e2e-test-images/busybox:1.37.0-2"},
-		kindDNSTest:   {"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"},
-		kindNginx:     {"registry.k8s.io/e2e-test-images/nginx:1.27.0-2", "registry.k8s.io/e2e-test-images/nginx:1.28.0-2"},
-		kindPause:     {"docker.io/nftproxy-e2e/pause:1", "registry.k8s.io/pause:3.10.1", "registry.k8s.io/pause:3.10.2"},
-		kindKubeProxy: {"registry.k8s.io/kube-proxy:v1.37.2"},
-		kindCoreDNS:   {"registry.k8s.io/coredns/coredns:v1.14.6"},
-		kindProbe:     {"docker.io/nftproxy-e2e/probe:1"},
+		kindAgnhost:    {"registry.k8s.io/e2e-test-images/agnhost:2.55", "registry.k8s.io/e2e-test-images/agnhost:2.66.1"},
+		kindBusybox:    {"registry.k8s.io/e2e-test-images/busybox:1.37.0-2"},
+		kindDNSTest:    {"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"},
+		kindNginx:      {"registry.k8s.io/e2e-test-images/nginx:1.27.0-2", "registry.k8s.io/e2e-test-images/nginx:1.28.0-2"},
+		kindPause:      {"docker.io/nftproxy-e2e/pause:1", "registry.k8s.io/pause:3.10.1", "registry.k8s.io/pause:3.10.2"},
+		kindKubeProxy:  {"registry.k8s.io/kube-proxy:v1.37.2"},
+		kindCoreDNS:    {"registry.k8s.io/coredns/coredns:v1.14.6"},
+		kindProbe:      {"docker.io/nftproxy-e2e/probe:1"},
+		kindIptables:   {"registry.k8s.io/build-image/distroless-iptables:v0.9.9"},
+		kindIssue74839: {"registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"},
 	}
 	if !maps.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("pickNames =\n%v\nwant\n%v", got, want)

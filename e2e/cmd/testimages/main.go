@@ -9,6 +9,7 @@
 //	    --e2e-images FILE      (e2e.test --list-images)
 //	    --kubeadm-images FILE  (kubeadm config images list --config ...)
 //	    --agnhost BIN --coredns BIN --kube-proxy BIN --porter DIR
+//	    --regression-issue-74839 BIN
 //
 // Go programs are copied in as built (agnhost, coredns and kube-proxy by
 // e2e/tools/build.sh --conformance; pause and probe here, static). Debian's
@@ -53,6 +54,7 @@ type options struct {
 	out, cache, repo                    string
 	e2eImages, kubeadmImages            string
 	agnhost, coredns, kubeProxy, porter string
+	issue74839                          string
 }
 
 func main() {
@@ -65,9 +67,10 @@ func main() {
 	flag.StringVar(&o.agnhost, "agnhost", "", "the agnhost binary (required)")
 	flag.StringVar(&o.coredns, "coredns", "", "the coredns binary, kubeadm's version (required)")
 	flag.StringVar(&o.kubeProxy, "kube-proxy", "", "the kube-proxy binary, kubeadm's version (required)")
+	flag.StringVar(&o.issue74839, "regression-issue-74839", "", "the regression-issue-74839 binary (k8s.io/kubernetes' test/images; required)")
 	flag.StringVar(&o.porter, "porter", "", "directory of localhost.crt and localhost.key (k8s.io/kubernetes' test/images/agnhost/porter; required)")
 	flag.Parse()
-	if o.out == "" || o.e2eImages == "" || o.kubeadmImages == "" || o.agnhost == "" || o.coredns == "" || o.kubeProxy == "" || o.porter == "" {
+	if o.out == "" || o.e2eImages == "" || o.kubeadmImages == "" || o.agnhost == "" || o.coredns == "" || o.kubeProxy == "" || o.porter == "" || o.issue74839 == "" {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -146,7 +149,7 @@ func run(o options) error {
 		kindAgnhost: func(t *Tree) error {
 			// As upstream's Dockerfile: /agnhost, /agnhost-2, porter's TLS
 			// files read relative to /, /uploads; /coredns for the suite's
-			// own DNS server pods; wget from busybox as in Alpine.
+			// own DNS server pods; wget trying once, as in Alpine.
 			if err := addBinary(t, "/agnhost", o.agnhost); err != nil {
 				return err
 			}
@@ -154,7 +157,7 @@ func run(o options) error {
 			t.AddFile("/localhost.crt", 0o644, crt)
 			t.AddFile("/localhost.key", 0o644, key)
 			t.AddDir("/uploads", 0o777)
-			t.AddSymlink("/usr/local/bin/wget", "/bin/busybox")
+			t.AddFile("/usr/local/bin/wget", 0o755, []byte(wgetWrapper))
 			return addBinary(t, "/coredns", o.coredns)
 		},
 		kindNginx: func(t *Tree) error {
@@ -166,6 +169,9 @@ func run(o options) error {
 		kindCoreDNS:   func(t *Tree) error { return addBinary(t, "/coredns", o.coredns) },
 		kindPause:     func(t *Tree) error { return addBinary(t, "/pause", pause) },
 		kindProbe:     func(t *Tree) error { return addBinary(t, "/probe", probe) },
+		kindIssue74839: func(t *Tree) error {
+			return addBinary(t, "/regression-issue-74839", o.issue74839)
+		},
 	}
 	top := map[string]string{}
 	for kind, fill := range tops {
@@ -189,6 +195,10 @@ func run(o options) error {
 		{kind: kindCoreDNS, layers: []string{top[kindCoreDNS]}, entrypoint: []string{"/coredns"}},
 		{kind: kindPause, layers: []string{top[kindPause]}, entrypoint: []string{"/pause"}},
 		{kind: kindProbe, layers: []string{top[kindProbe]}, entrypoint: []string{"/probe"}},
+		// Upstream's is distroless with iptables, nft and conntrack; the
+		// suite runs sh, sleep, grep, test, which and conntrack in it.
+		{kind: kindIptables, layers: []string{base}},
+		{kind: kindIssue74839, layers: []string{top[kindIssue74839]}, entrypoint: []string{"/regression-issue-74839"}},
 	}
 	tool, err := buildImageTool(o)
 	if err != nil {

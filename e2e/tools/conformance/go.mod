@@ -1,7 +1,7 @@
 // Module conformance builds upstream's e2e suite for `make conformance`
 // (docs/conformance.md): e2e.test (`go test -c k8s.io/kubernetes/test/e2e`),
 // the ginkgo CLI that runs it, and agnhost, the program most of its test
-// images run. Like e2e/tools/kubenode it requires k8s.io/kubernetes and
+// images run (and regression-issue-74839, the conntrack test's). Like e2e/tools/kubenode it requires k8s.io/kubernetes and
 // replaces each staging module by its published v0.X.Y; tools.go keeps the
 // suite's test-only imports in the module graph.
 module github.com/nftproxy/nftproxy/e2e/tools/conformance
@@ -11,6 +11,7 @@ go 1.26.0
 tool (
 	github.com/onsi/ginkgo/v2/ginkgo
 	k8s.io/kubernetes/test/images/agnhost
+	k8s.io/kubernetes/test/images/regression-issue-74839
 )
 
 require (
