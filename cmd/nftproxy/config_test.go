@@ -93,6 +93,12 @@ func TestWriteConfigRoundTrip(t *testing.T) {
 	for _, o := range []*options{written, read} {
 		o.WriteConfigTo, o.ConfigFile, o.ConfigData, o.FeatureGate, o.NoEffectFlags = "", "", nil, nil, nil
 	}
+	// The file holds one metricsBindAddress, the override's: the loopback
+	// address served beside it comes with the override flag only.
+	if written.MetricsLoopbackAddress != "127.0.0.1:10249" {
+		t.Errorf("written: MetricsLoopbackAddress %q, want kube-proxy's default beside the override", written.MetricsLoopbackAddress)
+	}
+	written.MetricsLoopbackAddress = ""
 	if !reflect.DeepEqual(written, read) {
 		t.Errorf("read back:\n%+v\nwritten:\n%+v", read, written)
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -46,9 +48,16 @@ type options struct {
 
 	// HealthzBindAddress and MetricsBindAddress are "host:port"; empty
 	// disables the server.
-	HealthzBindAddress  string
-	MetricsBindAddress  string
-	BindAddressHardFail bool
+	HealthzBindAddress string
+	MetricsBindAddress string
+	// MetricsLoopbackAddress is a second address of the metrics server:
+	// the configured metricsBindAddress when --metrics-bind-address-override
+	// moved the server off it and it is a loopback address (kubeadm's
+	// 127.0.0.1:10249). kube-proxy answers there, and so do node-local
+	// clients (upstream's e2e tests curl localhost:10249/proxyMode from the
+	// node); empty when there is none.
+	MetricsLoopbackAddress string
+	BindAddressHardFail    bool
 	// EnableProfiling serves /debug/pprof on the metrics server.
 	EnableProfiling bool
 
@@ -262,10 +271,25 @@ func (fv *flagValues) resolveServers(o *options) error {
 	o.HealthzBindAddress, errs[0] = bindAddress(c.HealthzBindAddress, defaultHealthzPort, "--healthz-bind-address / healthzBindAddress")
 	o.MetricsBindAddress, errs[1] = bindAddress(c.MetricsBindAddress, defaultMetricsPort, "--metrics-bind-address / metricsBindAddress")
 	if fv.metricsBindAddressOverride != "" {
+		configured := o.MetricsBindAddress
 		o.MetricsBindAddress, errs[2] = bindAddress(fv.metricsBindAddressOverride, defaultMetricsPort, "--metrics-bind-address-override")
+		if isLoopback(configured) && configured != o.MetricsBindAddress {
+			o.MetricsLoopbackAddress = configured
+		}
 	}
 	c.HealthzBindAddress, c.MetricsBindAddress = o.HealthzBindAddress, o.MetricsBindAddress
 	return errors.Join(errs[:]...)
+}
+
+// isLoopback reports whether hostport ("127.0.0.1:10249") is on a loopback
+// address.
+func isLoopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
 
 // fillOptions copies the validated configuration into o.

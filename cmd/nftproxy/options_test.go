@@ -405,13 +405,33 @@ metricsBindAddress: 127.0.0.1:20249
 				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "10.0.0.7:10249")
 				expect(t, "Config.MetricsBindAddress", o.Config.MetricsBindAddress, "10.0.0.7:10249")
 				expect(t, "IgnoredByConfig", o.IgnoredByConfig, []string{"metrics-bind-address"})
+				// The file's loopback address stays served (upstream's e2e
+				// "should check kube-proxy urls" curls localhost:10249).
+				expect(t, "MetricsLoopbackAddress", o.MetricsLoopbackAddress, "127.0.0.1:20249")
 			},
 		},
 		{
-			name: "metrics address override with a port",
+			name: "metrics address override with a port; kube-proxy's default loopback address stays",
 			args: []string{"--metrics-bind-address-override=[fd00::7]:9100"},
 			check: func(t *testing.T, o *options) {
 				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "[fd00::7]:9100")
+				expect(t, "MetricsLoopbackAddress", o.MetricsLoopbackAddress, "127.0.0.1:10249")
+			},
+		},
+		{
+			name: "metrics address override beside all addresses: no second server",
+			args: []string{"--metrics-bind-address=0.0.0.0:10249", "--metrics-bind-address-override=10.0.0.7"},
+			check: func(t *testing.T, o *options) {
+				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "10.0.0.7:10249")
+				expect(t, "MetricsLoopbackAddress", o.MetricsLoopbackAddress, "")
+			},
+		},
+		{
+			name: "metrics address override to the loopback address itself: no second server",
+			args: []string{"--metrics-bind-address-override=127.0.0.1:10249"},
+			check: func(t *testing.T, o *options) {
+				expect(t, "MetricsBindAddress", o.MetricsBindAddress, "127.0.0.1:10249")
+				expect(t, "MetricsLoopbackAddress", o.MetricsLoopbackAddress, "")
 			},
 		},
 		{

@@ -239,11 +239,7 @@ func proxyTasks(o *options, health *healthz.ProxyHealth, p *proxier.Proxier) []f
 			return serveForever(ctx, "healthz", o.HealthzBindAddress, healthz.HealthMux(health), o.BindAddressHardFail, bindRetryInterval)
 		},
 		func(ctx context.Context) error {
-			mux := healthz.MetricsMux(metrics.Handler(), o.EnableProfiling)
-			if o.EnableProfiling {
-				installDebug(mux, o)
-			}
-			return serveForever(ctx, "metrics", o.MetricsBindAddress, mux, o.BindAddressHardFail, bindRetryInterval)
+			return serveForever(ctx, "metrics", o.MetricsBindAddress, metricsMux(o), o.BindAddressHardFail, bindRetryInterval)
 		},
 		func(ctx context.Context) error {
 			err := p.Run(ctx)
@@ -253,11 +249,25 @@ func proxyTasks(o *options, health *healthz.ProxyHealth, p *proxier.Proxier) []f
 			return err
 		},
 	}
+	if o.MetricsLoopbackAddress != "" {
+		tasks = append(tasks, func(ctx context.Context) error {
+			return serveForever(ctx, "metrics (loopback)", o.MetricsLoopbackAddress, metricsMux(o), o.BindAddressHardFail, bindRetryInterval)
+		})
+	}
 	if o.ConfigFile != "" {
 		w := &configWatcher{path: o.ConfigFile, content: o.ConfigData}
 		tasks = append(tasks, w.run)
 	}
 	return tasks
+}
+
+// metricsMux is what the metrics server serves.
+func metricsMux(o *options) *http.ServeMux {
+	mux := healthz.MetricsMux(metrics.Handler(), o.EnableProfiling)
+	if o.EnableProfiling {
+		installDebug(mux, o)
+	}
+	return mux
 }
 
 // runAll runs tasks until parent is done or one of them fails.

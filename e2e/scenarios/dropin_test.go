@@ -66,7 +66,7 @@ nftables:
 // plus --metrics-bind-address-override with the node's IP: a flag the file
 // has a field for is ignored and logged, the metrics server answers on the
 // node's IP with kubernetes_build_info and the effective configuration on
-// /configz, and an update of the ConfigMap makes nftproxy exit with status
+// /configz and on the file's loopback address too, and an update of the ConfigMap makes nftproxy exit with status
 // 1, so that kubelet restarts it with the new configuration.
 func TestDropInConfigFile(t *testing.T) {
 	testbed.RequirePrivileges(t)
@@ -109,6 +109,12 @@ func TestDropInConfigFile(t *testing.T) {
 	if got.HostnameOverride != n.Name || got.MetricsBindAddress != n.IPv4.String()+":10249" ||
 		got.ClusterCIDR != clusterCIDRs || got.ClientConnection.QPS != 5 {
 		t.Errorf("/configz = %+v, want the file's configuration with the node name and metrics address", got)
+	}
+	// The file's loopback address (kube-proxy's default) is served beside
+	// the node's IP, as kube-proxy serves it: upstream's e2e test "should
+	// check kube-proxy urls" curls localhost:10249/proxyMode on the node.
+	if mode, err := n.HTTPGet(ctx, "http://127.0.0.1:10249/proxyMode"); err != nil || strings.TrimSpace(mode) != "nftables" {
+		t.Errorf("GET /proxyMode on the node's loopback = %q, %v; want nftables", mode, err)
 	}
 
 	volume.update("..2026_11_24_02", map[string]string{"config.conf": kubeProxyConfig(bed.ProxyKubeconfig, "10.244.0.0/16")})
