@@ -266,7 +266,15 @@ func TestReconcileRealFlows(t *testing.T) {
 			send(40003, svc1)
 			send(40004, svc2)
 			send(40005, w.ep(2))
-			before := ns.list(t, family)
+			// The flows are in the table once the datagrams are sent; a
+			// listing was once seen short of three (IPv6, a busy
+			// machine), so the listing is taken again for a while.
+			var before []Flow
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				if before = ns.list(t, family); len(before) == 5 || time.Now().After(deadline) {
+					break
+				}
+			}
 			if len(before) != 5 {
 				t.Fatalf("want 5 flows, got %d: %v", len(before), before)
 			}

@@ -46,7 +46,9 @@ func TestKernelProxy(t *testing.T) {
 			if f == nft.IPv6 {
 				ep, lo, other = netip.MustParseAddrPort("[fd00:244::11]:8080"), netip.IPv6Loopback(), netip.Addr{}
 			}
-			for _, cmd := range [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "addr", "add", ep.Addr().String(), "dev", "lo"}} {
+			// nodad: an IPv6 address is tentative, and cannot be bound,
+			// until duplicate address detection is done.
+			for _, cmd := range [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "addr", "add", ep.Addr().String(), "dev", "lo", "nodad"}} {
 				if out, err := ns.Run("", cmd...); err != nil {
 					t.Fatalf("%v: %v: %s", cmd, err, out)
 				}
