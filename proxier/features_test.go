@@ -20,7 +20,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/proxier/healthcheck"
+	"github.com/nftproxy/nftproxy/proxier/servicehealth"
 )
 
 func udpFlow(client, vip, backend string) conntrack.Flow {
@@ -237,13 +237,13 @@ func TestConntrackCleanupDoesNotHoldSyncs(t *testing.T) {
 // for the test (at most 5 s): a sync whose rules are in the kernel and
 // which has not returned yet.
 type heldBackend struct {
-	nft.Interface
+	nft.Backend
 	hold               atomic.Bool
 	committed, release chan struct{}
 }
 
 func (b *heldBackend) Apply(ctx context.Context, tx *nft.Transaction) error {
-	err := b.Interface.Apply(ctx, tx)
+	err := b.Backend.Apply(ctx, tx)
 	if err == nil && b.hold.Load() {
 		b.committed <- struct{}{}
 		select {
@@ -265,8 +265,8 @@ func TestConntrackCleanupSeesCommittingSync(t *testing.T) {
 	var be *heldBackend
 	h := startWith(t, func(d *Deps) {
 		d.Conntrack = ct
-		be = &heldBackend{Interface: d.NFT[nft.IPv4], committed: make(chan struct{}, 1), release: make(chan struct{}, 1)}
-		d.NFT = map[nft.Family]nft.Interface{nft.IPv4: be}
+		be = &heldBackend{Backend: d.NFT[nft.IPv4], committed: make(chan struct{}, 1), release: make(chan struct{}, 1)}
+		d.NFT = map[nft.Family]nft.Backend{nft.IPv4: be}
 	},
 		service("kube-system", "dns", "10.96.0.53", 53, v1.ProtocolUDP),
 		slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, "10.244.1.20"))
@@ -330,25 +330,25 @@ func TestNodePortFollowsNodeObject(t *testing.T) {
 
 type recordingHealthCheck struct {
 	mu        sync.Mutex
-	services  map[healthcheck.ServiceName]uint16
-	endpoints map[healthcheck.ServiceName]int
+	services  map[servicehealth.ServiceName]uint16
+	endpoints map[servicehealth.ServiceName]int
 }
 
-func (r *recordingHealthCheck) SyncServices(m map[healthcheck.ServiceName]uint16) error {
+func (r *recordingHealthCheck) SyncServices(m map[servicehealth.ServiceName]uint16) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.services = maps.Clone(m)
 	return nil
 }
 
-func (r *recordingHealthCheck) SyncEndpoints(m map[healthcheck.ServiceName]int) error {
+func (r *recordingHealthCheck) SyncEndpoints(m map[servicehealth.ServiceName]int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.endpoints = maps.Clone(m)
 	return nil
 }
 
-func (r *recordingHealthCheck) get() (map[healthcheck.ServiceName]uint16, map[healthcheck.ServiceName]int) {
+func (r *recordingHealthCheck) get() (map[servicehealth.ServiceName]uint16, map[servicehealth.ServiceName]int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.services, r.endpoints
@@ -364,11 +364,11 @@ func TestHealthCheckNodePorts(t *testing.T) {
 	es := slice("default", "lb", "lb-1", 8080, v1.ProtocolTCP, "10.244.1.11", "10.244.2.12")
 	here := "n1"
 	es.Endpoints[0].NodeName = &here
-	h := startWith(t, func(d *Deps) { d.HealthCheck = map[nft.Family]HealthCheckServer{nft.IPv4: hc} }, svc, es)
-	name := healthcheck.ServiceName{Namespace: "default", Name: "lb"}
+	h := startWith(t, func(d *Deps) { d.ServiceHealth = map[nft.Family]ServiceHealthServer{nft.IPv4: hc} }, svc, es)
+	name := servicehealth.ServiceName{Namespace: "default", Name: "lb"}
 	waitFor(t, "health check port", func() bool {
 		s, e := hc.get()
-		return reflect.DeepEqual(s, map[healthcheck.ServiceName]uint16{name: 32000}) && reflect.DeepEqual(e, map[healthcheck.ServiceName]int{name: 1})
+		return reflect.DeepEqual(s, map[servicehealth.ServiceName]uint16{name: 32000}) && reflect.DeepEqual(e, map[servicehealth.ServiceName]int{name: 1})
 	})
 	if err := h.client.CoreV1().Services("default").Delete(context.Background(), "lb", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -412,7 +412,7 @@ func TestEventsWithoutRuleChangesDoNoKernelWork(t *testing.T) {
 // meetingBackend holds its family's first Apply until the other family's
 // first Apply has begun too, for at most a few seconds.
 type meetingBackend struct {
-	nft.Interface
+	nft.Backend
 	begun, other chan struct{} // begun is closed when the first Apply begins
 	once         sync.Once
 	missed       atomic.Bool // the other family did not begin in time
@@ -430,7 +430,7 @@ func (m *meetingBackend) Apply(ctx context.Context, tx *nft.Transaction) error {
 			return errors.New("the other family did not begin to apply meanwhile")
 		}
 	}
-	err := m.Interface.Apply(ctx, tx)
+	err := m.Backend.Apply(ctx, tx)
 	if err == nil {
 		m.applied.Add(1)
 	}
@@ -446,9 +446,9 @@ func TestFamiliesSyncConcurrently(t *testing.T) {
 	fk6 := nftfake.New()
 	var b4, b6 *meetingBackend
 	h := startWith(t, func(d *Deps) {
-		b4 = &meetingBackend{Interface: d.NFT[nft.IPv4], begun: v4, other: v6}
-		b6 = &meetingBackend{Interface: fk6, begun: v6, other: v4}
-		d.NFT = map[nft.Family]nft.Interface{nft.IPv4: b4, nft.IPv6: b6}
+		b4 = &meetingBackend{Backend: d.NFT[nft.IPv4], begun: v4, other: v6}
+		b6 = &meetingBackend{Backend: fk6, begun: v6, other: v4}
+		d.NFT = map[nft.Family]nft.Backend{nft.IPv4: b4, nft.IPv6: b6}
 	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
 	h.eventually(tcp("10.96.0.10", 80), trace.VerdictReject)
 	waitFor(t, "the IPv6 table", func() bool { return b6.applied.Load() > 0 })
@@ -497,7 +497,7 @@ func TestFamiliesReadBeforeEitherCommits(t *testing.T) {
 		return slices.Clone(log)
 	}
 	startWith(t, func(d *Deps) {
-		d.NFT = map[nft.Family]nft.Interface{
+		d.NFT = map[nft.Family]nft.Backend{
 			nft.IPv4: &orderedBackend{Fake: d.NFT[nft.IPv4].(*nftfake.Fake), readDelay: 300 * time.Millisecond, mu: &mu, log: &log},
 			nft.IPv6: &orderedBackend{Fake: nftfake.New(), mu: &mu, log: &log},
 		}

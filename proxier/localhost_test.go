@@ -20,9 +20,9 @@ import (
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftfake"
 	"github.com/nftproxy/nftproxy/nft/trace"
-	"github.com/nftproxy/nftproxy/proxier/healthz"
 	"github.com/nftproxy/nftproxy/proxier/localnodeport"
 	"github.com/nftproxy/nftproxy/proxier/model"
+	"github.com/nftproxy/nftproxy/proxier/proxyhealth"
 )
 
 // recordingLocalhost is a LocalhostNodePortProxy that records what it is
@@ -214,10 +214,10 @@ func TestLocalhostNodePortsRestart(t *testing.T) {
 		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")}
 	run := func(gate bool) {
 		t.Helper()
-		in := &instance{health: healthz.NewProxyHealth(time.Minute, nil)}
+		in := &instance{health: proxyhealth.New(time.Minute, nil)}
 		var err error
 		in.p, err = New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute, LocalhostNodePorts: gate},
-			Deps{Client: fake.NewClientset(objs...), NFT: map[nft.Family]nft.Interface{nft.IPv4: rec}, Health: in.health})
+			Deps{Client: fake.NewClientset(objs...), NFT: map[nft.Family]nft.Backend{nft.IPv4: rec}, Health: in.health})
 		if err != nil {
 			t.Fatal(err)
 		}

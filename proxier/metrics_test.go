@@ -50,7 +50,7 @@ func TestFailureSeriesFromStart(t *testing.T) {
 	metrics.NFTablesSyncFailuresTotal.Reset()
 	metrics.SyncsTotal.Reset()
 	if _, err := New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute},
-		Deps{NFT: map[nft.Family]nft.Interface{nft.IPv6: nftfake.New()}}); err != nil {
+		Deps{NFT: map[nft.Family]nft.Backend{nft.IPv6: nftfake.New()}}); err != nil {
 		t.Fatal(err)
 	}
 	// Counted before anything below could create a series.

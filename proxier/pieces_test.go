@@ -57,8 +57,8 @@ func firstSync(t *testing.T, cfg Config, deps Deps, pieceServices int, svcs []*m
 }
 
 // ipv4 is the backends of an IPv4 node.
-func ipv4(backend nft.Interface) Deps {
-	return Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}}
+func ipv4(backend nft.Backend) Deps {
+	return Deps{NFT: map[nft.Family]nft.Backend{nft.IPv4: backend}}
 }
 
 // TestFirstSyncInPieces: a table that is not in the kernel is written in

@@ -53,6 +53,13 @@ func (d *discardBackend) Apply(_ context.Context, tx *nft.Transaction) error {
 	return nil
 }
 
+// The rest of nft.Backend: no table is ever read back, nothing is owned.
+func (d *discardBackend) Load(context.Context, nft.Family) (*nft.Ruleset, error) { return nil, nil }
+func (d *discardBackend) Generation(context.Context) (uint32, error)             { return 0, nil }
+func (d *discardBackend) Claim(context.Context, nft.Family) error                { return nil }
+func (d *discardBackend) LastCommit() nft.CommitStats                            { return nft.CommitStats{} }
+func (d *discardBackend) Owning() (bool, error)                                  { return false, nil }
+
 // benchDualModels are benchstate.Cluster with, for every Service, an IPv6
 // ClusterIP (fd00:96::/112) and an IPv6 EndpointSlice svc-i-2 of the same
 // shape (fd00:128::/64): a dual-stack cluster.
@@ -90,11 +97,11 @@ var benchDualConfig = func() Config {
 
 // benchProxier is a Proxier whose trackers hold the objects, as after the
 // informers synced: its next sync is the first, full one.
-func benchProxier(b *testing.B, backend nft.Interface, svcs []*model.Service, slices []*model.EndpointSlice) *Proxier {
-	return benchProxierWith(b, benchConfig, map[nft.Family]nft.Interface{nft.IPv4: backend}, svcs, slices)
+func benchProxier(b *testing.B, backend nft.Backend, svcs []*model.Service, slices []*model.EndpointSlice) *Proxier {
+	return benchProxierWith(b, benchConfig, map[nft.Family]nft.Backend{nft.IPv4: backend}, svcs, slices)
 }
 
-func benchProxierWith(b *testing.B, cfg Config, backends map[nft.Family]nft.Interface, svcs []*model.Service,
+func benchProxierWith(b *testing.B, cfg Config, backends map[nft.Family]nft.Backend, svcs []*model.Service,
 	slices []*model.EndpointSlice) *Proxier {
 	p, err := New(cfg, Deps{NFT: backends})
 	if err != nil {
@@ -123,13 +130,13 @@ func BenchmarkProxierFullSync(b *testing.B) {
 				b.ReportAllocs()
 				for i := 0; i < b.N; i++ {
 					b.StopTimer()
-					var be nft.Interface = &discardBackend{}
+					var be nft.Backend = &discardBackend{}
 					if backend == "fake" {
 						be = nftfake.New()
 					}
 					var p *Proxier
 					if backend == "other-family" {
-						p = benchProxierWith(b, benchConfig, map[nft.Family]nft.Interface{nft.IPv6: be}, svcs, slices)
+						p = benchProxierWith(b, benchConfig, map[nft.Family]nft.Backend{nft.IPv6: be}, svcs, slices)
 					} else {
 						p = benchProxier(b, be, svcs, slices)
 					}
@@ -241,13 +248,13 @@ func benchHeapProfile(b *testing.B, sz benchstate.Size, point string) {
 
 // firstApply signals when its backend's first Apply has returned.
 type firstApply struct {
-	nft.Interface
+	nft.Backend
 	once sync.Once
 	done chan struct{}
 }
 
 func (f *firstApply) Apply(ctx context.Context, tx *nft.Transaction) error {
-	err := f.Interface.Apply(ctx, tx)
+	err := f.Backend.Apply(ctx, tx)
 	f.once.Do(func() { close(f.done) })
 	return err
 }
@@ -271,8 +278,8 @@ func BenchmarkProxierStartup(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
 				client := fake.NewClientset(objs...)
-				be := &firstApply{Interface: &discardBackend{}, done: make(chan struct{})}
-				p, err := New(benchConfig, Deps{Client: client, NFT: map[nft.Family]nft.Interface{nft.IPv4: be}})
+				be := &firstApply{Backend: &discardBackend{}, done: make(chan struct{})}
+				p, err := New(benchConfig, Deps{Client: client, NFT: map[nft.Family]nft.Backend{nft.IPv4: be}})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -367,7 +374,7 @@ func BenchmarkProxierKernelDualStack(b *testing.B) {
 				b.StopTimer()
 				v4, v6 := benchNetlink(b, ns.Fd), benchNetlink(b, ns.Fd)
 				svcs, slices := benchDualModels(sz)
-				p := benchProxierWith(b, benchDualConfig, map[nft.Family]nft.Interface{nft.IPv4: v4, nft.IPv6: v6}, svcs, slices)
+				p := benchProxierWith(b, benchDualConfig, map[nft.Family]nft.Backend{nft.IPv4: v4, nft.IPv6: v6}, svcs, slices)
 				b.StartTimer()
 				if err := p.sync(context.Background()); err != nil {
 					b.Fatal(err)

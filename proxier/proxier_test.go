@@ -77,7 +77,7 @@ func startWith(t *testing.T, deps func(*Deps), objs ...runtime.Object) *harness 
 func startWithConfig(t *testing.T, cfg func(*Config), deps func(*Deps), objs ...runtime.Object) *harness {
 	t.Helper()
 	h := &harness{t: t, client: fake.NewClientset(objs...), fk: nftfake.New()}
-	d := Deps{Client: h.client, NFT: map[nft.Family]nft.Interface{nft.IPv4: h.fk}}
+	d := Deps{Client: h.client, NFT: map[nft.Family]nft.Backend{nft.IPv4: h.fk}}
 	deps(&d)
 	c := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
@@ -267,7 +267,7 @@ func TestIncrementalSyncsMatchFullBuild(t *testing.T) {
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
 	newProxier := func() (*Proxier, *nftfake.Fake) {
 		fk := nftfake.New()
-		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: fk}})
+		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Backend{nft.IPv4: fk}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,7 +357,7 @@ func TestChangeRevertedAfterFailedSync(t *testing.T) {
 	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour}
 	newProxier := func() (*Proxier, map[nft.Family]*nftfake.Fake) {
 		fks := map[nft.Family]*nftfake.Fake{nft.IPv4: nftfake.New(), nft.IPv6: nftfake.New()}
-		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: fks[nft.IPv4], nft.IPv6: fks[nft.IPv6]}})
+		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Backend{nft.IPv4: fks[nft.IPv4], nft.IPv6: fks[nft.IPv6]}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,7 +19,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/proxier/healthz"
+	"github.com/nftproxy/nftproxy/proxier/proxyhealth"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
 )
 
@@ -55,33 +55,33 @@ func (r *recorder) count() int {
 // instance is one run of a proxier, stopped by stop.
 type instance struct {
 	p      *Proxier
-	health *healthz.ProxyHealth
+	health *proxyhealth.Health
 	stop   func()
 }
 
 // run starts a proxier on the backend with the API objects and waits for
 // its first sync.
-func run(t *testing.T, backend nft.Interface, objs ...runtime.Object) *instance {
+func run(t *testing.T, backend nft.Backend, objs ...runtime.Object) *instance {
 	t.Helper()
 	return runCounting(t, backend, ruleset.CountNone, objs...)
 }
 
 // runCounting is run with --service-traffic-metrics.
-func runCounting(t *testing.T, backend nft.Interface, counters ruleset.Counters, objs ...runtime.Object) *instance {
+func runCounting(t *testing.T, backend nft.Backend, counters ruleset.Counters, objs ...runtime.Object) *instance {
 	t.Helper()
 	return runClient(t, backend, counters, fake.NewClientset(objs...))
 }
 
 // runClient is runCounting with the API client given.
-func runClient(t *testing.T, backend nft.Interface, counters ruleset.Counters, client *fake.Clientset) *instance {
+func runClient(t *testing.T, backend nft.Backend, counters ruleset.Counters, client *fake.Clientset) *instance {
 	t.Helper()
-	in := &instance{health: healthz.NewProxyHealth(time.Minute, nil)}
+	in := &instance{health: proxyhealth.New(time.Minute, nil)}
 	var err error
 	in.p, err = New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute,
 		ClusterCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 		ServiceCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")},
 		TrafficCounters: counters},
-		Deps{Client: client, NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}, Health: in.health})
+		Deps{Client: client, NFT: map[nft.Family]nft.Backend{nft.IPv4: backend}, Health: in.health})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +393,7 @@ func TestPeriodicFullSyncVerifies(t *testing.T) {
 	backend := &countingLoader{recorder: &recorder{Fake: nftfake.New()}}
 	p, err := New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: 30 * time.Millisecond, FullSyncPeriod: time.Millisecond,
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}},
-		Deps{Client: fake.NewClientset(apiState(3)...), NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}})
+		Deps{Client: fake.NewClientset(apiState(3)...), NFT: map[nft.Family]nft.Backend{nft.IPv4: backend}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +428,7 @@ func TestPeriodicFullSyncVerifies(t *testing.T) {
 func TestListedBeforeFirstSync(t *testing.T) {
 	rec := &recorder{Fake: nftfake.New()}
 	p, err := New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute},
-		Deps{Client: fake.NewClientset(apiState(20)...), NFT: map[nft.Family]nft.Interface{nft.IPv4: rec}})
+		Deps{Client: fake.NewClientset(apiState(20)...), NFT: map[nft.Family]nft.Backend{nft.IPv4: rec}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func BenchmarkProxierKernelTraffic(b *testing.B) {
 				svcs, slices := benchstate.Cluster(sz)
 				cfg := benchConfig
 				cfg.TrafficCounters = counters
-				p := benchProxierWith(b, cfg, map[nft.Family]nft.Interface{nft.IPv4: backend}, svcs, slices)
+				p := benchProxierWith(b, cfg, map[nft.Family]nft.Backend{nft.IPv4: backend}, svcs, slices)
 				start := time.Now()
 				if err := p.sync(context.Background()); err != nil {
 					b.Fatal(err)

@@ -24,7 +24,7 @@ import (
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier"
-	"github.com/nftproxy/nftproxy/proxier/healthz"
+	"github.com/nftproxy/nftproxy/proxier/proxyhealth"
 )
 
 // served is one scrape of a running nftproxy, shared by the tests of this
@@ -54,7 +54,7 @@ func scrapeNftproxy(t *testing.T) Served {
 func runAndScrape(t *testing.T) Served {
 	ns := netnstest.New(t, "nftproxy-mon", "nft")
 	client := fake.NewClientset(node(), dnsService(), invalidService())
-	health := healthz.NewProxyHealth(time.Minute, nil)
+	health := proxyhealth.New(time.Minute, nil)
 	runProxier(t, ns.Fd, client, health)
 	waitFor(t, "the first sync of both families", func() bool {
 		st := health.Status().Families
@@ -90,8 +90,8 @@ func runAndScrape(t *testing.T) Served {
 
 // runProxier starts the proxier as cmd/nftproxy does, programming the
 // namespace netns.
-func runProxier(t *testing.T, netns int, client kubernetes.Interface, health *healthz.ProxyHealth) {
-	backends := map[nft.Family]nft.Interface{}
+func runProxier(t *testing.T, netns int, client kubernetes.Interface, health *proxyhealth.Health) {
+	backends := map[nft.Family]nft.Backend{}
 	for _, f := range []nft.Family{nft.IPv4, nft.IPv6} {
 		n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: netns})
 		if err != nil {
@@ -128,8 +128,8 @@ func runProxier(t *testing.T, netns int, client kubernetes.Interface, health *he
 }
 
 // probeHealth asks /healthz and /livez, as kubelet's probes do.
-func probeHealth(t *testing.T, health *healthz.ProxyHealth) {
-	mux := healthz.HealthMux(health)
+func probeHealth(t *testing.T, health *proxyhealth.Health) {
+	mux := proxyhealth.HealthMux(health)
 	for _, path := range []string{"/healthz", "/livez"} {
 		rec := httptest.NewRecorder()
 		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
@@ -159,7 +159,7 @@ func requestAPI(t *testing.T) {
 // scrape gets /metrics from the metrics server's handler.
 func scrape(t *testing.T) Served {
 	rec := httptest.NewRecorder()
-	healthz.MetricsMux(metrics.Handler(), false).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	proxyhealth.MetricsMux(metrics.Handler(), false).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if rec.Code != http.StatusOK {
 		t.Fatalf("GET /metrics = %d: %s", rec.Code, rec.Body)
 	}

@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nftproxy/nftproxy/nft/nfnl"
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 )
 
 // checkListing checks a kernel listing against the ruleset: equal to Dump
@@ -361,7 +361,7 @@ func TestNetlinkAckStrategies(t *testing.T) {
 			if ackEvery {
 				n.ackEvery = true
 				// One ACK skb per message: 20k ACKs overflow 8 MiB.
-				if err := nfnl.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, 256<<20); err != nil {
+				if err := nlcodec.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, 256<<20); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -516,7 +516,7 @@ func TestNetlinkErrorFlood(t *testing.T) {
 	rs := nfttest.EveryPhraseRuleset(nft.IPv4)
 	apply(t, n, nft.Diff(nil, rs))
 	before := ns.list(t, nft.IPv4)
-	if err := nfnl.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, 32<<10); err != nil {
+	if err := nlcodec.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, 32<<10); err != nil {
 		t.Fatal(err)
 	}
 	tx := &nft.Transaction{Family: nft.IPv4}
@@ -534,7 +534,7 @@ func TestNetlinkErrorFlood(t *testing.T) {
 	if after := ns.list(t, nft.IPv4); after != before {
 		t.Error("failed batch changed the table")
 	}
-	if err := nfnl.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, rcvbuf); err != nil {
+	if err := nlcodec.SetBuffer(n.conn, unix.SO_RCVBUFFORCE, rcvbuf); err != nil {
 		t.Fatal(err)
 	}
 	next := nfttest.RealisticRuleset(nft.IPv4, nfttest.MakeServices(nft.IPv4, 5, 2))

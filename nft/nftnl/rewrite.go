@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file applies a transaction that starts with OpResetTable, a rewrite
@@ -125,7 +125,7 @@ func (n *Netlink) listTable(f nft.Family) (*tableListing, error) {
 }
 
 func (l *tableListing) addChain(attrs []byte) error {
-	var d nfnl.Decoder
+	var d nlcodec.Decoder
 	c, binding := decodeChain(&d, attrs)
 	if c != nil {
 		l.chains[c.Name] = c
@@ -135,10 +135,10 @@ func (l *tableListing) addChain(attrs []byte) error {
 }
 
 func (l *tableListing) addSet(f nft.Family, attrs []byte) error {
-	var d nfnl.Decoder
+	var d nlcodec.Decoder
 	a := decodeSetAttrs(&d, attrs)
 	switch {
-	case string(nfnl.StringBytes(a.table)) != nft.TableName:
+	case string(nlcodec.StringBytes(a.table)) != nft.TableName:
 	case a.flags&unix.NFT_SET_ANONYMOUS != 0:
 		l.anonymous++
 	default:

@@ -1,4 +1,4 @@
-package nfnl
+package nlcodec
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package healthz
+package proxyhealth
 
 import (
 	"testing"
@@ -15,7 +15,7 @@ const testTimeout = 60 * time.Second
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
-// step is one call on ProxyHealth at some offset from t0.
+// step is one call on Health at some offset from t0.
 type step struct {
 	at     time.Duration
 	queue  []nft.Family
@@ -95,7 +95,7 @@ func TestStatus(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := clocktesting.NewFakePassiveClock(t0)
-			h := NewProxyHealth(testTimeout, clk)
+			h := New(testTimeout, clk)
 			for _, s := range tt.steps {
 				clk.SetTime(t0.Add(s.at))
 				for _, f := range s.queue {
@@ -127,7 +127,7 @@ func TestStatus(t *testing.T) {
 
 func TestLastUpdatedIsLatestFamily(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(t0)
-	h := NewProxyHealth(testTimeout, clk)
+	h := New(testTimeout, clk)
 	h.Updated(nft.IPv4)
 	clk.SetTime(t0.Add(5 * time.Second))
 	h.Updated(nft.IPv6)
@@ -156,7 +156,7 @@ func TestSyncNode(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := NewProxyHealth(testTimeout, nil)
+			h := New(testTimeout, nil)
 			if !h.NodeEligible() {
 				t.Fatal("node not eligible before any SyncNode")
 			}

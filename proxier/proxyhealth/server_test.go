@@ -1,4 +1,4 @@
-package healthz
+package proxyhealth
 
 import (
 	"context"

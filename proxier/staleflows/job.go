@@ -1,8 +1,8 @@
-// Package ctcleanup deletes the conntrack flows a sync made stale. Each
+// Package staleflows deletes the conntrack flows a sync made stale. Each
 // sync describes what changed in a Job; a Cleaner runs the jobs in a
 // goroutine of its own, merging those that queue up, so that a sync never
 // waits for a conntrack dump.
-package ctcleanup
+package staleflows
 
 import (
 	"net/netip"

@@ -1,4 +1,4 @@
-package healthz
+package proxyhealth
 
 import (
 	"encoding/json"
@@ -45,7 +45,7 @@ func TestHealthHandlers(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := clocktesting.NewFakePassiveClock(t0)
-			h := NewProxyHealth(testTimeout, clk)
+			h := New(testTimeout, clk)
 			h.Updated(nft.IPv4)
 			if tt.stuck {
 				h.QueuedUpdate(nft.IPv4)
@@ -195,7 +195,7 @@ func boolPtrText(b *bool) string {
 func TestHealthMuxCreatesSeries(t *testing.T) {
 	metrics.ProxyHealthzTotal.Reset()
 	metrics.ProxyLivezTotal.Reset()
-	HealthMux(NewProxyHealth(testTimeout, nil))
+	HealthMux(New(testTimeout, nil))
 	for _, name := range []string{"kubeproxy_proxy_healthz_total", "kubeproxy_proxy_livez_total"} {
 		for _, code := range []int{200, 503} {
 			if !counterExists(t, name, code) {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nftnl"
 	"github.com/nftproxy/nftproxy/proxier/model"
 )
 
@@ -48,13 +47,12 @@ func observeProgrammingLatency(slices []*model.EndpointSlice) {
 }
 
 // logSynced logs a successful sync at -v 2, with where the time went when
-// the backend reports its batches (the rest of elapsed is building).
-func logSynced(f nft.Family, fs *familyState, backend nft.Interface, sent txSize, elapsed time.Duration,
+// the backend has a kernel (the rest of elapsed is building).
+func logSynced(f nft.Family, fs *familyState, backend nft.Backend, sent txSize, elapsed time.Duration,
 	full, fromKernel, repair bool) {
 	kv := []any{"ipFamily", f.IPFamily(), "full", full, "fromKernel", fromKernel, "repair", repair, "servicePorts", fs.ports,
 		"ops", sent.ops, "changes", sent.changes, "elapsed", elapsed}
-	if b, ok := backend.(batchReporter); ok && sent.ops > 0 {
-		st := b.LastBatch()
+	if st := backend.LastCommit(); sent.ops > 0 && st.Bytes > 0 {
 		kv = append(kv, "bytes", st.Bytes, "encode", st.Encode, "kernel", st.Kernel, "kernelCPU", st.KernelCPU)
 	}
 	klog.V(2).InfoS("Synced", kv...)
@@ -67,10 +65,6 @@ type txSize struct{ ops, changes int }
 func sizeOf(tx *nft.Transaction) txSize { return txSize{len(tx.Ops), tx.Changes()} }
 
 func (s *txSize) add(o txSize) { s.ops, s.changes = s.ops+o.ops, s.changes+o.changes }
-
-// batchReporter is a backend that reports on the batch it sent last
-// (nftnl.Netlink).
-type batchReporter interface{ LastBatch() nftnl.BatchStats }
 
 // recordSync updates the metrics and health after a successful sync.
 func (p *Proxier) recordSync(f nft.Family, fs *familyState, full bool, elapsed time.Duration, sent txSize) {

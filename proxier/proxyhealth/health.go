@@ -1,13 +1,13 @@
-// Package healthz serves nftproxy's HTTP endpoints the way kube-proxy does:
+// Package proxyhealth serves nftproxy's HTTP endpoints the way kube-proxy does:
 // /healthz and /livez on the health port (10256), used by kubelet probes and
 // by cloud load balancers to decide whether to send traffic to this node;
 // /metrics and /proxyMode on the metrics port (10249).
 //
-// ProxyHealth is the state behind /healthz and /livez. The sync loop tells it
+// Health is the state behind /healthz and /livez. The sync loop tells it
 // when an update is queued and when a sync succeeded; the node watcher tells
 // it about the Node object. It mirrors upstream's
 // pkg/proxy/healthcheck/proxy_health.go (Kubernetes v1.36), JSON included.
-package healthz
+package proxyhealth
 
 import (
 	"sync"
@@ -24,7 +24,7 @@ import (
 // before it disappears (KEP-3836).
 const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 
-// ProxyHealth records sync progress per IP family and whether this node
+// Health records sync progress per IP family and whether this node
 // should receive load-balanced traffic. It is safe for concurrent use.
 //
 // A family is unhealthy while an update has been queued for longer than the
@@ -32,7 +32,7 @@ const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 // Unlike upstream, this holds even before the first successful sync, so a
 // proxier that never manages to sync goes unhealthy instead of staying
 // healthy forever.
-type ProxyHealth struct {
+type Health struct {
 	clock   clock.PassiveClock
 	timeout time.Duration
 
@@ -47,17 +47,17 @@ type ProxyHealth struct {
 	nodeEligible bool
 }
 
-// NewProxyHealth returns a ProxyHealth that reports a family unhealthy when an
+// New returns a Health that reports a family unhealthy when an
 // update stays queued for timeout. A nil clk means the real clock.
 //
 // The node starts eligible: upstream never serves before it has fetched the
 // Node, and a node watcher that is late (or not wired) must not make load
 // balancers drop a working node.
-func NewProxyHealth(timeout time.Duration, clk clock.PassiveClock) *ProxyHealth {
+func New(timeout time.Duration, clk clock.PassiveClock) *Health {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	return &ProxyHealth{
+	return &Health{
 		clock:        clk,
 		timeout:      timeout,
 		lastUpdated:  map[nft.Family]time.Time{},
@@ -68,7 +68,7 @@ func NewProxyHealth(timeout time.Duration, clk clock.PassiveClock) *ProxyHealth 
 
 // QueuedUpdate records that a change for family f is waiting to be synced.
 // Only the oldest pending change counts: later ones do not reset the clock.
-func (h *ProxyHealth) QueuedUpdate(f nft.Family) {
+func (h *Health) QueuedUpdate(f nft.Family) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, pending := h.oldestQueued[f]; !pending {
@@ -78,7 +78,7 @@ func (h *ProxyHealth) QueuedUpdate(f nft.Family) {
 
 // Updated records that family f was synced successfully: every change queued
 // so far is applied.
-func (h *ProxyHealth) Updated(f nft.Family) {
+func (h *Health) Updated(f nft.Family) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.oldestQueued, f)
@@ -87,7 +87,7 @@ func (h *ProxyHealth) Updated(f nft.Family) {
 
 // SyncNode records the latest state of this node's Node object; nil means
 // the Node was deleted.
-func (h *ProxyHealth) SyncNode(node *v1.Node) {
+func (h *Health) SyncNode(node *v1.Node) {
 	eligible := nodeEligible(node)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -131,7 +131,7 @@ type FamilyStatus struct {
 }
 
 // Status returns a snapshot of the sync health, without the node check.
-func (h *ProxyHealth) Status() Status {
+func (h *Health) Status() Status {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	now := h.clock.Now()
@@ -152,7 +152,7 @@ func (h *ProxyHealth) Status() Status {
 
 // NodeEligible reports whether the node should receive load-balanced
 // traffic, from the last SyncNode.
-func (h *ProxyHealth) NodeEligible() bool {
+func (h *Health) NodeEligible() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.nodeEligible

@@ -1,6 +1,7 @@
-// Package nfnl is the netfilter netlink (nfnetlink) wire format that
-// nftproxy's two kernel clients speak: nft/nftnl (nf_tables) and conntrack
-// (ctnetlink). It holds what they share and nothing of either subsystem:
+// Package nlcodec is the netlink codec every kernel client of nftproxy
+// speaks: nft/nftnl (nf_tables), conntrack (ctnetlink), nft/nftnl's socket
+// lister (sock_diag) and the route lookup of cmd/nftproxy (rtnetlink). It
+// holds what they share and nothing of any subsystem:
 // socket set-up, sequence numbers, a message and attribute encoder that
 // appends to the caller's buffer, an attribute decoder that reports
 // malformed input, a message walker and the parsing of ACKs and errors
@@ -9,7 +10,7 @@
 // Attribute types are given as the subsystem's uapi header numbers them;
 // byte orders are in the method names (BE32: big-endian, as nf_tables and
 // ctnetlink want their integers; U32: host order).
-package nfnl
+package nlcodec
 
 import (
 	"encoding/binary"

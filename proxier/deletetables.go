@@ -9,8 +9,8 @@ import (
 	"github.com/nftproxy/nftproxy/nft"
 )
 
-// Cleanup deletes nftproxy's tables (--cleanup).
-func Cleanup(ctx context.Context, backends map[nft.Family]nft.Interface) error {
+// DeleteTables deletes nftproxy's tables (--cleanup).
+func DeleteTables(ctx context.Context, backends map[nft.Family]nft.Backend) error {
 	var errs []error
 	for f, b := range backends {
 		if err := b.Apply(ctx, &nft.Transaction{Family: f, Ops: []nft.Op{{Kind: nft.OpDeleteTable}}}); err != nil {

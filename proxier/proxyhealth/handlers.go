@@ -1,4 +1,4 @@
-package healthz
+package proxyhealth
 
 import (
 	"encoding/json"
@@ -21,7 +21,7 @@ const ProxyMode = "nftables"
 // balancers (which probe it for externalTrafficPolicy=Cluster Services)
 // drain the node; /livez ignores the node, so kubelet does not restart a
 // proxier that is merely on a departing node.
-func HealthMux(h *ProxyHealth) *http.ServeMux {
+func HealthMux(h *Health) *http.ServeMux {
 	// Both answers' series exist from the start, at 0: an alert on the
 	// increase of 503s then sees the first one (a series born at 1 has no
 	// increase), and a healthy proxy shows 0 rather than no data.

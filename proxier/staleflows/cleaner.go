@@ -1,4 +1,4 @@
-package ctcleanup
+package staleflows
 
 import (
 	"context"

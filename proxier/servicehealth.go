@@ -5,21 +5,21 @@ package proxier
 
 import (
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/proxier/healthcheck"
 	"github.com/nftproxy/nftproxy/proxier/model"
+	"github.com/nftproxy/nftproxy/proxier/servicehealth"
 )
 
-// HealthCheckServer serves the health check node ports of Services
-// (proxier/healthcheck.Server).
-type HealthCheckServer interface {
-	SyncServices(map[healthcheck.ServiceName]uint16) error
-	SyncEndpoints(map[healthcheck.ServiceName]int) error
+// ServiceHealthServer serves the health check node ports of Services
+// (proxier/servicehealth.Server).
+type ServiceHealthServer interface {
+	SyncServices(map[servicehealth.ServiceName]uint16) error
+	SyncEndpoints(map[servicehealth.ServiceName]int) error
 }
 
 // syncHealthCheck records the health check port and local endpoint count
 // of a Service with externalTrafficPolicy: Local.
 func (p *Proxier) syncHealthCheck(fs *familyState, name model.ServiceName, svc *model.Service, ports []model.ServicePortState) {
-	hc := healthcheck.ServiceName(name)
+	hc := servicehealth.ServiceName(name)
 	if svc == nil || svc.HealthCheckNodePort == 0 || !svc.ExternalLocal || len(ports) == 0 {
 		delete(fs.healthPorts, hc)
 		delete(fs.healthLocal, hc)
@@ -36,7 +36,7 @@ func (p *Proxier) syncHealthCheck(fs *familyState, name model.ServiceName, svc *
 // Ports that cannot be bound are logged by the server and retried on the
 // next sync; they do not fail the sync.
 func (p *Proxier) syncHealthChecks(f nft.Family, fs *familyState) {
-	hc := p.deps.HealthCheck[f]
+	hc := p.deps.ServiceHealth[f]
 	if hc == nil {
 		return
 	}

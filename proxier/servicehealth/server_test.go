@@ -1,4 +1,4 @@
-package healthcheck
+package servicehealth
 
 import (
 	"errors"

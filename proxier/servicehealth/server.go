@@ -1,4 +1,4 @@
-// Package healthcheck serves the per-Service health checks of Services with
+// Package servicehealth serves the per-Service health checks of Services with
 // externalTrafficPolicy: Local: one HTTP listener per healthCheckNodePort,
 // answering 200 when this node has a ready local endpoint for the Service and
 // the proxy is healthy, 503 otherwise. Cloud load balancers probe it to send
@@ -6,12 +6,12 @@
 //
 // It mirrors upstream's pkg/proxy/healthcheck/service_health.go (Kubernetes
 // v1.36), response bytes and headers included. The proxy's own /healthz lives
-// in proxier/healthz.
+// in proxier/proxyhealth.
 //
 // This package imports neither k8s.io/api nor proxier/model: ServiceName has
 // the same shape as model.ServiceName, so the proxier converts with
-// healthcheck.ServiceName(name).
-package healthcheck
+// servicehealth.ServiceName(name).
+package servicehealth
 
 import (
 	"encoding/json"
