@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftfake"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
@@ -172,7 +172,7 @@ func canonical(fk *nftfake.Fake) string { return ruleset.CanonicalSlots(fk.Rules
 // kernel (a network namespace of its own) read back as the table they
 // make: a restart on it sends nothing.
 func TestKernelFirstSyncInPieces(t *testing.T) {
-	ns := netnstest.New(t, "nftproxy-pc")
+	ns := netns.New(t, "nftproxy-pc")
 	open := func() *countingNetlink {
 		n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: ns.Fd, OwnTable: true})
 		if err != nil {

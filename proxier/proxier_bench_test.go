@@ -22,7 +22,7 @@ import (
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/model/benchstate"
@@ -321,7 +321,7 @@ func BenchmarkProxierStartup(b *testing.B) {
 func BenchmarkProxierKernelFullSync(b *testing.B) {
 	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
-			ns := netnstest.New(b, "nftproxy-bk")
+			ns := netns.New(b, "nftproxy-bk")
 			for b.Loop() {
 				b.StopTimer()
 				backend := benchNetlink(b, ns.Fd)
@@ -369,7 +369,7 @@ func BenchmarkProxierKernelFullSync(b *testing.B) {
 func BenchmarkProxierKernelDualStack(b *testing.B) {
 	for _, sz := range benchstate.Sizes[:2] {
 		b.Run(sz.String(), func(b *testing.B) {
-			ns := netnstest.New(b, "nftproxy-bd")
+			ns := netns.New(b, "nftproxy-bd")
 			for b.Loop() {
 				b.StopTimer()
 				v4, v6 := benchNetlink(b, ns.Fd), benchNetlink(b, ns.Fd)
@@ -409,8 +409,8 @@ func (c *countingNetlink) Apply(ctx context.Context, tx *nft.Transaction) error 
 	return c.Netlink.Apply(ctx, tx)
 }
 
-func benchNetlink(b *testing.B, netns int) *countingNetlink {
-	n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: netns})
+func benchNetlink(b *testing.B, nsFd int) *countingNetlink {
+	n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: nsFd})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nftproxy/nftproxy/conntrack"
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier"
@@ -52,7 +52,7 @@ func scrapeNftproxy(t *testing.T) Served {
 }
 
 func runAndScrape(t *testing.T) Served {
-	ns := netnstest.New(t, "nftproxy-mon", "nft")
+	ns := netns.New(t, "nftproxy-mon", "nft")
 	client := fake.NewClientset(node(), dnsService(), invalidService())
 	health := proxyhealth.New(time.Minute, nil)
 	runProxier(t, ns.Fd, client, health)

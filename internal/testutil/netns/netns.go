@@ -1,7 +1,9 @@
-// Package netnstest gives a kernel test a network namespace of its own:
-// the nftables and conntrack tests of nft, conntrack and proxier/ruleset
-// program the kernel only there, never in the root namespace.
-package netnstest
+// Package netns gives a kernel test a network namespace of its own: the
+// nftables and conntrack tests of nft, conntrack, proxier and cmd/nftproxy
+// program the kernel only there, never in the root namespace. It lives
+// under internal/ so that unit tests import nothing of e2e/; the e2e
+// tests and e2e/cmd/sweep use it from here too.
+package netns
 
 import (
 	"errors"
@@ -54,7 +56,7 @@ func New(t testing.TB, prefix string, tools ...string) *NS {
 	Require(t, tools...)
 	once.Do(func() {
 		if removed, err := Sweep(); err != nil || len(removed) > 0 {
-			t.Logf("netnstest: removed leftovers %v (errors: %v)", removed, err)
+			t.Logf("netns: removed leftovers %v (errors: %v)", removed, err)
 		}
 		onSignal()
 	})
