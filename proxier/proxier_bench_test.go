@@ -22,6 +22,7 @@ import (
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/nftproxy/nftproxy/internal/testutil/liveheap"
 	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -180,17 +181,6 @@ func BenchmarkProxierSingleChange(b *testing.B) {
 	}
 }
 
-// liveHeap is the heap in use after a full collection.
-func liveHeap() float64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return float64(ms.HeapAlloc)
-}
-
-const mib = 1 << 20
-
 // BenchmarkProxierMemory measures (once per iteration; run with
 // -benchtime 1x) the live heap of each stage of the sync loop at each size,
 // in MiB: the converted model objects, the trackers holding them, what the
@@ -205,26 +195,27 @@ func BenchmarkProxierMemory(b *testing.B) {
 	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
 			for b.Loop() {
-				h0 := liveHeap()
+				h0 := liveheap.Bytes()
 				svcs, slices := benchstate.Cluster(sz)
-				h1 := liveHeap()
-				var hApply float64
+				h1 := liveheap.Bytes()
+				var hApply uint64
 				be := &discardBackend{onApply: func(*nft.Transaction) {
-					hApply = liveHeap()
+					hApply = liveheap.Bytes()
 					benchHeapProfile(b, sz, "apply")
 				}}
 				p := benchProxier(b, be, svcs, slices)
-				h2 := liveHeap()
+				h2 := liveheap.Bytes()
 				if err := p.sync(context.Background()); err != nil {
 					b.Fatal(err)
 				}
-				h3 := liveHeap()
+				h3 := liveheap.Bytes()
 				benchHeapProfile(b, sz, "retained")
-				b.ReportMetric((h1-h0)/mib, "model-MiB")
-				b.ReportMetric((h2-h1)/mib, "trackers-MiB")
-				b.ReportMetric((h3-h2)/mib, "proxier-MiB")
-				b.ReportMetric((h3-h0)/mib, "retained-MiB")
-				b.ReportMetric((hApply-h0)/mib, "at-apply-MiB")
+				mib := liveheap.MiB
+				b.ReportMetric(mib(h1)-mib(h0), "model-MiB")
+				b.ReportMetric(mib(h2)-mib(h1), "trackers-MiB")
+				b.ReportMetric(mib(h3)-mib(h2), "proxier-MiB")
+				b.ReportMetric(mib(h3)-mib(h0), "retained-MiB")
+				b.ReportMetric(mib(hApply)-mib(h0), "at-apply-MiB")
 				runtime.KeepAlive(p)
 			}
 		})
@@ -283,21 +274,21 @@ func BenchmarkProxierStartup(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				h0 := liveHeap()
+				h0 := liveheap.Bytes()
 				ctx, cancel := context.WithCancel(context.Background())
 				stopped := make(chan struct{})
 				b.StartTimer()
 				go func() { _ = p.Run(ctx); close(stopped) }()
 				<-be.done
 				b.StopTimer()
-				grown = liveHeap() - h0
+				grown = liveheap.MiB(liveheap.Bytes()) - liveheap.MiB(h0)
 				benchHeapProfile(b, sz, "startup")
 				cancel()
 				<-stopped
 				runtime.KeepAlive(client)
 				b.StartTimer()
 			}
-			b.ReportMetric(grown/mib, "informer-and-proxier-MiB")
+			b.ReportMetric(grown, "informer-and-proxier-MiB")
 		})
 	}
 }
@@ -336,7 +327,7 @@ func BenchmarkProxierKernelFullSync(b *testing.B) {
 				b.ReportMetric(st.Encode.Seconds()*1000, "encode-ms")
 				b.ReportMetric(st.Kernel.Seconds()*1000, "kernel-ms")
 				b.ReportMetric(st.KernelCPU.Seconds()*1000, "kernel-cpu-ms")
-				b.ReportMetric(float64(st.Bytes)/mib, "batch-MiB")
+				b.ReportMetric(float64(st.Bytes)/(1<<20), "batch-MiB")
 				b.ReportMetric(peakRSS(b)/1e6, "peak-RSS-MB")
 
 				p = nil // not part of the restart's memory
