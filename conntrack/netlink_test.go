@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/metrics"
 )
 
@@ -270,11 +271,7 @@ func TestReconcileRealFlows(t *testing.T) {
 			// listing was once seen short of three (IPv6, a busy
 			// machine), so the listing is taken again for a while.
 			var before []Flow
-			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-				if before = ns.list(t, family); len(before) == 5 || time.Now().After(deadline) {
-					break
-				}
-			}
+			testutil.Poll(func() bool { before = ns.list(t, family); return len(before) == 5 })
 			if len(before) != 5 {
 				t.Fatalf("want 5 flows, got %d: %v", len(before), before)
 			}

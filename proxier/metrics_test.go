@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -33,7 +34,7 @@ func TestProgrammingLatencySinceStart(t *testing.T) {
 	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), changed, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the change's latency", func() bool { n, _ := programmingLatency(t); return n > count0 })
+	testutil.Eventually(t, "the change's latency", func() bool { n, _ := programmingLatency(t); return n > count0 })
 	count, sum := programmingLatency(t)
 	if count-count0 != 1 {
 		t.Errorf("%d latencies observed, want 1 (the change after the start)", count-count0)

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
@@ -103,12 +104,11 @@ func (h *harness) eventually(pkt trace.Packet, want nft.VerdictKind, dnat ...str
 		wantAP = append(wantAP, netip.MustParseAddrPort(d))
 	}
 	var res trace.Result
-	for i := 0; i < 200; i++ {
+	if testutil.Poll(func() bool {
 		res = trace.New(h.fk.Rulesets(), h.local...).Trace(pkt)
-		if res.Verdict == want && slices.Equal(res.DNAT, wantAP) {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+		return res.Verdict == want && slices.Equal(res.DNAT, wantAP)
+	}) {
+		return
 	}
 	h.t.Fatalf("packet %+v: got %s %v, want %s %v\n%s", pkt, res.Verdict, res.DNAT, want, wantAP, h.fk.Dump(nft.IPv4))
 }

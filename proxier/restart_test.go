@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/proxyhealth"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
@@ -90,7 +91,7 @@ func runClient(t *testing.T, backend nft.Backend, counters ruleset.Counters, cli
 	go func() { _ = in.p.Run(ctx); close(done) }()
 	in.stop = func() { cancel(); <-done }
 	t.Cleanup(in.stop)
-	waitFor(t, "the first sync", func() bool {
+	testutil.Eventually(t, "the first sync", func() bool {
 		return !in.health.Status().Families[nft.IPv4.IPFamily()].LastUpdated.IsZero()
 	})
 	return in
@@ -401,7 +402,7 @@ func TestPeriodicFullSyncVerifies(t *testing.T) {
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, "three full syncs", func() bool { return backend.loads.Load() >= 3 })
+	testutil.Eventually(t, "three full syncs", func() bool { return backend.loads.Load() >= 3 })
 	if n := backend.count(); n != 1 {
 		t.Fatalf("%d transactions; want only the first one", n)
 	}
@@ -416,7 +417,7 @@ func TestPeriodicFullSyncVerifies(t *testing.T) {
 	if err := backend.Fake.Apply(ctx, tamper); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the repair", func() bool { return backend.count() == 2 })
+	testutil.Eventually(t, "the repair", func() bool { return backend.count() == 2 })
 	repair := backend.since(1)[0]
 	if kinds := opKinds([]*nft.Transaction{repair}); kinds[nft.OpResetTable] != 0 || len(repair.Ops) != 1 || kinds[nft.OpAddElements] != 1 {
 		t.Errorf("repair transaction %v, want one element added back", kinds)
@@ -442,7 +443,7 @@ func TestListedBeforeFirstSync(t *testing.T) {
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, "the first sync", func() bool { return rec.count() > 0 })
+	testutil.Eventually(t, "the first sync", func() bool { return rec.count() > 0 })
 	if calls.Load() != 1 || pending.Load() != 20 || written.Load() != 0 {
 		t.Errorf("Listed called %d times, with %d Services pending and %d transactions written; want once, 20, 0",
 			calls.Load(), pending.Load(), written.Load())

@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
@@ -135,35 +135,33 @@ func kernelCountsConnections(t *testing.T, node netip.Addr, npa NodePortAddresse
 	}
 }
 
-// conntrackAccounting sums the packets and bytes, both ways, of the
-// namespace's TCP flows whose original tuple has dst (e.g.
-// "dst=10.96.0.10 sport=").
 // waitFlowsClosed waits until conntrack has seen the last packet of every
 // TCP connection in ns: each flow in TIME_WAIT (or CLOSE).
 func waitFlowsClosed(t *testing.T, ns *netns.NS) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		out, err := ns.Run("", "conntrack", "-L", "-p", "tcp")
-		if err != nil {
+	var out string
+	open := 0
+	if testutil.Poll(func() bool {
+		var err error
+		if out, err = ns.Run("", "conntrack", "-L", "-p", "tcp"); err != nil {
 			t.Fatalf("conntrack -L: %v: %s", err, out)
 		}
-		open := 0
+		open = 0
 		for _, line := range strings.Split(out, "\n") {
 			if strings.HasPrefix(line, "tcp ") && !strings.Contains(line, " TIME_WAIT ") && !strings.Contains(line, " CLOSE ") {
 				open++
 			}
 		}
-		if open == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d TCP flows not closed after 10 s:\n%s", open, out)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return open == 0
+	}) {
+		return
 	}
+	t.Fatalf("%d TCP flows not closed after %v:\n%s", open, testutil.Timeout, out)
 }
 
+// conntrackAccounting sums the packets and bytes, both ways, of the
+// namespace's TCP flows whose original tuple has dst (e.g.
+// "dst=10.96.0.10 sport=").
 func conntrackAccounting(t *testing.T, ns *netns.NS, dst string) nftnl.Counter {
 	t.Helper()
 	out, err := ns.Run("", "conntrack", "-L", "-p", "tcp")
