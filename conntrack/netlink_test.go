@@ -324,16 +324,12 @@ func sockaddr(a netip.AddrPort) unix.Sockaddr {
 // reconciles the latency histogram observed, for family.
 func reconcileMetrics(t *testing.T, family Family) (deleted float64, syncs uint64) {
 	t.Helper()
-	var m dto.Metric
-	if err := metrics.ReconcileConntrackFlowsDeletedEntriesTotal.WithLabelValues(family.String()).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	deleted = m.GetCounter().GetValue()
+	deleted = testutil.Value(t, metrics.ReconcileConntrackFlowsDeletedEntriesTotal.WithLabelValues(family.String()))
 	h, ok := metrics.ReconcileConntrackFlowsLatency.WithLabelValues(family.String()).(prometheus.Metric)
 	if !ok {
 		t.Fatal("histogram is not a prometheus.Metric")
 	}
-	m.Reset()
+	var m dto.Metric
 	if err := h.Write(&m); err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,7 @@ func TestFailureSeriesFromStart(t *testing.T) {
 		metrics.NFTablesSyncFailuresTotal.WithLabelValues(metrics.IPv6),
 		metrics.SyncsTotal.WithLabelValues(metrics.IPv6, metrics.ResultFailure),
 	} {
-		if v := counterValue(t, c); v != 0 {
+		if v := testutil.Value(t, c); v != 0 {
 			t.Errorf("a failure series starts at %v, want 0", v)
 		}
 	}
@@ -88,13 +88,4 @@ func seriesCount(c prometheus.Collector) int {
 		n++
 	}
 	return n
-}
-
-func counterValue(t *testing.T, c prometheus.Collector) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.(prometheus.Metric).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }

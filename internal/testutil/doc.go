@@ -1,6 +1,7 @@
 // Package testutil holds what the unit tests of several packages share, so
 // that they do it the same way: Poll and Eventually, one limit for every
-// wait on something running beside the test. Its own packages hold what
+// wait on something running beside the test; Value and Served, a metric's
+// value as a scrape reads it. Its own packages hold what
 // only some tests need: netns (a kernel test's network namespace) and
 // liveheap (the live heap, which e2e/cmd/bench reads too).
 //

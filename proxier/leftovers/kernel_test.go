@@ -10,6 +10,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
@@ -164,7 +165,7 @@ func checkGauges(t *testing.T, when string, want map[string]float64) {
 	t.Helper()
 	for key, v := range want {
 		fam, kind, _ := strings.Cut(key, " ")
-		if got := gauge(t, metrics.KubeProxyLeftovers.WithLabelValues(fam, kind)); got != v {
+		if got := testutil.Value(t, metrics.KubeProxyLeftovers.WithLabelValues(fam, kind)); got != v {
 			t.Errorf("%s: leftovers{%s} = %v, want %v", when, key, got, v)
 		}
 	}

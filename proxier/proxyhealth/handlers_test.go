@@ -12,6 +12,7 @@ import (
 	"k8s.io/component-base/configz"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -56,7 +57,7 @@ func TestHealthHandlers(t *testing.T) {
 			now := t0.Add(2 * testTimeout)
 			clk.SetTime(now)
 			counter := map[string]string{"/healthz": "kubeproxy_proxy_healthz_total", "/livez": "kubeproxy_proxy_livez_total"}[tt.path]
-			before := counterValue(t, counter, tt.wantCode)
+			before, _ := served(t, counter, tt.wantCode)
 
 			rec := httptest.NewRecorder()
 			HealthMux(h).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, tt.path, nil))
@@ -89,7 +90,7 @@ func TestHealthHandlers(t *testing.T) {
 			if _, ok := got.Status["IPv4"]; !ok {
 				t.Errorf("status lacks IPv4: %s", rec.Body.String())
 			}
-			if after := counterValue(t, counter, tt.wantCode); after != before+1 {
+			if after, _ := served(t, counter, tt.wantCode); after != before+1 {
 				t.Errorf("%s went %v → %v, want +1", counter, before, after)
 			}
 		})
@@ -158,24 +159,11 @@ func TestMetricsMuxProfiling(t *testing.T) {
 	}
 }
 
-// counterValue reads name{code} from the metrics registry (0 if absent).
-func counterValue(t *testing.T, name string, code int) float64 {
+// served is the value of name{code} in the metrics registry, and whether
+// the registry serves that series.
+func served(t *testing.T, name string, code int) (float64, bool) {
 	t.Helper()
-	mfs, err := metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if l := m.GetLabel(); len(l) == 1 && l[0].GetValue() == strconv.Itoa(code) {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return testutil.Served(t, metrics.Registry, name, map[string]string{"code": strconv.Itoa(code)})
 }
 
 func sameBoolPtr(a, b *bool) bool {
@@ -198,26 +186,9 @@ func TestHealthMuxCreatesSeries(t *testing.T) {
 	HealthMux(New(testTimeout, nil))
 	for _, name := range []string{"kubeproxy_proxy_healthz_total", "kubeproxy_proxy_livez_total"} {
 		for _, code := range []int{200, 503} {
-			if !counterExists(t, name, code) {
+			if _, ok := served(t, name, code); !ok {
 				t.Errorf("%s{code=%q} not served before the first request", name, strconv.Itoa(code))
 			}
 		}
 	}
-}
-
-// counterExists reports whether the registry serves name{code}.
-func counterExists(t *testing.T, name string, code int) bool {
-	t.Helper()
-	mfs, err := metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			if l := m.GetLabel(); mf.GetName() == name && len(l) == 1 && l[0].GetValue() == strconv.Itoa(code) {
-				return true
-			}
-		}
-	}
-	return false
 }
