@@ -30,8 +30,9 @@ func Fragments(cfg ruleset.Config, slots *ruleset.Slots, sz benchstate.Size) []*
 }
 
 // Editor is the IPv4 Editor of a full sync of frags: the table's sets, the
-// endpoints and pick maps of slots, the base chains of cfg, then every
-// fragment. Its Transaction is the full sync's.
+// endpoints and pick maps of slots, the base chains of cfg, every fragment,
+// then the pick maps' chains (as the proxier's sync adds them:
+// ruleset.Slots.UpdatePicks). Its Transaction is the full sync's.
 func Editor(cfg ruleset.Config, slots *ruleset.Slots, frags []*nft.Fragment) *nft.Editor {
 	ed := nft.NewEditor(nft.IPv4)
 	for _, s := range ruleset.Sets(nft.IPv4, ruleset.Config{}) {
@@ -44,5 +45,6 @@ func Editor(cfg ruleset.Config, slots *ruleset.Slots, frags []*nft.Fragment) *nf
 	for _, fr := range frags {
 		ed.Replace(nil, fr)
 	}
+	ed.Replace(nil, slots.PickChains())
 	return ed
 }
