@@ -30,11 +30,9 @@ import (
 //     back; our reconcile costs one dump, upstream's two;
 //   - it cannot ask the kernel to filter a dump (CTA_FILTER). With it,
 //     flows of other protocols are walked but never serialized or copied,
-//     so a node's TCP flows cost little. The kernel walks its whole hash
-//     table (all namespaces) for every dump all the same.
-//
-// Most of a dump is recvfrom (the kernel serializing flows), not decoding
-// (TestReconcile100k).
+//     so a node's TCP flows cost little (TestReconcile100k checks that a
+//     filtered dump costs less than a full one). The kernel walks its
+//     whole hash table (all namespaces) for every dump all the same.
 //
 // Every Reconcile opens its own socket (cheap, also when opened in another
 // namespace, as tests do), so that the IPv4 and IPv6 reconciles may run

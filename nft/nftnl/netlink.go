@@ -36,9 +36,10 @@ import (
 // failed commit with BATCH_BEGIN's). The kernel runs the whole batch inside
 // our sendmsg, so when it returns every reply is queued: Apply drains the
 // queue, then sends GETGEN and reads up to its reply (see readReplies).
-// Asking for an ACK per message, as google/nftables v0.3.0 does, doubled
-// the time of a large batch and overflowed the receive buffer
-// (TestNetlinkAckStrategies, docs/code-figures.md).
+// Asking for an ACK per message, as google/nftables v0.3.0 does, makes the
+// kernel queue a reply per message: a large batch takes longer
+// (TestNetlinkAckStrategies checks it) and its replies can overflow the
+// receive buffer (the figures: docs/code-figures.md).
 type Netlink struct {
 	mu     sync.Mutex
 	conn   *netlink.Conn
