@@ -41,7 +41,7 @@ const rulesDigestVersion = 1
 // every rule in a compact binary form (digestPhrase). Two rules with the
 // same digest input have the same nft text (TestDigestSeesEveryField).
 // Writing the text instead (Rule.Text) made a cold start measurably
-// slower; this costs about a tenth of that (docs/code-figures.md).
+// slower; this costs a small part of that (docs/code-figures.md).
 func DigestRules(f Family, rules []Rule) RulesDigest {
 	d, _ := digestRules(nil, f, rules)
 	return d

@@ -338,9 +338,9 @@ const openRange = ^uint32(0)
 
 // closeRanges gives each range start of an endpoints map its end: the
 // smallest end key above it, less one. Every end must close a range. The
-// ends are written into the values in place: a million ranges at 100,000
-// Services, which a packed copy of each would leave as garbage in the
-// slab and in the heap.
+// ends are written into the values in place: there is a range per
+// endpoint of every Service, and a packed copy of each would leave as
+// garbage in the slab and in the heap.
 func closeRanges(s *nft.Set, ends []uint32) error {
 	slices.Sort(ends)
 	used := 0

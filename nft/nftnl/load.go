@@ -29,8 +29,8 @@ var errLoadRaced = errors.New("the ruleset changed while it was read")
 // releaseAfterLoad is the number of elements from which Load returns the
 // heap's free memory to the kernel once it has read the table: the dumps'
 // messages are garbage by then, and the caller builds the whole desired
-// state on top of what was read (a restart at 100,000 Services of 10
-// endpoints reads 2.1 million elements).
+// state on top of what was read (what a restart of a large cluster reads:
+// docs/code-figures.md).
 const releaseAfterLoad = 500_000
 
 func releaseAfterLargeLoad(rs *nft.Ruleset) {

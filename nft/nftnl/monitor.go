@@ -202,8 +202,8 @@ func (m *Monitor) emit(c Commit) {
 
 // Pause stops the notifications until resume is called, for a large commit
 // of nftproxy's own: while anyone listens, the kernel builds a notification
-// for every object a batch changes, which made the commit of a first sync
-// of 10,000 Services half again as costly (docs/benchmarks.md). Each of
+// for every object a batch changes, which makes a large commit markedly
+// costlier (docs/code-figures.md). Each of
 // nftproxy's commits meanwhile must be counted with Committed; when the
 // ruleset's generation moved by more than those, another process committed
 // while nobody listened, and a Lost commit is reported. Pauses nest (the

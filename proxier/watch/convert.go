@@ -304,8 +304,8 @@ func ConvertEndpointSlice(es *discovery.EndpointSlice) (*model.EndpointSlice, []
 	}
 	var problems []Problem
 	out.Ports, problems = slicePorts(es.Ports, problem)
-	// Presized: append's doubling left 10 endpoints in room for 16 (a
-	// third of the model's memory at 100,000 Services × 10).
+	// Presized: append's doubling leaves room unused (10 endpoints in room
+	// for 16), a large share of the model's memory (docs/code-figures.md).
 	out.Endpoints = make([]model.Endpoint, 0, len(es.Endpoints))
 	for _, e := range es.Endpoints {
 		if len(e.Addresses) == 0 {
@@ -375,9 +375,9 @@ func intern(s string) string {
 }
 
 // placements gives the endpoints on one node with the same hints one
-// shared model.Placement: a cluster has few such placements but a million
-// endpoints at 100,000 Services × 10. A Placement no endpoint holds any
-// more is garbage, and its entry is then removed.
+// shared model.Placement: a cluster has few such placements and many times
+// more endpoints. A Placement no endpoint holds any more is garbage, and
+// its entry is then removed.
 var placements = placementCache{m: map[string]weak.Pointer[model.Placement]{}}
 
 type placementCache struct {
