@@ -6,6 +6,8 @@ import (
 	"net/netip"
 )
 
+// RulesDigest identifies the rules of a chain.
+//
 // Rules are written to the kernel but cannot reasonably be decoded back
 // into phrases, so a chain read back from the kernel (Netlink.Load) carries
 // a digest of its rules instead: the first rule of every chain nftproxy
@@ -26,8 +28,6 @@ import (
 // What the digest does not see: a foreign edit that replaces a rule other
 // than the first in place, keeping the count (`nft replace rule … handle`).
 // The periodic full sync (Config.FullSyncPeriod) repairs that.
-
-// RulesDigest identifies the rules of a chain.
 type RulesDigest [16]byte
 
 // rulesDigestVersion is hashed into every digest. Bump it when the
