@@ -31,8 +31,8 @@ type problemKey struct{ kind, reason string }
 // watch layer can count.
 func problemCounts() map[problemKey]float64 {
 	out := map[problemKey]float64{}
-	for _, kind := range []string{"Service", "EndpointSlice"} {
-		for _, r := range watch.Reasons {
+	for kind, reasons := range watch.Reasons {
+		for _, r := range reasons {
 			out[problemKey{kind, r}] = promtestutil.ToFloat64(metrics.InvalidObjectsTotal.WithLabelValues(kind, r))
 		}
 	}
