@@ -157,8 +157,8 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 		started:  time.Now(), pieceServices: minPieceServices}
 	for f := range deps.NFT {
 		p.families[f] = &familyState{}
-		initFamilyMetrics(f.IPFamily())
 	}
+	initMetrics(maps.Keys(deps.NFT))
 	if deps.Conntrack != nil {
 		p.cleaner = staleflows.New(deps.Conntrack)
 	}

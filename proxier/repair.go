@@ -38,6 +38,16 @@ const pauseMonitorChanges = 1000
 // lostKind is the repair kind of a check after notifications were lost.
 const lostKind = "unknown"
 
+// repairKinds are every kind label of nftproxy_repairs_total: the kinds
+// of object a change names, and lostKind.
+func repairKinds() []string {
+	out := []string{lostKind}
+	for _, k := range nftnl.ObjectKinds {
+		out = append(out, string(k))
+	}
+	return out
+}
+
 // repair is why a family's table is to be checked against the kernel.
 type repair struct {
 	reported time.Time       // the first report

@@ -3,6 +3,7 @@ package proxier
 // What the sync loop reports: metrics, the health of the sync, and logs.
 
 import (
+	"iter"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -10,13 +11,37 @@ import (
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
+	"github.com/nftproxy/nftproxy/proxier/watch"
 )
 
-// initFamilyMetrics creates a family's failure and result series at 0
-// before anything happens. A counter series that is born at 1 shows no
-// increase, so without them an alert on rate() or increase() would miss
-// the first failure, and dashboards would show "no data" for a healthy
-// proxy instead of 0.
+// initMetrics creates at 0, before anything happens, the series of the
+// counters whose label values are known in advance: the API events by
+// kind, the invalid objects by kind and reason, the waits for readers by
+// how they ended, and each family's of initFamilyMetrics. A counter series
+// that is born at 1 shows no increase, so without them an alert on rate()
+// or increase() would miss the first event, and dashboards would show "no
+// data" for a healthy proxy instead of 0.
+func initMetrics(families iter.Seq[nft.Family]) {
+	for _, kind := range watch.Kinds {
+		metrics.APIEventsTotal.WithLabelValues(kind)
+	}
+	for kind, reasons := range watch.Reasons {
+		for _, reason := range reasons {
+			metrics.InvalidObjectsTotal.WithLabelValues(kind, reason)
+		}
+	}
+	for _, result := range []string{metrics.ReaderWaitEnded, metrics.ReaderWaitTimedOut} {
+		metrics.ReaderWaitsTotal.WithLabelValues(result)
+	}
+	for f := range families {
+		initFamilyMetrics(f.IPFamily())
+	}
+}
+
+// initFamilyMetrics creates a family's counter series at 0 (see
+// initMetrics): its syncs by result and their failures, the failed reads
+// of its table, the Services whose rules changed, the failed cleanups, the
+// stale flows deleted, and the repairs by kind.
 func initFamilyMetrics(fam string) {
 	metrics.NFTablesSyncFailuresTotal.WithLabelValues(fam)
 	for _, result := range []string{metrics.ResultSuccess, metrics.ResultUnchanged, metrics.ResultFailure} {
@@ -25,8 +50,11 @@ func initFamilyMetrics(fam string) {
 	for _, reader := range []string{metrics.ReaderTable, metrics.ReaderCounters} {
 		metrics.RulesetReadFailuresTotal.WithLabelValues(fam, reader)
 	}
-	for _, result := range []string{metrics.ReaderWaitEnded, metrics.ReaderWaitTimedOut} {
-		metrics.ReaderWaitsTotal.WithLabelValues(result)
+	metrics.ServiceRuleChangesTotal.WithLabelValues(fam)
+	metrics.NFTablesCleanupFailuresTotal.WithLabelValues(fam)
+	metrics.ReconcileConntrackFlowsDeletedEntriesTotal.WithLabelValues(fam)
+	for _, kind := range repairKinds() {
+		metrics.RepairsTotal.WithLabelValues(fam, kind)
 	}
 }
 

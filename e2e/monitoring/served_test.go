@@ -64,7 +64,8 @@ func runAndScrape(t *testing.T) Served {
 	if out, err := ns.Run("", "nft", "delete", "table", "ip", "nftproxy"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	waitFor(t, "the repair", func() bool { return len(scrape(t)["nftproxy_repairs_total"]) > 0 })
+	// Its series are served at 0 from the start: wait for a count.
+	waitFor(t, "the repair", func() bool { return sum(t, "nftproxy_repairs_total") > 0 })
 	// Endpoints written after the start: a network programming latency
 	// and, the Service having a UDP port, a conntrack cleanup per family.
 	ctx := context.Background()
@@ -157,6 +158,23 @@ func requestAPI(t *testing.T) {
 }
 
 // scrape gets /metrics from the metrics server's handler.
+// sum is the total of the series of counter name in the metrics registry.
+func sum(t *testing.T, name string) float64 {
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				total += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return total
+}
+
 func scrape(t *testing.T) Served {
 	rec := httptest.NewRecorder()
 	proxyhealth.MetricsMux(metrics.Handler(), false).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))

@@ -36,6 +36,9 @@ const (
 	KindFlowtable ObjectKind = "flowtable"
 )
 
+// ObjectKinds are every ObjectKind a Change may name.
+var ObjectKinds = []ObjectKind{KindTable, KindChain, KindRule, KindSet, KindElement, KindObject, KindFlowtable}
+
 // Change is what one commit did to objects of one kind in table nftproxy
 // of one family.
 type Change struct {

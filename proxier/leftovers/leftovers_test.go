@@ -199,6 +199,21 @@ func TestRemoveTables(t *testing.T) {
 	}
 }
 
+// TestRemovalSeriesFromStart: the removal counters of the checker's
+// families are served at 0 from its creation, before any removal.
+func TestRemovalSeriesFromStart(t *testing.T) {
+	metrics.KubeProxyTableRemovalsTotal.Reset()
+	NewChecker(&fakeKernel{}, []nft.Family{nft.IPv4, nft.IPv6}, false)
+	for _, fam := range []string{metrics.IPv4, metrics.IPv6} {
+		for _, result := range []string{metrics.ResultSuccess, metrics.ResultFailure} {
+			labels := map[string]string{"ip_family": fam, "result": result}
+			if v, ok := testutil.Served(t, metrics.Registry, "nftproxy_kube_proxy_table_removals_total", labels); !ok || v != 0 {
+				t.Errorf("removals%v: served %v, value %v; want served at 0", labels, ok, v)
+			}
+		}
+	}
+}
+
 // captureLogs sends klog's output to a buffer for the rest of the test.
 func captureLogs(t *testing.T) *bytes.Buffer {
 	t.Helper()
