@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nftproxy/nftproxy/nft/nfnl"
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 )
 
 // The ctnetlink messages nftproxy sends and reads, encoded and decoded by
@@ -56,7 +56,7 @@ func ctType(msg uint16) uint16 { return unix.NFNL_SUBSYS_CTNETLINK<<8 | msg }
 
 // encoder appends ctnetlink messages to one buffer, so that many of them
 // go out in a single sendmsg.
-type encoder struct{ nfnl.Encoder }
+type encoder struct{ nlcodec.Encoder }
 
 // begin starts a ctnetlink message and returns its offset for EndMsg.
 func (e *encoder) begin(msg, flags uint16, seq uint32, family uint8) int {
@@ -138,12 +138,12 @@ var errNoTuple = errors.New("conntrack entry without original or reply tuple")
 // nfgenmsg, then attributes).
 func parseFlow(payload []byte) (Flow, error) {
 	var fl Flow
-	if len(payload) < nfnl.GenHeaderLen {
+	if len(payload) < nlcodec.GenHeaderLen {
 		return fl, errors.New("short ctnetlink message")
 	}
 	var haveOrig, haveReply bool
-	var d nfnl.Decoder
-	d.Attrs(payload[nfnl.GenHeaderLen:], func(typ uint16, data []byte) {
+	var d nlcodec.Decoder
+	d.Attrs(payload[nlcodec.GenHeaderLen:], func(typ uint16, data []byte) {
 		switch typ {
 		case ctaTupleOrig:
 			fl.Orig, fl.Proto, haveOrig = parseTuple(&d, data)
@@ -170,7 +170,7 @@ var errNoAddrs = errors.New("conntrack tuple without addresses")
 
 // parseTuple decodes CTA_TUPLE_IP and CTA_TUPLE_PROTO; ok if the tuple has
 // both addresses. Ports stay 0 for protocols without them (ICMP).
-func parseTuple(d *nfnl.Decoder, b []byte) (t Tuple, proto uint8, ok bool) {
+func parseTuple(d *nlcodec.Decoder, b []byte) (t Tuple, proto uint8, ok bool) {
 	var src, dst netip.Addr
 	var sport, dport uint16
 	d.Attrs(b, func(typ uint16, data []byte) {
@@ -205,13 +205,13 @@ func parseTuple(d *nfnl.Decoder, b []byte) (t Tuple, proto uint8, ok bool) {
 }
 
 // parseAddr decodes CTA_IP_V4_* (4 bytes) or CTA_IP_V6_* (16 bytes).
-func parseAddr(d *nfnl.Decoder, typ uint16, data []byte) netip.Addr {
+func parseAddr(d *nlcodec.Decoder, typ uint16, data []byte) netip.Addr {
 	n := 16
 	if typ == ctaIPv4Src || typ == ctaIPv4Dst {
 		n = 4
 	}
 	if len(data) != n {
-		d.Fail(fmt.Errorf("%w: conntrack address of %d bytes", nfnl.ErrMalformed, len(data)))
+		d.Fail(fmt.Errorf("%w: conntrack address of %d bytes", nlcodec.ErrMalformed, len(data)))
 		return netip.Addr{}
 	}
 	a, _ := netip.AddrFromSlice(data)

@@ -4,7 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/nftproxy/nftproxy/nft/nfnl"
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 )
 
 // BenchmarkParseFlow decodes a dump's worth of flows (10,000, as CT_NEW
@@ -18,7 +18,7 @@ func BenchmarkParseFlow(b *testing.B) {
 		e.appendCreate(uint32(i), fl, 1)
 	}
 	var payloads [][]byte
-	_ = nfnl.Messages(e.Buf, func(_ nfnl.Header, p []byte) error {
+	_ = nlcodec.Messages(e.Buf, func(_ nlcodec.Header, p []byte) error {
 		payloads = append(payloads, p)
 		return nil
 	})

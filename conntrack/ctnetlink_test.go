@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nftproxy/nftproxy/nft/nfnl"
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 )
 
 // ipsConfirmed: a created entry is confirmed at once, and a CTA_STATUS
@@ -49,7 +49,7 @@ func testFlows() []Flow {
 func oneMessage(t *testing.T, b []byte) (typ, flags uint16, seq uint32, payload []byte) {
 	t.Helper()
 	n := 0
-	if err := nfnl.Messages(b, func(h nfnl.Header, p []byte) error {
+	if err := nlcodec.Messages(b, func(h nlcodec.Header, p []byte) error {
 		typ, flags, seq, payload = h.Type, h.Flags, h.Seq, p
 		n++
 		return nil
@@ -100,7 +100,7 @@ func TestDeleteMessage(t *testing.T) {
 		}
 		var types []uint16
 		var orig []byte
-		if err := nfnl.Attrs(payload[nfnl.GenHeaderLen:], func(typ uint16, data []byte) {
+		if err := nlcodec.Attrs(payload[nlcodec.GenHeaderLen:], func(typ uint16, data []byte) {
 			types = append(types, typ)
 			if typ == ctaTupleOrig {
 				orig = data
@@ -121,7 +121,7 @@ func TestDeleteMessage(t *testing.T) {
 		if !fl.Orig.Src.IsValid() {
 			continue // the zero flow: still a tuple, of zero addresses
 		}
-		var d nfnl.Decoder
+		var d nlcodec.Decoder
 		tup, proto, ok := parseTuple(&d, orig)
 		if !ok || d.Err() != nil || tup != fl.Orig || proto != fl.Proto {
 			t.Errorf("tuple %+v proto %d (%v), want %+v %d", tup, proto, d.Err(), fl.Orig, fl.Proto)
@@ -142,7 +142,7 @@ func TestDumpRequest(t *testing.T) {
 		var filterFlags uint32
 		var num uint8
 		status, mask := uint32(1), uint32(0)
-		_ = nfnl.Attrs(payload[nfnl.GenHeaderLen:], func(typ uint16, data []byte) {
+		_ = nlcodec.Attrs(payload[nlcodec.GenHeaderLen:], func(typ uint16, data []byte) {
 			types = append(types, typ)
 			switch typ {
 			case ctaStatus:
@@ -150,14 +150,14 @@ func TestDumpRequest(t *testing.T) {
 			case ctaStatusMask:
 				mask = binary.BigEndian.Uint32(data)
 			case ctaFilter:
-				_ = nfnl.Attrs(data, func(typ uint16, data []byte) {
+				_ = nlcodec.Attrs(data, func(typ uint16, data []byte) {
 					if typ == ctaFilterOrigFlags {
 						filterFlags = binary.NativeEndian.Uint32(data)
 					}
 				})
 			case ctaTupleOrig:
-				_ = nfnl.Attrs(data, func(typ uint16, data []byte) {
-					_ = nfnl.Attrs(data, func(typ uint16, data []byte) {
+				_ = nlcodec.Attrs(data, func(typ uint16, data []byte) {
+					_ = nlcodec.Attrs(data, func(typ uint16, data []byte) {
 						if typ == ctaProtoNum {
 							num = data[0]
 						}
@@ -186,7 +186,7 @@ func TestParseFlowRejects(t *testing.T) {
 	m := e.begin(ctMsgNew, 0, 1, unix.AF_INET)
 	e.tuple(ctaTupleOrig, ProtoUDP, testFlows()[0].Orig)
 	e.EndMsg(m)
-	if _, err := parseFlow(e.Buf[nfnl.HeaderLen:]); err == nil {
+	if _, err := parseFlow(e.Buf[nlcodec.HeaderLen:]); err == nil {
 		t.Error("a flow without reply tuple parsed")
 	}
 	if _, err := parseFlow([]byte{2, 0}); err == nil {
@@ -196,7 +196,7 @@ func TestParseFlowRejects(t *testing.T) {
 	// a flow decoded in part.
 	e = encoder{}
 	e.appendCreate(1, testFlows()[2], 1)
-	if fl, err := parseFlow(e.Buf[nfnl.HeaderLen : len(e.Buf)-3]); !errors.Is(err, nfnl.ErrMalformed) {
+	if fl, err := parseFlow(e.Buf[nlcodec.HeaderLen : len(e.Buf)-3]); !errors.Is(err, nlcodec.ErrMalformed) {
 		t.Errorf("a truncated flow parsed: %+v, error %v", fl, err)
 	}
 	// An address of the wrong length.
@@ -211,7 +211,7 @@ func TestParseFlowRejects(t *testing.T) {
 		e.EndNest(tup)
 	}
 	e.EndMsg(m)
-	if fl, err := parseFlow(e.Buf[nfnl.HeaderLen:]); !errors.Is(err, nfnl.ErrMalformed) {
+	if fl, err := parseFlow(e.Buf[nlcodec.HeaderLen:]); !errors.Is(err, nlcodec.ErrMalformed) {
 		t.Errorf("a 3-byte address parsed: %+v, error %v", fl, err)
 	}
 }
@@ -222,7 +222,7 @@ func FuzzParseFlow(f *testing.F) {
 	for _, fl := range testFlows() {
 		var e encoder
 		e.appendCreate(1, fl, 1)
-		f.Add(e.Buf[nfnl.HeaderLen:])
+		f.Add(e.Buf[nlcodec.HeaderLen:])
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fl, err := parseFlow(b)
@@ -251,7 +251,7 @@ func TestCreateMatchesConntrackList(t *testing.T) {
 	for i, fl := range udp {
 		s.enc.appendCreate(first+uint32(i), fl, 600)
 	}
-	if err := s.exchange(reconcileCtx(t), first, len(udp), func(i int, ack nfnl.Ack) {
+	if err := s.exchange(reconcileCtx(t), first, len(udp), func(i int, ack nlcodec.Ack) {
 		if err := ack.Err(); err != nil {
 			t.Errorf("create %s: %v", udp[i], err)
 		}

@@ -17,5 +17,5 @@
 // went past a frontend before its rules existed and was never answered
 // (Stale says why it must go). ApplySysctls (sysctl.go) runs once at
 // startup. The package imports neither proxier/ nor the nft model nor
-// k8s.io/api; it speaks netlink through nft/nfnl.
+// k8s.io/api; it speaks netlink through internal/nlcodec.
 package conntrack

@@ -14,20 +14,20 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
 // testNS is a fresh network namespace for one kernel test, with its own
-// conntrack table (netnstest.New, nftproxy-ct-<random>, needing root, `ip`
+// conntrack table (netns.New, nftproxy-ct-<random>, needing root, `ip`
 // and `conntrack`; the latter only to build and check tables, never in the
 // product). The root namespace is never touched: every socket of a test
 // is opened in ns.
-type testNS struct{ *netnstest.NS }
+type testNS struct{ *netns.NS }
 
 func newTestNS(t testing.TB) *testNS {
 	t.Helper()
-	return &testNS{netnstest.New(t, "nftproxy-ct", "conntrack")}
+	return &testNS{netns.New(t, "nftproxy-ct", "conntrack")}
 }
 
 // run runs a command inside the namespace and returns its stdout.

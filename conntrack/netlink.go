@@ -12,8 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/metrics"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // Netlink reconciles the kernel's conntrack table over ctnetlink.
@@ -30,11 +30,9 @@ import (
 //     back; our reconcile costs one dump, upstream's two;
 //   - it cannot ask the kernel to filter a dump (CTA_FILTER). With it,
 //     flows of other protocols are walked but never serialized or copied,
-//     so a node's TCP flows cost little. The kernel walks its whole hash
-//     table (all namespaces) for every dump all the same.
-//
-// Most of a dump is recvfrom (the kernel serializing flows), not decoding
-// (TestReconcile100k).
+//     so a node's TCP flows cost little (TestReconcile100k checks that a
+//     filtered dump costs less than a full one). The kernel walks its
+//     whole hash table (all namespaces) for every dump all the same.
 //
 // Every Reconcile opens its own socket (cheap, also when opened in another
 // namespace, as tests do), so that the IPv4 and IPv6 reconciles may run
@@ -167,14 +165,14 @@ func (n *Netlink) Delete(ctx context.Context, flows []Flow) (int, error) {
 // session is one ctnetlink socket, used by one goroutine.
 type session struct {
 	conn           *netlink.Conn
-	seq            nfnl.Seqs
+	seq            nlcodec.Seqs
 	rbuf           []byte
 	enc            encoder
 	noKernelFilter bool
 }
 
 func (n *Netlink) open() (*session, error) {
-	conn, err := nfnl.Dial(nfnl.SocketOptions{NetNSFd: n.opts.NetNSFd, Acks: true, RcvBuf: rcvbuf, SndBuf: sndbuf})
+	conn, err := nlcodec.Dial(nlcodec.SocketOptions{NetNSFd: n.opts.NetNSFd, Acks: true, RcvBuf: rcvbuf, SndBuf: sndbuf})
 	if err != nil {
 		return nil, fmt.Errorf("open conntrack netlink socket: %w", err)
 	}
@@ -188,7 +186,7 @@ func (s *session) close() { _ = s.conn.Close() }
 // withDeadline applies ctx (or replyTimeout) to the socket's reads and
 // writes; the returned function undoes the cancellation hook.
 func (s *session) withDeadline(ctx context.Context) (func() bool, error) {
-	return nfnl.Deadline(ctx, s.conn, nfnl.Until(ctx, replyTimeout))
+	return nlcodec.Deadline(ctx, s.conn, nlcodec.Until(ctx, replyTimeout))
 }
 
 // dump reads the family's flows of protos, one kernel-filtered dump per
@@ -249,7 +247,7 @@ func (s *session) dumpOne(ctx context.Context, family Family, proto uint8, flows
 		filter = 0
 	}
 	s.enc.appendDump(seq, uint8(family), filter, filter == ProtoTCP)
-	if err := nfnl.Send(s.conn, s.enc.Buf); err != nil {
+	if err := nlcodec.Send(s.conn, s.enc.Buf); err != nil {
 		return flows, wrap(err)
 	}
 	var parseErrs int
@@ -259,7 +257,7 @@ func (s *session) dumpOne(ctx context.Context, family Family, proto uint8, flows
 		if err != nil {
 			return flows, wrap(err)
 		}
-		done, err := nfnl.DumpMessages(buf, seq, func(h nfnl.Header, payload []byte) error {
+		done, err := nlcodec.DumpMessages(buf, seq, func(h nlcodec.Header, payload []byte) error {
 			if h.Type != ctType(ctMsgNew) {
 				return nil
 			}
@@ -325,7 +323,7 @@ func (s *session) deleteBatch(ctx context.Context, flows []Flow) (int, error) {
 	}
 	deleted, failed := 0, 0
 	var firstErr error
-	err := s.exchange(ctx, first, len(flows), func(i int, ack nfnl.Ack) {
+	err := s.exchange(ctx, first, len(flows), func(i int, ack nlcodec.Ack) {
 		switch ack.Errno {
 		case 0:
 			deleted++
@@ -350,13 +348,13 @@ func (s *session) deleteBatch(ctx context.Context, flows []Flow) (int, error) {
 // first, first+1, …, each asking for an ACK) with one sendmsg and calls
 // onAck with the index and outcome of each. The kernel runs the requests
 // inside sendmsg, so the ACKs are queued when it returns.
-func (s *session) exchange(ctx context.Context, first uint32, count int, onAck func(i int, ack nfnl.Ack)) error {
+func (s *session) exchange(ctx context.Context, first uint32, count int, onAck func(i int, ack nlcodec.Ack)) error {
 	stop, err := s.withDeadline(ctx)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	if err := nfnl.Send(s.conn, s.enc.Buf); err != nil {
+	if err := nlcodec.Send(s.conn, s.enc.Buf); err != nil {
 		return fmt.Errorf("send: %w", err)
 	}
 	acked := 0
@@ -368,13 +366,13 @@ func (s *session) exchange(ctx context.Context, first uint32, count int, onAck f
 			}
 			return fmt.Errorf("read ACKs (%d of %d read): %w", acked, count, err)
 		}
-		err = nfnl.Messages(buf, func(h nfnl.Header, payload []byte) error {
+		err = nlcodec.Messages(buf, func(h nlcodec.Header, payload []byte) error {
 			i := int(h.Seq - first)
 			if h.Type != unix.NLMSG_ERROR || h.Seq < first || i >= count {
 				return nil // a late reply to an earlier request
 			}
 			acked++
-			onAck(i, nfnl.ParseAck(h.Flags, payload))
+			onAck(i, nlcodec.ParseAck(h.Flags, payload))
 			return nil
 		})
 		if err != nil {
@@ -386,7 +384,7 @@ func (s *session) exchange(ctx context.Context, first uint32, count int, onAck f
 
 // receive reads one datagram, waiting for it until the deadline.
 func (s *session) receive() ([]byte, error) {
-	n, err := nfnl.Receive(s.conn, s.rbuf, true)
+	n, err := nlcodec.Receive(s.conn, s.rbuf, true)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		return nil, fmt.Errorf("no reply: %w", err)
 	}

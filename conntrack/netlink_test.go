@@ -14,12 +14,17 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/metrics"
 )
 
 // TestReconcile100k measures one reconcile of a table of 100,000 flows
-// (90% UDP, 10% TCP) that deletes 1,000 stale UDP flows. Under the race
-// detector it uses 10,000 flows; the full measurement:
+// (90% UDP, 10% TCP) that deletes 1,000 stale UDP flows, and checks what
+// Netlink's comment relies on: a dump the kernel filters (CTA_FILTER) costs
+// less than one of every flow, here a dump matching none of them against
+// the unfiltered one (the fastest of three each; the margin measured is
+// about five, docs/code-figures.md). Under the race detector it uses
+// 10,000 flows; the full measurement:
 //
 //	go test -run TestReconcile100k -v ./conntrack
 func TestReconcile100k(t *testing.T) {
@@ -46,24 +51,32 @@ func TestReconcile100k(t *testing.T) {
 		t.Errorf("dumped %d, stale %d, deleted %d; want %d, %d, %d", res.Dumped, res.Stale, res.Deleted, wantUDP, stale, stale)
 	}
 
-	// For comparison: the unfiltered dump that the filter avoids.
-	start = time.Now()
-	all, err := nl.Dump(reconcileCtx(t), IPv4, 0)
-	if err != nil {
-		t.Fatal(err)
+	// fastest is the shortest of three dumps of proto's flows (0: all),
+	// which must number want.
+	fastest := func(proto uint8, want int) time.Duration {
+		var best time.Duration
+		for i := range 3 {
+			start := time.Now()
+			flows, err := nl.Dump(reconcileCtx(t), IPv4, proto)
+			took := time.Since(start)
+			if err != nil || len(flows) != want {
+				t.Fatalf("dump of protocol %d: %d flows, %v; want %d", proto, len(flows), err, want)
+			}
+			if i == 0 || took < best {
+				best = took
+			}
+		}
+		return best
 	}
-	t.Logf("unfiltered dump of %d flows (TCP included): %v", len(all), time.Since(start).Round(time.Microsecond))
-	if len(all) != n-stale {
-		t.Errorf("after reconcile: %d flows, want %d", len(all), n-stale)
+	// For comparison: the unfiltered dump that the filter avoids, and the
+	// kernel's walk alone: a filtered dump that matches nothing.
+	all := fastest(0, n-stale)
+	t.Logf("unfiltered dump of %d flows (TCP included): %v", n-stale, all.Round(time.Microsecond))
+	none := fastest(ProtoSCTP, 0)
+	t.Logf("filtered dump matching none of the %d flows (the kernel's walk): %v", n-stale, none.Round(time.Microsecond))
+	if none >= all {
+		t.Errorf("a filtered dump matching none of %d flows took %v, the unfiltered one %v: want the filtered one faster", n-stale, none, all)
 	}
-
-	// And the kernel's walk alone: a filtered dump that matches nothing.
-	start = time.Now()
-	none, err := nl.Dump(reconcileCtx(t), IPv4, ProtoSCTP)
-	if err != nil || len(none) != 0 {
-		t.Fatalf("SCTP dump: %d flows, %v", len(none), err)
-	}
-	t.Logf("filtered dump matching none of the %d flows (the kernel's walk): %v", n-stale, time.Since(start).Round(time.Microsecond))
 
 	again, err := nl.Reconcile(reconcileCtx(t), IPv4, previous, Fixed(current), nil)
 	if err != nil {
@@ -266,7 +279,11 @@ func TestReconcileRealFlows(t *testing.T) {
 			send(40003, svc1)
 			send(40004, svc2)
 			send(40005, w.ep(2))
-			before := ns.list(t, family)
+			// The flows are in the table once the datagrams are sent; a
+			// listing was once seen short of three (IPv6, a busy
+			// machine), so the listing is taken again for a while.
+			var before []Flow
+			testutil.Poll(func() bool { before = ns.list(t, family); return len(before) == 5 })
 			if len(before) != 5 {
 				t.Fatalf("want 5 flows, got %d: %v", len(before), before)
 			}
@@ -319,16 +336,12 @@ func sockaddr(a netip.AddrPort) unix.Sockaddr {
 // reconciles the latency histogram observed, for family.
 func reconcileMetrics(t *testing.T, family Family) (deleted float64, syncs uint64) {
 	t.Helper()
-	var m dto.Metric
-	if err := metrics.ReconcileConntrackFlowsDeletedEntriesTotal.WithLabelValues(family.String()).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	deleted = m.GetCounter().GetValue()
+	deleted = testutil.Value(t, metrics.ReconcileConntrackFlowsDeletedEntriesTotal.WithLabelValues(family.String()))
 	h, ok := metrics.ReconcileConntrackFlowsLatency.WithLabelValues(family.String()).(prometheus.Metric)
 	if !ok {
 		t.Fatal("histogram is not a prometheus.Metric")
 	}
-	m.Reset()
+	var m dto.Metric
 	if err := h.Write(&m); err != nil {
 		t.Fatal(err)
 	}

@@ -29,9 +29,11 @@ var (
 
 	// InvalidObjectsTotal counts API objects (or parts of them) skipped
 	// because they could not be programmed, e.g. a Service with an
-	// unparsable ClusterIP. Labels: kind ("Service", "EndpointSlice", ...),
-	// reason (a short fixed word chosen by the caller, never free text from
-	// the object, to keep cardinality bounded).
+	// unparsable ClusterIP. Labels: kind ("Service", "EndpointSlice",
+	// "ServiceCIDR"), reason (one of a closed list of short fixed words,
+	// proxier/watch's Reasons, never free text from the object: the
+	// cardinality is bounded, and the proxier serves every series at 0
+	// from its start).
 	InvalidObjectsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: nftproxyNamespace,
 		Name:      "invalid_objects_total",
@@ -53,7 +55,9 @@ var (
 	// process changed them (nftnl.Monitor), by the kind of object changed
 	// (table, chain, rule, set, element, object, flowtable, or unknown
 	// after notifications were lost). A repair that mends several kinds
-	// counts once for each. Labels: ip_family, kind.
+	// counts once for each. Labels: ip_family, kind. Served at 0 from
+	// the proxier's start, as every counter whose label values are known
+	// in advance (proxier's initMetrics).
 	RepairsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: nftproxyNamespace,
 		Name:      "repairs_total",

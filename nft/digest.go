@@ -6,6 +6,8 @@ import (
 	"net/netip"
 )
 
+// RulesDigest identifies the rules of a chain.
+//
 // Rules are written to the kernel but cannot reasonably be decoded back
 // into phrases, so a chain read back from the kernel (Netlink.Load) carries
 // a digest of its rules instead: the first rule of every chain nftproxy
@@ -26,8 +28,6 @@ import (
 // What the digest does not see: a foreign edit that replaces a rule other
 // than the first in place, keeping the count (`nft replace rule … handle`).
 // The periodic full sync (Config.FullSyncPeriod) repairs that.
-
-// RulesDigest identifies the rules of a chain.
 type RulesDigest [16]byte
 
 // rulesDigestVersion is hashed into every digest. Bump it when the
@@ -41,7 +41,7 @@ const rulesDigestVersion = 1
 // every rule in a compact binary form (digestPhrase). Two rules with the
 // same digest input have the same nft text (TestDigestSeesEveryField).
 // Writing the text instead (Rule.Text) made a cold start measurably
-// slower; this costs about a tenth of that (docs/code-figures.md).
+// slower; this costs a small part of that (docs/code-figures.md).
 func DigestRules(f Family, rules []Rule) RulesDigest {
 	d, _ := digestRules(nil, f, rules)
 	return d

@@ -66,8 +66,8 @@ type Editor struct {
 	// shared holds the elements held more than once (see holding): an
 	// element is held once if it is in its set and not here. Most
 	// elements have one holder, and recording only the others keeps a map
-	// insert per element out of a full sync (two fifths of Replace's time
-	// at 10k Services of 5 endpoints, most of it growing the map).
+	// insert per element, and the map's growth, out of a full sync
+	// (docs/code-figures.md).
 	shared map[setKey]holding
 	reset  bool // the next transaction is not incremental: see loaded
 	// loaded is the kernel's state the first transaction diffs against
@@ -199,7 +199,8 @@ func (a *adoption) sweep(s *Set) {
 // Reserve makes room for n elements in set name, if it has none yet: a
 // full sync into an empty table otherwise grows its big maps (hairpin
 // connections, service IPs) from nothing, rehashing every key on each
-// doubling (about a fifth of the Editor's time at 100,000 Services).
+// doubling (a sizeable share of the Editor's time at scale:
+// docs/code-figures.md).
 func (e *Editor) Reserve(name string, n int) {
 	if s, ok := e.rs.Sets[name]; ok {
 		s.Elements.reserve(n)
@@ -384,12 +385,11 @@ func (e *Editor) release(se SetElement) {
 
 // elementKey is s.KeyString(key), the key of the element in s.Elements,
 // written into one string. KeyString formats every field into a string of
-// its own and joins them: five allocations for a hairpin key, a third of
-// hold's time at 10k Services of 5 endpoints and 330k of the full sync's
-// 1M allocations. Addresses and plain integers, the fields of nftproxy's
-// keys, are appended here; any other field takes datumText, whose
-// protocol names are constants. TestElementKeyIsKeyString holds the two
-// together.
+// its own and joins them: several allocations for every element a sync
+// puts (docs/code-figures.md). Addresses and plain integers, the fields of
+// nftproxy's keys, are appended here; any other field takes datumText,
+// whose protocol names are constants. TestElementKeyIsKeyString holds the
+// two together.
 func elementKey(s *Set, key []Datum) string {
 	var buf [96]byte // a hairpin key of two IPv6 addresses fits
 	b := buf[:0]

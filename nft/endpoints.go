@@ -8,46 +8,6 @@ import (
 	"slices"
 )
 
-// Endpoints maps: a Service's endpoints as elements of a map, so that an
-// endpoint change is element work only.
-//
-// A rule holding any expression with a validate op (nat, immediate
-// verdicts, lookups…) makes the kernel validate the whole table when it is
-// committed (nf_tables_commit → nf_tables_validate), which grows with the
-// table however small the change (docs/code-figures.md). A DNATMap rule
-// picks the endpoint from an
-// endpoints map instead of a cascade of per-endpoint rules. Each Service
-// (each endpoint set: cluster, local) owns a slot of an endpoints map: the
-// rule draws a random bucket in the slot's range of keys per new
-// connection, and the map's elements are ranges of buckets, one per
-// endpoint:
-//
-//	meta l4proto tcp dnat ip to numgen random mod 65536 offset 131072 map @endpoints-tcp-0
-//
-//	map endpoints-tcp-0 {
-//		typeof numgen random mod 65536 : ip daddr . tcp dport
-//		flags interval
-//		elements = { 131072-163839 : 10.244.1.11 . 8080,
-//			     163840-196607 : 10.244.1.12 . 8080 }
-//	}
-//
-// (slot 2: keys 2·65536 to 3·65536−1). Adding and removing such elements
-// needs no validation. The key is one integer, so the kernel keeps the map
-// in an rbtree: an element change costs O(log n), and nft 1.0.6 lists the
-// map as above. (A key such as `ip daddr . tcp dport . numgen …` needs no
-// slots, but an interval map with a concatenated key is either pipapo,
-// which rebuilds its lookup tables on every change — milliseconds per
-// change at 10,000 Services — or an rbtree nft 1.0.6 crashes listing; see
-// docs/design-measurements.md.) The map is declared as nft 1.0.6 declares
-// this `typeof` map (key byte order host, the typeof userdata), captured
-// with `nft --debug=mnl`.
-//
-// Why one map per transport protocol, with `tcp dport` in the data's
-// typeof: nft evaluates a rule's port mapping against the map's data
-// expression, so a map typed `tcp dport` cannot serve a `udp` rule
-// ("conflicting protocols specified: udp vs. tcp"). With a protocol per
-// map, the listing reloads with `nft -f`.
-
 // EndpointBuckets is the number of random buckets of a slot: a DNATMap
 // phrase draws numgen random mod 65536.
 const EndpointBuckets = 1 << 16
@@ -66,6 +26,42 @@ const EndpointsSlots = 1<<16 - 1
 // Its key is an integer, its data ipv4_addr . inet_service (ipv6_addr in
 // IPv6); every element is a range of buckets of one slot (Element.End),
 // see EndpointsElements.
+//
+// Why a map: a Service's endpoints are elements, so that an endpoint
+// change is element work only. A rule holding any expression with a
+// validate op (nat, immediate verdicts, lookups…) makes the kernel validate
+// the whole table when it is committed (nf_tables_commit →
+// nf_tables_validate), which grows with the table however small the change
+// (docs/code-figures.md); adding and removing elements needs no
+// validation. So one DNATMap rule picks the endpoint from an endpoints map
+// instead of a cascade of per-endpoint rules. Each Service (each endpoint
+// set: cluster, local) owns a slot of an endpoints map: the rule draws a
+// random bucket in the slot's range of keys per new connection, and the
+// map's elements are ranges of buckets, one per endpoint:
+//
+//	meta l4proto tcp dnat ip to numgen random mod 65536 offset 131072 map @endpoints-tcp-0
+//
+//	map endpoints-tcp-0 {
+//		typeof numgen random mod 65536 : ip daddr . tcp dport
+//		flags interval
+//		elements = { 131072-163839 : 10.244.1.11 . 8080,
+//			     163840-196607 : 10.244.1.12 . 8080 }
+//	}
+//
+// (slot 2: keys 2·65536 to 3·65536−1). The key is one integer, so the
+// kernel keeps the map in an rbtree: an element change costs O(log n), and
+// nft 1.0.6 lists the map as above. A key such as `ip daddr . tcp dport .
+// numgen …` would need no slots, but an interval map with a concatenated
+// key is either pipapo, which rebuilds its lookup tables on every change,
+// or an rbtree that nft 1.0.6 crashes listing (docs/design-measurements.md).
+// The map is declared as nft 1.0.6 declares this `typeof` map (key byte
+// order host, the typeof userdata), captured with `nft --debug=mnl`.
+//
+// One map per transport protocol, with `tcp dport` in the data's typeof:
+// nft evaluates a rule's port mapping against the map's data expression,
+// so a map typed `tcp dport` cannot serve a `udp` rule ("conflicting
+// protocols specified: udp vs. tcp"). With a protocol per map, the listing
+// reloads with `nft -f`.
 func NewEndpointsMap(f Family, name string, proto uint8) *Set {
 	at := f.AddrType()
 	return &Set{Name: name, Key: []DataType{TypeInteger},

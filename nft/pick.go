@@ -6,7 +6,18 @@ import (
 	"reflect"
 )
 
-// Pick maps: the endpoints of every Service with the same number of
+// MaxPickEndpoints bounds N: Services with more endpoints use a slot of an
+// endpoints map (one chain each), which holds any number in a fixed number
+// of ranges.
+const MaxPickEndpoints = 256
+
+// PickModOK reports whether a pick map can hold n endpoints.
+func PickModOK(n uint32) bool { return n >= 1 && n <= MaxPickEndpoints }
+
+// NewPickMap returns an empty pick map of family f for the DNATPick phrases
+// of transport protocol proto and n endpoints.
+//
+// A pick map holds the endpoints of every Service with the same number of
 // endpoints N in one exact map, keyed by the Service's address and port and
 // a random number below N, so that such a Service needs no chain or rule of
 // its own. One DNATPick rule per protocol and N serves all of them:
@@ -35,17 +46,6 @@ import (
 // frontends whose address is the key's: a ClusterIP. The elements are the
 // kube-proxy numgen vmap's, one per endpoint, each drawn with probability
 // 1/N.
-
-// MaxPickEndpoints bounds N: Services with more endpoints use a slot of an
-// endpoints map (one chain each), which holds any number in a fixed number
-// of ranges.
-const MaxPickEndpoints = 256
-
-// PickModOK reports whether a pick map can hold n endpoints.
-func PickModOK(n uint32) bool { return n >= 1 && n <= MaxPickEndpoints }
-
-// NewPickMap returns an empty pick map of family f for the DNATPick phrases
-// of transport protocol proto and n endpoints.
 func NewPickMap(f Family, name string, proto uint8, n uint32) *Set {
 	at := f.AddrType()
 	return &Set{Name: name, Key: []DataType{at, TypeInetService, TypeInteger},

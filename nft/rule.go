@@ -251,7 +251,7 @@ func (d DNAT) Text(Family) string { return "dnat to " + d.To.String() }
 // DNATMap destination-NATs a new connection to the endpoint an endpoints
 // map (NewEndpointsMap, of the same protocol) holds for a random bucket of
 // the phrase's slot, drawn per packet; no element, no DNAT. Packets of
-// other protocols do not match. See endpoints.go:
+// other protocols do not match (why a map: NewEndpointsMap):
 //
 //	meta l4proto tcp dnat ip to numgen random mod 65536 offset 131072 map @endpoints-tcp-0
 //	meta l4proto udp dnat ip6 to numgen random mod 65536 map @endpoints-udp-0

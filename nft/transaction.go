@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"slices"
+	"time"
 )
 
 // TableName is the one table nftproxy owns in each family. nftproxy never
@@ -107,6 +108,37 @@ func (t *Transaction) add(op Op) { t.Ops = append(t.Ops, op) }
 // every operation takes effect or none does.
 type Interface interface {
 	Apply(ctx context.Context, tx *Transaction) error
+}
+
+// Backend is what the proxier needs of the kernel's nftables
+// (nftnl.Netlink) or of its fake (nftfake.Fake): the compiler, not a
+// comment, keeps the two in step.
+type Backend interface {
+	// Apply commits a transaction, all or nothing.
+	Interface
+	// Load reads the table back, for a full sync to diff against.
+	Loader
+	// Generation tells whether a table read back is still current.
+	GenerationReader
+	// Claim takes an existing table of family f over for this backend
+	// before it is read, when the backend owns its tables (a commit,
+	// refused while another process owns the table); otherwise it does
+	// nothing.
+	Claim(ctx context.Context, f Family) error
+	// LastCommit reports on the last transaction Apply committed.
+	LastCommit() CommitStats
+	// Owning reports whether the backend owns its tables and, when it
+	// was asked to and cannot, why not.
+	Owning() (bool, error)
+}
+
+// CommitStats is what a Backend reports of the last transaction it
+// committed: where its time went (zero where the backend has no kernel)
+// and the ruleset generation it made.
+type CommitStats struct {
+	Bytes                     int // sent to the kernel
+	Encode, Kernel, KernelCPU time.Duration
+	GenID                     uint32
 }
 
 // TableOwnedError is Apply's error when the kernel refused the transaction

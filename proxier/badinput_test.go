@@ -9,16 +9,16 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nftproxy/nftproxy/nft/trace"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/watch"
@@ -31,9 +31,9 @@ type problemKey struct{ kind, reason string }
 // watch layer can count.
 func problemCounts() map[problemKey]float64 {
 	out := map[problemKey]float64{}
-	for _, kind := range []string{"Service", "EndpointSlice"} {
-		for _, r := range watch.Reasons {
-			out[problemKey{kind, r}] = testutil.ToFloat64(metrics.InvalidObjectsTotal.WithLabelValues(kind, r))
+	for kind, reasons := range watch.Reasons {
+		for _, r := range reasons {
+			out[problemKey{kind, r}] = promtestutil.ToFloat64(metrics.InvalidObjectsTotal.WithLabelValues(kind, r))
 		}
 	}
 	return out
@@ -56,14 +56,13 @@ func (h *harness) traceTo(pkt trace.Packet, want ...netip.AddrPort) {
 	h.t.Helper()
 	slices.SortFunc(want, netip.AddrPort.Compare)
 	var res trace.Result
-	for i := 0; i < 300; i++ {
+	if testutil.Poll(func() bool {
 		res = trace.New(h.fk.Rulesets(), h.local...).Trace(pkt)
 		got := slices.Clone(res.DNAT)
 		slices.SortFunc(got, netip.AddrPort.Compare)
-		if res.Verdict == nft.VerdictAccept && slices.Equal(got, want) {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+		return res.Verdict == nft.VerdictAccept && slices.Equal(got, want)
+	}) {
+		return
 	}
 	h.t.Fatalf("packet %+v: got %s to %d endpoints %v, want %d", pkt, res.Verdict, len(res.DNAT), first(res.DNAT, 5), len(want))
 }
@@ -315,7 +314,9 @@ func TestSharedFrontend(t *testing.T) {
 		s.Spec.ExternalIPs = []string{"192.0.2.1"}
 		return s
 	}
-	failures := func() float64 { return testutil.ToFloat64(metrics.NFTablesSyncFailuresTotal.WithLabelValues("IPv4")) }
+	failures := func() float64 {
+		return promtestutil.ToFloat64(metrics.NFTablesSyncFailuresTotal.WithLabelValues("IPv4"))
+	}
 	before := failures()
 	h := start(t,
 		withExternal(service("default", "a", "10.96.0.11", 80, v1.ProtocolTCP)),

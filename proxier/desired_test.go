@@ -47,7 +47,7 @@ func TestDesiredIsWhatAFreshProxierPrograms(t *testing.T) {
 			tc.cfg(&cfg)
 			svcs, slices := testServices(40, 0)
 			fakes := map[nft.Family]*nftfake.Fake{nft.IPv4: nftfake.New(), nft.IPv6: nftfake.New()}
-			p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: fakes[nft.IPv4], nft.IPv6: fakes[nft.IPv6]}})
+			p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Backend{nft.IPv4: fakes[nft.IPv4], nft.IPv6: fakes[nft.IPv6]}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -84,7 +84,7 @@ func TestDesiredOnAKeptTable(t *testing.T) {
 	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour,
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
 	fk := nftfake.New()
-	p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: fk}})
+	p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Backend{nft.IPv4: fk}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,8 +19,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftproxy/nftproxy/conntrack"
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/proxier/healthcheck"
+	"github.com/nftproxy/nftproxy/proxier/servicehealth"
 )
 
 func udpFlow(client, vip, backend string) conntrack.Flow {
@@ -40,16 +41,6 @@ func TestConntrackFamilies(t *testing.T) {
 			t.Errorf("conntrack.Family(%v) = %v, want %v", c.f, got, c.want)
 		}
 	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
 }
 
 // startDNSAndWeb starts a proxier with ct as its conntrack backend, a UDP
@@ -93,7 +84,7 @@ func TestConntrackCleanedAfterUDPChange(t *testing.T) {
 	ct := conntrack.NewFake(stale, other)
 	h, _ := startDNSAndWeb(t, ct)
 	// The cleanup runs beside the sync loop: wait for the first sync's.
-	waitFor(t, "the first sync's cleanup", func() bool { return len(ct.Reconciles()) == 1 })
+	testutil.Eventually(t, "the first sync's cleanup", func() bool { return len(ct.Reconciles()) == 1 })
 	if got := ct.Flows(conntrack.IPv4); len(got) != 2 {
 		t.Fatalf("the first sync deleted flows that were not stale: %v", got)
 	}
@@ -105,7 +96,7 @@ func TestConntrackCleanedAfterUDPChange(t *testing.T) {
 	if _, err := h.client.DiscoveryV1().EndpointSlices("kube-system").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the stale flow to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 1 })
+	testutil.Eventually(t, "the stale flow to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 1 })
 	if got := ct.Flows(conntrack.IPv4)[0]; got != other {
 		t.Errorf("deleted the wrong flow; left %+v", got)
 	}
@@ -118,7 +109,7 @@ func TestConntrackCleanedAfterUDPChange(t *testing.T) {
 	if err := h.client.CoreV1().Services("kube-system").Delete(ctx, "dns", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the deleted Service's flow to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 1 })
+	testutil.Eventually(t, "the deleted Service's flow to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 1 })
 }
 
 // tcpAttempt is a TCP connection attempt from client to vip that went past
@@ -142,7 +133,7 @@ func TestConntrackTCPAttemptsBeforeRules(t *testing.T) {
 	later := tcpAttempt("10.244.1.5:40003", "10.96.0.11:80")
 	ct := conntrack.NewFake(early, answered, elsewhere, later)
 	h, _ := startDNSAndWeb(t, ct)
-	waitFor(t, "the attempt to web to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 3 })
+	testutil.Eventually(t, "the attempt to web to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 3 })
 	if got, want := ct.Flows(conntrack.IPv4), []conntrack.Flow{answered, elsewhere, later}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("after the first sync: %v, want %v", got, want)
 	}
@@ -153,7 +144,7 @@ func TestConntrackTCPAttemptsBeforeRules(t *testing.T) {
 	if _, err := h.client.CoreV1().Services("default").Create(ctx, service("default", "api", "10.96.0.11", 80, v1.ProtocolTCP), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the attempt to the new Service to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 2 })
+	testutil.Eventually(t, "the attempt to the new Service to be deleted", func() bool { return len(ct.Flows(conntrack.IPv4)) == 2 })
 	if got, want := ct.Flows(conntrack.IPv4), []conntrack.Flow{answered, elsewhere}; !reflect.DeepEqual(got, want) {
 		t.Errorf("after adding api: %v, want %v", got, want)
 	}
@@ -189,12 +180,12 @@ func TestConntrackCleanupDoesNotHoldSyncs(t *testing.T) {
 	h, udp := startDNSAndWeb(t, ct)
 	<-ct.started // the first sync's cleanup
 	ct.release <- struct{}{}
-	waitFor(t, "the first cleanup", func() bool { return len(ct.Reconciles()) == 1 })
+	testutil.Eventually(t, "the first cleanup", func() bool { return len(ct.Reconciles()) == 1 })
 
 	ctx := context.Background()
 	// The rules are in the kernel a moment before the sync enqueues its
 	// cleanup: wait for that too, or the job may miss the merge.
-	handed := func() { t.Helper(); waitFor(t, "the sync to hand its cleanup over", h.p.cleaner.Handed) }
+	handed := func() { t.Helper(); testutil.Eventually(t, "the sync to hand its cleanup over", h.p.cleaner.Handed) }
 	moveDNS := func(ip string) {
 		t.Helper()
 		es := slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, ip)
@@ -224,7 +215,7 @@ func TestConntrackCleanupDoesNotHoldSyncs(t *testing.T) {
 		t.Fatalf("%d cleanups ran, want 2: the queued ones must be merged", n)
 	}
 	ct.release <- struct{}{}
-	waitFor(t, "the cleaner to be idle", h.p.cleaner.Idle)
+	testutil.Eventually(t, "the cleaner to be idle", h.p.cleaner.Idle)
 	if got := ct.Flows(conntrack.IPv4); !reflect.DeepEqual(got, []conntrack.Flow{f23}) {
 		t.Errorf("flows left %+v, want only the one to the current endpoint", got)
 	}
@@ -237,13 +228,13 @@ func TestConntrackCleanupDoesNotHoldSyncs(t *testing.T) {
 // for the test (at most 5 s): a sync whose rules are in the kernel and
 // which has not returned yet.
 type heldBackend struct {
-	nft.Interface
+	nft.Backend
 	hold               atomic.Bool
 	committed, release chan struct{}
 }
 
 func (b *heldBackend) Apply(ctx context.Context, tx *nft.Transaction) error {
-	err := b.Interface.Apply(ctx, tx)
+	err := b.Backend.Apply(ctx, tx)
 	if err == nil && b.hold.Load() {
 		b.committed <- struct{}{}
 		select {
@@ -265,14 +256,14 @@ func TestConntrackCleanupSeesCommittingSync(t *testing.T) {
 	var be *heldBackend
 	h := startWith(t, func(d *Deps) {
 		d.Conntrack = ct
-		be = &heldBackend{Interface: d.NFT[nft.IPv4], committed: make(chan struct{}, 1), release: make(chan struct{}, 1)}
-		d.NFT = map[nft.Family]nft.Interface{nft.IPv4: be}
+		be = &heldBackend{Backend: d.NFT[nft.IPv4], committed: make(chan struct{}, 1), release: make(chan struct{}, 1)}
+		d.NFT = map[nft.Family]nft.Backend{nft.IPv4: be}
 	},
 		service("kube-system", "dns", "10.96.0.53", 53, v1.ProtocolUDP),
 		slice("kube-system", "dns", "dns-1", 5353, v1.ProtocolUDP, "10.244.1.20"))
 	<-ct.started // the first sync's cleanup
 	ct.release <- struct{}{}
-	waitFor(t, "the first cleanup", func() bool { return len(ct.Reconciles()) == 1 })
+	testutil.Eventually(t, "the first cleanup", func() bool { return len(ct.Reconciles()) == 1 })
 
 	udp := tcp("10.96.0.53", 53)
 	udp.Proto = nft.ProtoUDP
@@ -291,7 +282,7 @@ func TestConntrackCleanupSeesCommittingSync(t *testing.T) {
 	<-be.committed
 	ct.Add(f21, f22) // f22 made by B's rules
 	ct.release <- struct{}{}
-	waitFor(t, "cleanup A", func() bool { return len(ct.Reconciles()) == 2 })
+	testutil.Eventually(t, "cleanup A", func() bool { return len(ct.Reconciles()) == 2 })
 	if got := ct.Flows(conntrack.IPv4); !slices.Contains(got, f22) {
 		t.Errorf("cleanup A deleted the flow to the endpoint sync B had committed; left %v", got)
 	}
@@ -299,7 +290,7 @@ func TestConntrackCleanupSeesCommittingSync(t *testing.T) {
 	be.release <- struct{}{}
 	<-ct.started // cleanup B
 	ct.release <- struct{}{}
-	waitFor(t, "the cleaner to be idle", h.p.cleaner.Idle)
+	testutil.Eventually(t, "the cleaner to be idle", h.p.cleaner.Idle)
 	if got := ct.Flows(conntrack.IPv4); !reflect.DeepEqual(got, []conntrack.Flow{f22}) {
 		t.Errorf("flows left %v, want only the one to the current endpoint", got)
 	}
@@ -330,25 +321,25 @@ func TestNodePortFollowsNodeObject(t *testing.T) {
 
 type recordingHealthCheck struct {
 	mu        sync.Mutex
-	services  map[healthcheck.ServiceName]uint16
-	endpoints map[healthcheck.ServiceName]int
+	services  map[servicehealth.ServiceName]uint16
+	endpoints map[servicehealth.ServiceName]int
 }
 
-func (r *recordingHealthCheck) SyncServices(m map[healthcheck.ServiceName]uint16) error {
+func (r *recordingHealthCheck) SyncServices(m map[servicehealth.ServiceName]uint16) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.services = maps.Clone(m)
 	return nil
 }
 
-func (r *recordingHealthCheck) SyncEndpoints(m map[healthcheck.ServiceName]int) error {
+func (r *recordingHealthCheck) SyncEndpoints(m map[servicehealth.ServiceName]int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.endpoints = maps.Clone(m)
 	return nil
 }
 
-func (r *recordingHealthCheck) get() (map[healthcheck.ServiceName]uint16, map[healthcheck.ServiceName]int) {
+func (r *recordingHealthCheck) get() (map[servicehealth.ServiceName]uint16, map[servicehealth.ServiceName]int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.services, r.endpoints
@@ -364,16 +355,16 @@ func TestHealthCheckNodePorts(t *testing.T) {
 	es := slice("default", "lb", "lb-1", 8080, v1.ProtocolTCP, "10.244.1.11", "10.244.2.12")
 	here := "n1"
 	es.Endpoints[0].NodeName = &here
-	h := startWith(t, func(d *Deps) { d.HealthCheck = map[nft.Family]HealthCheckServer{nft.IPv4: hc} }, svc, es)
-	name := healthcheck.ServiceName{Namespace: "default", Name: "lb"}
-	waitFor(t, "health check port", func() bool {
+	h := startWith(t, func(d *Deps) { d.ServiceHealth = map[nft.Family]ServiceHealthServer{nft.IPv4: hc} }, svc, es)
+	name := servicehealth.ServiceName{Namespace: "default", Name: "lb"}
+	testutil.Eventually(t, "health check port", func() bool {
 		s, e := hc.get()
-		return reflect.DeepEqual(s, map[healthcheck.ServiceName]uint16{name: 32000}) && reflect.DeepEqual(e, map[healthcheck.ServiceName]int{name: 1})
+		return reflect.DeepEqual(s, map[servicehealth.ServiceName]uint16{name: 32000}) && reflect.DeepEqual(e, map[servicehealth.ServiceName]int{name: 1})
 	})
 	if err := h.client.CoreV1().Services("default").Delete(context.Background(), "lb", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "health check port closed", func() bool { s, _ := hc.get(); return len(s) == 0 })
+	testutil.Eventually(t, "health check port closed", func() bool { s, _ := hc.get(); return len(s) == 0 })
 }
 
 // TestEventsWithoutRuleChangesDoNoKernelWork: an annotation, a status
@@ -412,7 +403,7 @@ func TestEventsWithoutRuleChangesDoNoKernelWork(t *testing.T) {
 // meetingBackend holds its family's first Apply until the other family's
 // first Apply has begun too, for at most a few seconds.
 type meetingBackend struct {
-	nft.Interface
+	nft.Backend
 	begun, other chan struct{} // begun is closed when the first Apply begins
 	once         sync.Once
 	missed       atomic.Bool // the other family did not begin in time
@@ -430,7 +421,7 @@ func (m *meetingBackend) Apply(ctx context.Context, tx *nft.Transaction) error {
 			return errors.New("the other family did not begin to apply meanwhile")
 		}
 	}
-	err := m.Interface.Apply(ctx, tx)
+	err := m.Backend.Apply(ctx, tx)
 	if err == nil {
 		m.applied.Add(1)
 	}
@@ -446,12 +437,12 @@ func TestFamiliesSyncConcurrently(t *testing.T) {
 	fk6 := nftfake.New()
 	var b4, b6 *meetingBackend
 	h := startWith(t, func(d *Deps) {
-		b4 = &meetingBackend{Interface: d.NFT[nft.IPv4], begun: v4, other: v6}
-		b6 = &meetingBackend{Interface: fk6, begun: v6, other: v4}
-		d.NFT = map[nft.Family]nft.Interface{nft.IPv4: b4, nft.IPv6: b6}
+		b4 = &meetingBackend{Backend: d.NFT[nft.IPv4], begun: v4, other: v6}
+		b6 = &meetingBackend{Backend: fk6, begun: v6, other: v4}
+		d.NFT = map[nft.Family]nft.Backend{nft.IPv4: b4, nft.IPv6: b6}
 	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
 	h.eventually(tcp("10.96.0.10", 80), trace.VerdictReject)
-	waitFor(t, "the IPv6 table", func() bool { return b6.applied.Load() > 0 })
+	testutil.Eventually(t, "the IPv6 table", func() bool { return b6.applied.Load() > 0 })
 	if b4.missed.Load() || b6.missed.Load() {
 		t.Fatal("a family's first transaction was applied while the other family's was not under way")
 	}
@@ -497,12 +488,12 @@ func TestFamiliesReadBeforeEitherCommits(t *testing.T) {
 		return slices.Clone(log)
 	}
 	startWith(t, func(d *Deps) {
-		d.NFT = map[nft.Family]nft.Interface{
+		d.NFT = map[nft.Family]nft.Backend{
 			nft.IPv4: &orderedBackend{Fake: d.NFT[nft.IPv4].(*nftfake.Fake), readDelay: 300 * time.Millisecond, mu: &mu, log: &log},
 			nft.IPv6: &orderedBackend{Fake: nftfake.New(), mu: &mu, log: &log},
 		}
 	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP))
-	waitFor(t, "both families' first sync", func() bool { return len(events()) >= 4 })
+	testutil.Eventually(t, "both families' first sync", func() bool { return len(events()) >= 4 })
 	got := events()[:4]
 	slices.Sort(got[:2])
 	slices.Sort(got[2:])

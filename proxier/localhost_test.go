@@ -17,12 +17,13 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftfake"
 	"github.com/nftproxy/nftproxy/nft/trace"
-	"github.com/nftproxy/nftproxy/proxier/healthz"
 	"github.com/nftproxy/nftproxy/proxier/localnodeport"
 	"github.com/nftproxy/nftproxy/proxier/model"
+	"github.com/nftproxy/nftproxy/proxier/proxyhealth"
 )
 
 // recordingLocalhost is a LocalhostNodePortProxy that records what it is
@@ -99,7 +100,7 @@ func TestLocalhostNodePortsHandedOver(t *testing.T) {
 		30081: {Service: "default/local:p", Endpoints: eps("10.244.1.21:8080"), AffinityTimeout: time.Minute},
 		30082: {Service: "default/empty:p"},
 	}
-	waitFor(t, "the NodePorts handed to the proxy", func() bool { got, _ := lp.get(); return reflect.DeepEqual(got, want) })
+	testutil.Eventually(t, "the NodePorts handed to the proxy", func() bool { got, _ := lp.get(); return reflect.DeepEqual(got, want) })
 
 	lo := func(proto uint8, port uint16) trace.Packet {
 		a := netip.MustParseAddr("127.0.0.1")
@@ -118,7 +119,7 @@ func TestLocalhostNodePortsHandedOver(t *testing.T) {
 	}
 	want[30080] = localnodeport.Port{Service: "default/web:p", Endpoints: eps("10.244.1.11:8080")}
 	delete(want, 30082)
-	waitFor(t, "the changed NodePorts", func() bool { got, _ := lp.get(); return reflect.DeepEqual(got, want) })
+	testutil.Eventually(t, "the changed NodePorts", func() bool { got, _ := lp.get(); return reflect.DeepEqual(got, want) })
 
 	// A change that touches no TCP NodePort hands nothing over...
 	_, syncs := lp.get()
@@ -137,7 +138,7 @@ func TestLocalhostNodePortsHandedOver(t *testing.T) {
 	lp.pending = true
 	lp.mu.Unlock()
 	create("another", "10.96.0.21")
-	waitFor(t, "a handover with a port pending", func() bool { _, n := lp.get(); return n == syncs+1 })
+	testutil.Eventually(t, "a handover with a port pending", func() bool { _, n := lp.get(); return n == syncs+1 })
 }
 
 // TestLocalhostNodePortsRejected: with the gate on and no loopback CIDR,
@@ -214,17 +215,17 @@ func TestLocalhostNodePortsRestart(t *testing.T) {
 		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11")}
 	run := func(gate bool) {
 		t.Helper()
-		in := &instance{health: healthz.NewProxyHealth(time.Minute, nil)}
+		in := &instance{health: proxyhealth.New(time.Minute, nil)}
 		var err error
 		in.p, err = New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute, LocalhostNodePorts: gate},
-			Deps{Client: fake.NewClientset(objs...), NFT: map[nft.Family]nft.Interface{nft.IPv4: rec}, Health: in.health})
+			Deps{Client: fake.NewClientset(objs...), NFT: map[nft.Family]nft.Backend{nft.IPv4: rec}, Health: in.health})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { _ = in.p.Run(ctx); close(done) }()
-		waitFor(t, "the first sync", func() bool {
+		testutil.Eventually(t, "the first sync", func() bool {
 			return !in.health.Status().Families[nft.IPv4.IPFamily()].LastUpdated.IsZero()
 		})
 		cancel()

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -33,7 +34,7 @@ func TestProgrammingLatencySinceStart(t *testing.T) {
 	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), changed, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the change's latency", func() bool { n, _ := programmingLatency(t); return n > count0 })
+	testutil.Eventually(t, "the change's latency", func() bool { n, _ := programmingLatency(t); return n > count0 })
 	count, sum := programmingLatency(t)
 	if count-count0 != 1 {
 		t.Errorf("%d latencies observed, want 1 (the change after the start)", count-count0)
@@ -50,7 +51,7 @@ func TestFailureSeriesFromStart(t *testing.T) {
 	metrics.NFTablesSyncFailuresTotal.Reset()
 	metrics.SyncsTotal.Reset()
 	if _, err := New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute},
-		Deps{NFT: map[nft.Family]nft.Interface{nft.IPv6: nftfake.New()}}); err != nil {
+		Deps{NFT: map[nft.Family]nft.Backend{nft.IPv6: nftfake.New()}}); err != nil {
 		t.Fatal(err)
 	}
 	// Counted before anything below could create a series.
@@ -61,8 +62,69 @@ func TestFailureSeriesFromStart(t *testing.T) {
 		metrics.NFTablesSyncFailuresTotal.WithLabelValues(metrics.IPv6),
 		metrics.SyncsTotal.WithLabelValues(metrics.IPv6, metrics.ResultFailure),
 	} {
-		if v := counterValue(t, c); v != 0 {
+		if v := testutil.Value(t, c); v != 0 {
 			t.Errorf("a failure series starts at %v, want 0", v)
+		}
+	}
+}
+
+// TestSeriesFromStart: every counter series whose label values are known
+// in advance is served, at 0, once the proxier is created (initMetrics):
+// a fresh node's dashboard shows 0, and rate() has a first point.
+func TestSeriesFromStart(t *testing.T) {
+	for _, v := range []interface{ Reset() }{metrics.APIEventsTotal, metrics.InvalidObjectsTotal, metrics.ReaderWaitsTotal,
+		metrics.NFTablesSyncFailuresTotal, metrics.SyncsTotal, metrics.RulesetReadFailuresTotal, metrics.ServiceRuleChangesTotal,
+		metrics.NFTablesCleanupFailuresTotal, metrics.ReconcileConntrackFlowsDeletedEntriesTotal, metrics.RepairsTotal} {
+		v.Reset()
+	}
+	if _, err := New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute},
+		Deps{NFT: map[nft.Family]nft.Backend{nft.IPv4: nftfake.New(), nft.IPv6: nftfake.New()}}); err != nil {
+		t.Fatal(err)
+	}
+	type series struct {
+		name   string
+		labels map[string]string
+	}
+	var want []series
+	add := func(name string, labels ...string) {
+		s := series{name: name, labels: map[string]string{}}
+		for i := 0; i < len(labels); i += 2 {
+			s.labels[labels[i]] = labels[i+1]
+		}
+		want = append(want, s)
+	}
+	for _, kind := range []string{"Service", "EndpointSlice", "Node", "ServiceCIDR"} {
+		add("nftproxy_api_events_total", "kind", kind)
+	}
+	for _, reason := range []string{"invalid-name", "invalid-cluster-ip", "invalid-port-name", "invalid-protocol",
+		"invalid-port", "duplicate-port", "invalid-node-port", "invalid-external-ip", "invalid-load-balancer-ip",
+		"invalid-source-range"} {
+		add("nftproxy_invalid_objects_total", "kind", "Service", "reason", reason)
+	}
+	for _, reason := range []string{"invalid-name", "invalid-address", "invalid-protocol", "invalid-port"} {
+		add("nftproxy_invalid_objects_total", "kind", "EndpointSlice", "reason", reason)
+	}
+	add("nftproxy_invalid_objects_total", "kind", "ServiceCIDR", "reason", "invalid-cidr")
+	add("nftproxy_reader_waits_total", "result", "ended")
+	add("nftproxy_reader_waits_total", "result", "timeout")
+	for _, fam := range []string{"IPv4", "IPv6"} {
+		add("kubeproxy_sync_proxy_rules_nftables_sync_failures_total", "ip_family", fam)
+		add("kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total", "ip_family", fam)
+		add("kubeproxy_conntrack_reconciler_deleted_entries_total", "ip_family", fam)
+		add("nftproxy_service_rule_changes_total", "ip_family", fam)
+		for _, result := range []string{"success", "unchanged", "failure"} {
+			add("nftproxy_syncs_total", "ip_family", fam, "result", result)
+		}
+		for _, reader := range []string{"table", "counters"} {
+			add("nftproxy_ruleset_read_failures_total", "ip_family", fam, "reader", reader)
+		}
+		for _, kind := range []string{"table", "chain", "rule", "set", "element", "object", "flowtable", "unknown"} {
+			add("nftproxy_repairs_total", "ip_family", fam, "kind", kind)
+		}
+	}
+	for _, s := range want {
+		if v, ok := testutil.Served(t, metrics.Registry, s.name, s.labels); !ok || v != 0 {
+			t.Errorf("%s%v: served %v, value %v; want served at 0", s.name, s.labels, ok, v)
 		}
 	}
 }
@@ -87,13 +149,4 @@ func seriesCount(c prometheus.Collector) int {
 		n++
 	}
 	return n
-}
-
-func counterValue(t *testing.T, c prometheus.Collector) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.(prometheus.Metric).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }

@@ -6,7 +6,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/proxier/ctcleanup"
+	"github.com/nftproxy/nftproxy/proxier/staleflows"
 )
 
 // A family's table that is not in the kernel yet (a node's first start) is
@@ -44,8 +44,8 @@ type piecewise struct {
 // startPiecewise starts writing family f's table in pieces of every
 // Services, beginning with the table's base (no Service), unless the table
 // is too small to be worth it (nil). ctJob is the sync's conntrack job.
-func (p *Proxier) startPiecewise(ctx context.Context, f nft.Family, fs *familyState, backend nft.Interface,
-	services int, ctJob *ctcleanup.Job) *piecewise {
+func (p *Proxier) startPiecewise(ctx context.Context, f nft.Family, fs *familyState, backend nft.Backend,
+	services int, ctJob *staleflows.Job) *piecewise {
 	every := max(p.pieceServices, (services+tablePieces-1)/tablePieces)
 	if p.pieceServices <= 0 || services < 2*every {
 		return nil

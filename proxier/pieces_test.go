@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftfake"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
@@ -57,8 +57,8 @@ func firstSync(t *testing.T, cfg Config, deps Deps, pieceServices int, svcs []*m
 }
 
 // ipv4 is the backends of an IPv4 node.
-func ipv4(backend nft.Interface) Deps {
-	return Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}}
+func ipv4(backend nft.Backend) Deps {
+	return Deps{NFT: map[nft.Family]nft.Backend{nft.IPv4: backend}}
 }
 
 // TestFirstSyncInPieces: a table that is not in the kernel is written in
@@ -172,7 +172,7 @@ func canonical(fk *nftfake.Fake) string { return ruleset.CanonicalSlots(fk.Rules
 // kernel (a network namespace of its own) read back as the table they
 // make: a restart on it sends nothing.
 func TestKernelFirstSyncInPieces(t *testing.T) {
-	ns := netnstest.New(t, "nftproxy-pc")
+	ns := netns.New(t, "nftproxy-pc")
 	open := func() *countingNetlink {
 		n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: ns.Fd, OwnTable: true})
 		if err != nil {

@@ -21,13 +21,13 @@ import (
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/changes"
-	"github.com/nftproxy/nftproxy/proxier/ctcleanup"
-	"github.com/nftproxy/nftproxy/proxier/healthcheck"
-	"github.com/nftproxy/nftproxy/proxier/healthz"
 	"github.com/nftproxy/nftproxy/proxier/model"
+	"github.com/nftproxy/nftproxy/proxier/proxyhealth"
 	"github.com/nftproxy/nftproxy/proxier/readers"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
 	"github.com/nftproxy/nftproxy/proxier/runner"
+	"github.com/nftproxy/nftproxy/proxier/servicehealth"
+	"github.com/nftproxy/nftproxy/proxier/staleflows"
 	"github.com/nftproxy/nftproxy/proxier/watch"
 )
 
@@ -38,12 +38,12 @@ type Deps struct {
 	// decode Services and EndpointSlices themselves (watch.API).
 	ClientConfig *rest.Config
 	// NFT has one backend per family to program.
-	NFT map[nft.Family]nft.Interface
+	NFT map[nft.Family]nft.Backend
 	// Health, if set, is told about queued and applied updates.
-	Health *healthz.ProxyHealth
-	// HealthCheck, if set, serves the health check ports of
+	Health *proxyhealth.Health
+	// ServiceHealth, if set, serves the health check ports of
 	// externalTrafficPolicy: Local Services, one server per family.
-	HealthCheck map[nft.Family]HealthCheckServer
+	ServiceHealth map[nft.Family]ServiceHealthServer
 	// LocalhostNodePorts, if set, serves TCP NodePorts on the loopback
 	// address of the families Config.LocalhostProxied names, one proxy
 	// per family.
@@ -73,7 +73,7 @@ type Proxier struct {
 	deps     Deps
 	trackers watch.Trackers
 	runner   *runner.Runner
-	cleaner  *ctcleanup.Cleaner // nil without Deps.Conntrack
+	cleaner  *staleflows.Cleaner // nil without Deps.Conntrack
 	// started is when the proxier was created: the network programming
 	// latency of changes made before it is not the proxy's (see
 	// observeProgrammingLatency).
@@ -127,8 +127,8 @@ type familyState struct {
 
 	// Health check ports and local ready endpoints of the Services with
 	// externalTrafficPolicy: Local.
-	healthPorts map[healthcheck.ServiceName]uint16
-	healthLocal map[healthcheck.ServiceName]int
+	healthPorts map[servicehealth.ServiceName]uint16
+	healthLocal map[servicehealth.ServiceName]int
 	// Services with a Local traffic policy and no endpoint on this node.
 	noLocalInternal, noLocalExternal map[model.ServiceName]bool
 	// TCP NodePorts of the Services, for the userspace proxy of localhost
@@ -157,10 +157,10 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 		started:  time.Now(), pieceServices: minPieceServices}
 	for f := range deps.NFT {
 		p.families[f] = &familyState{}
-		initFamilyMetrics(f.IPFamily())
 	}
+	initMetrics(maps.Keys(deps.NFT))
 	if deps.Conntrack != nil {
-		p.cleaner = ctcleanup.New(deps.Conntrack)
+		p.cleaner = staleflows.New(deps.Conntrack)
 	}
 	rc := runner.Config{MinInterval: cfg.MinSyncPeriod, BusyShare: cfg.SyncBusyShare, MaxInterval: cfg.SyncPeriod,
 		RetryMin: 100 * time.Millisecond, RetryMax: cfg.SyncPeriod}
@@ -262,14 +262,14 @@ func (p *Proxier) sync(ctx context.Context) error {
 	affected, triggered := p.checkout()
 	full := map[nft.Family]*fullStart{}
 	var mu sync.Mutex
-	p.eachFamily(func(f nft.Family, backend nft.Interface) error {
+	p.eachFamily(func(f nft.Family, backend nft.Backend) error {
 		fst := p.startFull(ctx, f, backend)
 		mu.Lock()
 		full[f] = fst
 		mu.Unlock()
 		return nil
 	})
-	err := p.eachFamily(func(f nft.Family, backend nft.Interface) error {
+	err := p.eachFamily(func(f nft.Family, backend nft.Backend) error {
 		return p.syncFamily(ctx, f, backend, affected, full[f])
 	})
 	if err != nil {
@@ -347,7 +347,7 @@ func (fs *familyState) programmedPorts(f nft.Family, name model.ServiceName, nod
 // it rewrites the table. A change of the node or of the configuration
 // derived from the API (which every fragment depends on) rebuilds every
 // Service without a rewrite.
-func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Interface, affected map[model.ServiceName]bool,
+func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Backend, affected map[model.ServiceName]bool,
 	fst *fullStart) error {
 	start := time.Now()
 	fam := f.IPFamily()
@@ -363,7 +363,7 @@ func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Inte
 	base := ruleset.Base(cfg, f)
 	fs.editor.Replace(fs.base, base)
 	fs.base = base
-	changed, ctJob := 0, ctcleanup.NewJob()
+	changed, ctJob := 0, staleflows.NewJob()
 	var pw *piecewise
 	if full && fst.absent {
 		pw = p.startPiecewise(ctx, f, fs, backend, n, ctJob)
@@ -444,8 +444,8 @@ func (p *Proxier) toBuild(f nft.Family, fs *familyState, affected map[model.Serv
 // family's pending repair is queued again and its next sync rewrites the
 // table: a transaction diffed against what was read back failed, so the
 // next one must not build on a reading.
-func (p *Proxier) apply(ctx context.Context, f nft.Family, fs *familyState, backend nft.Interface,
-	tx *nft.Transaction, ctJob *ctcleanup.Job) error {
+func (p *Proxier) apply(ctx context.Context, f nft.Family, fs *familyState, backend nft.Backend,
+	tx *nft.Transaction, ctJob *staleflows.Job) error {
 	if tx.Empty() {
 		return nil
 	}
@@ -483,7 +483,7 @@ func (p *Proxier) firstSync(ctx context.Context, f nft.Family, fs *familyState) 
 }
 
 // eachFamily runs fn for every family at once and returns their errors.
-func (p *Proxier) eachFamily(fn func(f nft.Family, backend nft.Interface) error) error {
+func (p *Proxier) eachFamily(fn func(f nft.Family, backend nft.Backend) error) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var errs []error
@@ -517,7 +517,7 @@ type fullStart struct {
 // after a failure, every FullSyncPeriod, and when another process changed
 // the table): the table is read back (loadTable) and the family's state
 // starts over from it. It returns nil when the sync is not full.
-func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Interface) *fullStart {
+func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Backend) *fullStart {
 	start := time.Now()
 	fs := p.families[f]
 	fs.repairing = p.takeRepair(f)
@@ -541,7 +541,7 @@ func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Inter
 	fs.editor, fs.base, fs.services, fs.ports = nft.NewEditorFrom(f, loaded), nil, make(map[model.ServiceName]programmed, services), 0
 	fs.picks = nil
 	fs.slots = seedSlots(f, loaded)
-	fs.healthPorts, fs.healthLocal = map[healthcheck.ServiceName]uint16{}, map[healthcheck.ServiceName]int{}
+	fs.healthPorts, fs.healthLocal = map[servicehealth.ServiceName]uint16{}, map[servicehealth.ServiceName]int{}
 	fs.noLocalInternal, fs.noLocalExternal = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
 	fs.localhostPorts, fs.localhostChanged = map[model.ServiceName][]localhostPort{}, true
 	rcfg, _ := p.rulesetConfig(f) // Sets reads only what a run never changes
@@ -596,25 +596,17 @@ type tableReading struct {
 // readTablesAhead reads every family's table back while the informers
 // list: at a restart the first full sync diffs against it, and reading it
 // needs nothing from the API, so its time overlaps the list's instead of
-// adding to it. Only a backend that reads the ruleset generation takes
-// part: the first full sync builds on the reading only if the generation
-// has not moved since (takeReading).
+// adding to it. The first full sync builds on the reading only if the
+// ruleset generation has not moved since (takeReading).
 func (p *Proxier) readTablesAhead(ctx context.Context) {
-	// A claim is a commit (tableClaimer): every table is claimed before
-	// any is read, or a later claim would make an earlier reading stale.
+	// A claim is a commit: every table is claimed before any is read, or
+	// a later claim would make an earlier reading stale.
 	for f, backend := range p.deps.NFT {
-		if c, ok := backend.(tableClaimer); ok {
-			if err := c.Claim(ctx, f); err != nil {
-				klog.V(2).InfoS("Cannot claim the table before reading it", "ipFamily", f.IPFamily(), "err", err)
-			}
+		if err := backend.Claim(ctx, f); err != nil {
+			klog.V(2).InfoS("Cannot claim the table before reading it", "ipFamily", f.IPFamily(), "err", err)
 		}
 	}
 	for f, backend := range p.deps.NFT {
-		gr, ok := backend.(nft.GenerationReader)
-		l, loads := backend.(nft.Loader)
-		if !ok || !loads {
-			continue
-		}
 		r := &tableReading{done: make(chan struct{})}
 		p.families[f].ahead = r
 		go func() {
@@ -623,9 +615,9 @@ func (p *Proxier) readTablesAhead(ctx context.Context) {
 			// absent or one nftproxy cannot build on: that table is
 			// written whole, over whatever the kernel holds by then, so it
 			// is only read again if anyone committed since.
-			gen, err := gr.Generation(ctx)
+			gen, err := backend.Generation(ctx)
 			if err == nil {
-				r.rs, err = readTable(ctx, f, l)
+				r.rs, err = readTable(ctx, f, backend)
 			}
 			if err != nil {
 				klog.V(2).InfoS("Cannot read the table back yet; the first sync reads it", "ipFamily", f.IPFamily(), "err", err)
@@ -639,17 +631,11 @@ func (p *Proxier) readTablesAhead(ctx context.Context) {
 	}
 }
 
-// tableClaimer is a backend that owns its table (nftnl.Netlink): Claim
-// takes an existing table over, with a commit, before it is read.
-type tableClaimer interface {
-	Claim(ctx context.Context, f nft.Family) error
-}
-
 // takeReading returns the table read ahead for family f, once it is read,
 // and forgets it. ok is false when there is none to build on: none was
 // read ahead, or another commit has moved the ruleset's generation since
 // (the caller reads the table again).
-func takeReading(ctx context.Context, f nft.Family, backend nft.Interface, fs *familyState) (rs *nft.Ruleset, ok bool) {
+func takeReading(ctx context.Context, f nft.Family, backend nft.Backend, fs *familyState) (rs *nft.Ruleset, ok bool) {
 	r := fs.ahead
 	if r == nil {
 		return nil, false
@@ -663,7 +649,7 @@ func takeReading(ctx context.Context, f nft.Family, backend nft.Interface, fs *f
 	if !r.checked {
 		return nil, false
 	}
-	now, err := backend.(nft.GenerationReader).Generation(ctx)
+	now, err := backend.Generation(ctx)
 	if err != nil || now != r.gen {
 		klog.InfoS("The ruleset changed since the table was read ahead; reading it again", "ipFamily", f.IPFamily(),
 			"readAt", r.gen, "now", now, "err", err)
@@ -674,13 +660,9 @@ func takeReading(ctx context.Context, f nft.Family, backend nft.Interface, fs *f
 
 // loadTable reads the family's table back from the kernel, for a full sync
 // to diff against. A nil rs means write the table whole: there is none
-// (read is true), the backend cannot read it back, or reading failed.
-func (p *Proxier) loadTable(ctx context.Context, f nft.Family, backend nft.Interface) (rs *nft.Ruleset, read bool) {
-	l, ok := backend.(nft.Loader)
-	if !ok {
-		return nil, false
-	}
-	rs, err := readTable(ctx, f, l)
+// (read is true), or reading failed.
+func (p *Proxier) loadTable(ctx context.Context, f nft.Family, backend nft.Backend) (rs *nft.Ruleset, read bool) {
+	rs, err := readTable(ctx, f, backend)
 	if err != nil {
 		klog.ErrorS(err, "Cannot read the table back; rewriting it", "ipFamily", f.IPFamily())
 		return nil, false

@@ -22,7 +22,8 @@ import (
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/liveheap"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/model/benchstate"
@@ -52,6 +53,13 @@ func (d *discardBackend) Apply(_ context.Context, tx *nft.Transaction) error {
 	}
 	return nil
 }
+
+// The rest of nft.Backend: no table is ever read back, nothing is owned.
+func (d *discardBackend) Load(context.Context, nft.Family) (*nft.Ruleset, error) { return nil, nil }
+func (d *discardBackend) Generation(context.Context) (uint32, error)             { return 0, nil }
+func (d *discardBackend) Claim(context.Context, nft.Family) error                { return nil }
+func (d *discardBackend) LastCommit() nft.CommitStats                            { return nft.CommitStats{} }
+func (d *discardBackend) Owning() (bool, error)                                  { return false, nil }
 
 // benchDualModels are benchstate.Cluster with, for every Service, an IPv6
 // ClusterIP (fd00:96::/112) and an IPv6 EndpointSlice svc-i-2 of the same
@@ -90,11 +98,11 @@ var benchDualConfig = func() Config {
 
 // benchProxier is a Proxier whose trackers hold the objects, as after the
 // informers synced: its next sync is the first, full one.
-func benchProxier(b *testing.B, backend nft.Interface, svcs []*model.Service, slices []*model.EndpointSlice) *Proxier {
-	return benchProxierWith(b, benchConfig, map[nft.Family]nft.Interface{nft.IPv4: backend}, svcs, slices)
+func benchProxier(b *testing.B, backend nft.Backend, svcs []*model.Service, slices []*model.EndpointSlice) *Proxier {
+	return benchProxierWith(b, benchConfig, map[nft.Family]nft.Backend{nft.IPv4: backend}, svcs, slices)
 }
 
-func benchProxierWith(b *testing.B, cfg Config, backends map[nft.Family]nft.Interface, svcs []*model.Service,
+func benchProxierWith(b *testing.B, cfg Config, backends map[nft.Family]nft.Backend, svcs []*model.Service,
 	slices []*model.EndpointSlice) *Proxier {
 	p, err := New(cfg, Deps{NFT: backends})
 	if err != nil {
@@ -123,13 +131,13 @@ func BenchmarkProxierFullSync(b *testing.B) {
 				b.ReportAllocs()
 				for i := 0; i < b.N; i++ {
 					b.StopTimer()
-					var be nft.Interface = &discardBackend{}
+					var be nft.Backend = &discardBackend{}
 					if backend == "fake" {
 						be = nftfake.New()
 					}
 					var p *Proxier
 					if backend == "other-family" {
-						p = benchProxierWith(b, benchConfig, map[nft.Family]nft.Interface{nft.IPv6: be}, svcs, slices)
+						p = benchProxierWith(b, benchConfig, map[nft.Family]nft.Backend{nft.IPv6: be}, svcs, slices)
 					} else {
 						p = benchProxier(b, be, svcs, slices)
 					}
@@ -173,17 +181,6 @@ func BenchmarkProxierSingleChange(b *testing.B) {
 	}
 }
 
-// liveHeap is the heap in use after a full collection.
-func liveHeap() float64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return float64(ms.HeapAlloc)
-}
-
-const mib = 1 << 20
-
 // BenchmarkProxierMemory measures (once per iteration; run with
 // -benchtime 1x) the live heap of each stage of the sync loop at each size,
 // in MiB: the converted model objects, the trackers holding them, what the
@@ -198,26 +195,27 @@ func BenchmarkProxierMemory(b *testing.B) {
 	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
 			for b.Loop() {
-				h0 := liveHeap()
+				h0 := liveheap.Bytes()
 				svcs, slices := benchstate.Cluster(sz)
-				h1 := liveHeap()
-				var hApply float64
+				h1 := liveheap.Bytes()
+				var hApply uint64
 				be := &discardBackend{onApply: func(*nft.Transaction) {
-					hApply = liveHeap()
+					hApply = liveheap.Bytes()
 					benchHeapProfile(b, sz, "apply")
 				}}
 				p := benchProxier(b, be, svcs, slices)
-				h2 := liveHeap()
+				h2 := liveheap.Bytes()
 				if err := p.sync(context.Background()); err != nil {
 					b.Fatal(err)
 				}
-				h3 := liveHeap()
+				h3 := liveheap.Bytes()
 				benchHeapProfile(b, sz, "retained")
-				b.ReportMetric((h1-h0)/mib, "model-MiB")
-				b.ReportMetric((h2-h1)/mib, "trackers-MiB")
-				b.ReportMetric((h3-h2)/mib, "proxier-MiB")
-				b.ReportMetric((h3-h0)/mib, "retained-MiB")
-				b.ReportMetric((hApply-h0)/mib, "at-apply-MiB")
+				mib := liveheap.MiB
+				b.ReportMetric(mib(h1)-mib(h0), "model-MiB")
+				b.ReportMetric(mib(h2)-mib(h1), "trackers-MiB")
+				b.ReportMetric(mib(h3)-mib(h2), "proxier-MiB")
+				b.ReportMetric(mib(h3)-mib(h0), "retained-MiB")
+				b.ReportMetric(mib(hApply)-mib(h0), "at-apply-MiB")
 				runtime.KeepAlive(p)
 			}
 		})
@@ -241,13 +239,13 @@ func benchHeapProfile(b *testing.B, sz benchstate.Size, point string) {
 
 // firstApply signals when its backend's first Apply has returned.
 type firstApply struct {
-	nft.Interface
+	nft.Backend
 	once sync.Once
 	done chan struct{}
 }
 
 func (f *firstApply) Apply(ctx context.Context, tx *nft.Transaction) error {
-	err := f.Interface.Apply(ctx, tx)
+	err := f.Backend.Apply(ctx, tx)
 	f.once.Do(func() { close(f.done) })
 	return err
 }
@@ -271,26 +269,26 @@ func BenchmarkProxierStartup(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
 				client := fake.NewClientset(objs...)
-				be := &firstApply{Interface: &discardBackend{}, done: make(chan struct{})}
-				p, err := New(benchConfig, Deps{Client: client, NFT: map[nft.Family]nft.Interface{nft.IPv4: be}})
+				be := &firstApply{Backend: &discardBackend{}, done: make(chan struct{})}
+				p, err := New(benchConfig, Deps{Client: client, NFT: map[nft.Family]nft.Backend{nft.IPv4: be}})
 				if err != nil {
 					b.Fatal(err)
 				}
-				h0 := liveHeap()
+				h0 := liveheap.Bytes()
 				ctx, cancel := context.WithCancel(context.Background())
 				stopped := make(chan struct{})
 				b.StartTimer()
 				go func() { _ = p.Run(ctx); close(stopped) }()
 				<-be.done
 				b.StopTimer()
-				grown = liveHeap() - h0
+				grown = liveheap.MiB(liveheap.Bytes()) - liveheap.MiB(h0)
 				benchHeapProfile(b, sz, "startup")
 				cancel()
 				<-stopped
 				runtime.KeepAlive(client)
 				b.StartTimer()
 			}
-			b.ReportMetric(grown/mib, "informer-and-proxier-MiB")
+			b.ReportMetric(grown, "informer-and-proxier-MiB")
 		})
 	}
 }
@@ -314,7 +312,7 @@ func BenchmarkProxierStartup(b *testing.B) {
 func BenchmarkProxierKernelFullSync(b *testing.B) {
 	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
-			ns := netnstest.New(b, "nftproxy-bk")
+			ns := netns.New(b, "nftproxy-bk")
 			for b.Loop() {
 				b.StopTimer()
 				backend := benchNetlink(b, ns.Fd)
@@ -329,7 +327,7 @@ func BenchmarkProxierKernelFullSync(b *testing.B) {
 				b.ReportMetric(st.Encode.Seconds()*1000, "encode-ms")
 				b.ReportMetric(st.Kernel.Seconds()*1000, "kernel-ms")
 				b.ReportMetric(st.KernelCPU.Seconds()*1000, "kernel-cpu-ms")
-				b.ReportMetric(float64(st.Bytes)/mib, "batch-MiB")
+				b.ReportMetric(float64(st.Bytes)/(1<<20), "batch-MiB")
 				b.ReportMetric(peakRSS(b)/1e6, "peak-RSS-MB")
 
 				p = nil // not part of the restart's memory
@@ -362,12 +360,12 @@ func BenchmarkProxierKernelFullSync(b *testing.B) {
 func BenchmarkProxierKernelDualStack(b *testing.B) {
 	for _, sz := range benchstate.Sizes[:2] {
 		b.Run(sz.String(), func(b *testing.B) {
-			ns := netnstest.New(b, "nftproxy-bd")
+			ns := netns.New(b, "nftproxy-bd")
 			for b.Loop() {
 				b.StopTimer()
 				v4, v6 := benchNetlink(b, ns.Fd), benchNetlink(b, ns.Fd)
 				svcs, slices := benchDualModels(sz)
-				p := benchProxierWith(b, benchDualConfig, map[nft.Family]nft.Interface{nft.IPv4: v4, nft.IPv6: v6}, svcs, slices)
+				p := benchProxierWith(b, benchDualConfig, map[nft.Family]nft.Backend{nft.IPv4: v4, nft.IPv6: v6}, svcs, slices)
 				b.StartTimer()
 				if err := p.sync(context.Background()); err != nil {
 					b.Fatal(err)
@@ -402,8 +400,8 @@ func (c *countingNetlink) Apply(ctx context.Context, tx *nft.Transaction) error 
 	return c.Netlink.Apply(ctx, tx)
 }
 
-func benchNetlink(b *testing.B, netns int) *countingNetlink {
-	n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: netns})
+func benchNetlink(b *testing.B, nsFd int) *countingNetlink {
+	n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: nsFd})
 	if err != nil {
 		b.Fatal(err)
 	}

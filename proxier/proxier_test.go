@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
@@ -77,7 +78,7 @@ func startWith(t *testing.T, deps func(*Deps), objs ...runtime.Object) *harness 
 func startWithConfig(t *testing.T, cfg func(*Config), deps func(*Deps), objs ...runtime.Object) *harness {
 	t.Helper()
 	h := &harness{t: t, client: fake.NewClientset(objs...), fk: nftfake.New()}
-	d := Deps{Client: h.client, NFT: map[nft.Family]nft.Interface{nft.IPv4: h.fk}}
+	d := Deps{Client: h.client, NFT: map[nft.Family]nft.Backend{nft.IPv4: h.fk}}
 	deps(&d)
 	c := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
@@ -103,12 +104,11 @@ func (h *harness) eventually(pkt trace.Packet, want nft.VerdictKind, dnat ...str
 		wantAP = append(wantAP, netip.MustParseAddrPort(d))
 	}
 	var res trace.Result
-	for i := 0; i < 200; i++ {
+	if testutil.Poll(func() bool {
 		res = trace.New(h.fk.Rulesets(), h.local...).Trace(pkt)
-		if res.Verdict == want && slices.Equal(res.DNAT, wantAP) {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+		return res.Verdict == want && slices.Equal(res.DNAT, wantAP)
+	}) {
+		return
 	}
 	h.t.Fatalf("packet %+v: got %s %v, want %s %v\n%s", pkt, res.Verdict, res.DNAT, want, wantAP, h.fk.Dump(nft.IPv4))
 }
@@ -267,7 +267,7 @@ func TestIncrementalSyncsMatchFullBuild(t *testing.T) {
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
 	newProxier := func() (*Proxier, *nftfake.Fake) {
 		fk := nftfake.New()
-		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: fk}})
+		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Backend{nft.IPv4: fk}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,7 +357,7 @@ func TestChangeRevertedAfterFailedSync(t *testing.T) {
 	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour}
 	newProxier := func() (*Proxier, map[nft.Family]*nftfake.Fake) {
 		fks := map[nft.Family]*nftfake.Fake{nft.IPv4: nftfake.New(), nft.IPv6: nftfake.New()}
-		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Interface{nft.IPv4: fks[nft.IPv4], nft.IPv6: fks[nft.IPv6]}})
+		p, err := New(cfg, Deps{NFT: map[nft.Family]nft.Backend{nft.IPv4: fks[nft.IPv4], nft.IPv6: fks[nft.IPv6]}})
 		if err != nil {
 			t.Fatal(err)
 		}

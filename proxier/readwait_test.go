@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftfake"
@@ -57,7 +58,7 @@ func TestChangesWaitForReaders(t *testing.T) {
 		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.1"))
 	web := tcp("10.96.0.10", 80)
 	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080")
-	ended := testutil.ToFloat64(metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitEnded))
+	ended := promtestutil.ToFloat64(metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitEnded))
 
 	socks.set(nftnl.Socket{Inode: 1, PortID: 4242, Dumping: true})
 	moveWeb(t, h, "10.244.1.2")
@@ -65,7 +66,7 @@ func TestChangesWaitForReaders(t *testing.T) {
 	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080")
 	socks.set()
 	h.eventually(web, nft.VerdictAccept, "10.244.1.2:8080")
-	if got := testutil.ToFloat64(metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitEnded)) - ended; got != 1 {
+	if got := promtestutil.ToFloat64(metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitEnded)) - ended; got != 1 {
 		t.Errorf("%v waits counted as ended, want 1", got)
 	}
 }
@@ -120,7 +121,7 @@ func TestRefusedUntilTheOwnerExits(t *testing.T) {
 	ob.set(true)
 	moveWeb(t, h, "10.244.1.2")
 	// Refusals at 0, 0.1, 0.3, 0.7, 1.5 s: the next retry is 1.6 s later.
-	waitFor(t, "five refusals", func() bool { return ob.refusals() >= 5 })
+	testutil.Eventually(t, "five refusals", func() bool { return ob.refusals() >= 5 })
 	ob.set(false)
 	socks.set()
 	released := time.Now()

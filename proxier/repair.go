@@ -38,6 +38,16 @@ const pauseMonitorChanges = 1000
 // lostKind is the repair kind of a check after notifications were lost.
 const lostKind = "unknown"
 
+// repairKinds are every kind label of nftproxy_repairs_total: the kinds
+// of object a change names, and lostKind.
+func repairKinds() []string {
+	out := []string{lostKind}
+	for _, k := range nftnl.ObjectKinds {
+		out = append(out, string(k))
+	}
+	return out
+}
+
 // repair is why a family's table is to be checked against the kernel.
 type repair struct {
 	reported time.Time       // the first report
@@ -138,29 +148,17 @@ func (p *Proxier) pauseMonitor(tx *nft.Transaction) (resume func()) {
 }
 
 // committed tells the monitor about a transaction of ours that backend
-// committed, with the generation it made when the backend reports it.
-func (p *Proxier) committed(backend nft.Interface) {
-	if p.deps.Monitor == nil {
-		return
+// committed, with the generation it made.
+func (p *Proxier) committed(backend nft.Backend) {
+	if p.deps.Monitor != nil {
+		p.deps.Monitor.Committed(backend.LastCommit().GenID)
 	}
-	var gen uint32
-	if b, ok := backend.(batchReporter); ok {
-		gen = b.LastBatch().GenID
-	}
-	p.deps.Monitor.Committed(gen)
 }
-
-// ownershipReporter is a backend that can own its table (nftnl.Netlink).
-type ownershipReporter interface{ Owning() (bool, error) }
 
 // logOwnership says once whether family f's table is owned, and if not
 // though it was asked for, why; it returns whether it logged.
-func logOwnership(f nft.Family, backend nft.Interface) bool {
-	b, ok := backend.(ownershipReporter)
-	if !ok {
-		return true
-	}
-	switch owning, err := b.Owning(); {
+func logOwnership(f nft.Family, backend nft.Backend) bool {
+	switch owning, err := backend.Owning(); {
 	case owning:
 		klog.InfoS("The table is owned by nftproxy: no other process can change it", "ipFamily", f.IPFamily())
 	case err != nil:

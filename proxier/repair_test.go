@@ -8,19 +8,17 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/nftproxy/nftproxy/nft/nftfake"
-	"github.com/nftproxy/nftproxy/nft/trace"
-
-	"github.com/nftproxy/nftproxy/nft/nftnl"
-
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nftfake"
+	"github.com/nftproxy/nftproxy/nft/nftnl"
+	"github.com/nftproxy/nftproxy/nft/trace"
 )
 
 // tamper deletes every element of set from the fake's table, as another
@@ -51,7 +49,7 @@ func TestForeignChangeIsRepaired(t *testing.T) {
 		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11"))
 	web := tcp("10.96.0.10", 80)
 	h.eventually(web, nft.VerdictAccept, "10.244.1.11:8080")
-	before := testutil.ToFloat64(metrics.RepairsTotal.WithLabelValues("IPv4", "element"))
+	before := promtestutil.ToFloat64(metrics.RepairsTotal.WithLabelValues("IPv4", "element"))
 
 	change := tamper(t, h.fk, "service-ips")
 	h.eventually(web, trace.VerdictReject) // to a ClusterIP, not DNATed
@@ -67,8 +65,8 @@ func TestForeignChangeIsRepaired(t *testing.T) {
 
 	h.p.foreignCommit(nftnl.Commit{Process: "nft", PID: 4242, Changes: []nftnl.Change{change}})
 	h.eventually(web, nft.VerdictAccept, "10.244.1.11:8080")
-	waitFor(t, "the repair to be counted", func() bool {
-		return testutil.ToFloat64(metrics.RepairsTotal.WithLabelValues("IPv4", "element")) == before+1
+	testutil.Eventually(t, "the repair to be counted", func() bool {
+		return promtestutil.ToFloat64(metrics.RepairsTotal.WithLabelValues("IPv4", "element")) == before+1
 	})
 }
 
@@ -80,12 +78,12 @@ func TestLostNotificationsCheckTheTable(t *testing.T) {
 		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.11"))
 	web := tcp("10.96.0.10", 80)
 	h.eventually(web, nft.VerdictAccept, "10.244.1.11:8080")
-	before := testutil.ToFloat64(metrics.RepairsTotal.WithLabelValues("IPv4", lostKind))
+	before := promtestutil.ToFloat64(metrics.RepairsTotal.WithLabelValues("IPv4", lostKind))
 	tamper(t, h.fk, "service-ips")
 	h.p.foreignCommit(nftnl.Commit{Lost: true})
 	h.eventually(web, nft.VerdictAccept, "10.244.1.11:8080")
-	waitFor(t, "the check to be counted", func() bool {
-		return testutil.ToFloat64(metrics.RepairsTotal.WithLabelValues("IPv4", lostKind)) == before+1
+	testutil.Eventually(t, "the check to be counted", func() bool {
+		return promtestutil.ToFloat64(metrics.RepairsTotal.WithLabelValues("IPv4", lostKind)) == before+1
 	})
 }
 
@@ -128,7 +126,7 @@ func TestMonitorPausedForLargeCommits(t *testing.T) {
 	rec := &pauseRecorder{}
 	h := startWith(t, func(d *Deps) { d.Monitor = rec }, objs...)
 	h.eventually(tcp("10.96.0.1", 80), nft.VerdictAccept, "10.244.0.1:8080")
-	waitFor(t, "the first sync's events", func() bool { return len(rec.get()) == 3 })
+	testutil.Eventually(t, "the first sync's events", func() bool { return len(rec.get()) == 3 })
 	if got := fmt.Sprint(rec.get()); got != "[pause commit resume]" {
 		t.Fatalf("first sync (600 Services): %s, want [pause commit resume]", got)
 	}
@@ -172,7 +170,7 @@ func TestRefusedWhileChangesArrive(t *testing.T) {
 		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.1"))
 	web := tcp("10.96.0.10", 80)
 	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080")
-	failures := testutil.ToFloat64(metrics.NFTablesSyncFailuresTotal.WithLabelValues("IPv4"))
+	failures := promtestutil.ToFloat64(metrics.NFTablesSyncFailuresTotal.WithLabelValues("IPv4"))
 
 	rb.refuse.Store(true)
 	ctx := context.Background()
@@ -182,11 +180,11 @@ func TestRefusedWhileChangesArrive(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "three refused syncs", func() bool { return rb.refused.Load() >= 3 })
+	testutil.Eventually(t, "three refused syncs", func() bool { return rb.refused.Load() >= 3 })
 	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080") // as it was
 	rb.refuse.Store(false)
 	h.eventually(web, nft.VerdictAccept, "10.244.1.20:8080")
-	if got := testutil.ToFloat64(metrics.NFTablesSyncFailuresTotal.WithLabelValues("IPv4")) - failures; got != float64(rb.refused.Load()) {
+	if got := promtestutil.ToFloat64(metrics.NFTablesSyncFailuresTotal.WithLabelValues("IPv4")) - failures; got != float64(rb.refused.Load()) {
 		t.Errorf("%v failures counted, %d refused", got, rb.refused.Load())
 	}
 }

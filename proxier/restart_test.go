@@ -18,8 +18,9 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/proxier/healthz"
+	"github.com/nftproxy/nftproxy/proxier/proxyhealth"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
 )
 
@@ -55,33 +56,33 @@ func (r *recorder) count() int {
 // instance is one run of a proxier, stopped by stop.
 type instance struct {
 	p      *Proxier
-	health *healthz.ProxyHealth
+	health *proxyhealth.Health
 	stop   func()
 }
 
 // run starts a proxier on the backend with the API objects and waits for
 // its first sync.
-func run(t *testing.T, backend nft.Interface, objs ...runtime.Object) *instance {
+func run(t *testing.T, backend nft.Backend, objs ...runtime.Object) *instance {
 	t.Helper()
 	return runCounting(t, backend, ruleset.CountNone, objs...)
 }
 
 // runCounting is run with --service-traffic-metrics.
-func runCounting(t *testing.T, backend nft.Interface, counters ruleset.Counters, objs ...runtime.Object) *instance {
+func runCounting(t *testing.T, backend nft.Backend, counters ruleset.Counters, objs ...runtime.Object) *instance {
 	t.Helper()
 	return runClient(t, backend, counters, fake.NewClientset(objs...))
 }
 
 // runClient is runCounting with the API client given.
-func runClient(t *testing.T, backend nft.Interface, counters ruleset.Counters, client *fake.Clientset) *instance {
+func runClient(t *testing.T, backend nft.Backend, counters ruleset.Counters, client *fake.Clientset) *instance {
 	t.Helper()
-	in := &instance{health: healthz.NewProxyHealth(time.Minute, nil)}
+	in := &instance{health: proxyhealth.New(time.Minute, nil)}
 	var err error
 	in.p, err = New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute,
 		ClusterCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 		ServiceCIDRs:    []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")},
 		TrafficCounters: counters},
-		Deps{Client: client, NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}, Health: in.health})
+		Deps{Client: client, NFT: map[nft.Family]nft.Backend{nft.IPv4: backend}, Health: in.health})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func runClient(t *testing.T, backend nft.Interface, counters ruleset.Counters, c
 	go func() { _ = in.p.Run(ctx); close(done) }()
 	in.stop = func() { cancel(); <-done }
 	t.Cleanup(in.stop)
-	waitFor(t, "the first sync", func() bool {
+	testutil.Eventually(t, "the first sync", func() bool {
 		return !in.health.Status().Families[nft.IPv4.IPFamily()].LastUpdated.IsZero()
 	})
 	return in
@@ -393,7 +394,7 @@ func TestPeriodicFullSyncVerifies(t *testing.T) {
 	backend := &countingLoader{recorder: &recorder{Fake: nftfake.New()}}
 	p, err := New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: 30 * time.Millisecond, FullSyncPeriod: time.Millisecond,
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}},
-		Deps{Client: fake.NewClientset(apiState(3)...), NFT: map[nft.Family]nft.Interface{nft.IPv4: backend}})
+		Deps{Client: fake.NewClientset(apiState(3)...), NFT: map[nft.Family]nft.Backend{nft.IPv4: backend}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,7 +402,7 @@ func TestPeriodicFullSyncVerifies(t *testing.T) {
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, "three full syncs", func() bool { return backend.loads.Load() >= 3 })
+	testutil.Eventually(t, "three full syncs", func() bool { return backend.loads.Load() >= 3 })
 	if n := backend.count(); n != 1 {
 		t.Fatalf("%d transactions; want only the first one", n)
 	}
@@ -416,7 +417,7 @@ func TestPeriodicFullSyncVerifies(t *testing.T) {
 	if err := backend.Fake.Apply(ctx, tamper); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the repair", func() bool { return backend.count() == 2 })
+	testutil.Eventually(t, "the repair", func() bool { return backend.count() == 2 })
 	repair := backend.since(1)[0]
 	if kinds := opKinds([]*nft.Transaction{repair}); kinds[nft.OpResetTable] != 0 || len(repair.Ops) != 1 || kinds[nft.OpAddElements] != 1 {
 		t.Errorf("repair transaction %v, want one element added back", kinds)
@@ -428,7 +429,7 @@ func TestPeriodicFullSyncVerifies(t *testing.T) {
 func TestListedBeforeFirstSync(t *testing.T) {
 	rec := &recorder{Fake: nftfake.New()}
 	p, err := New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute},
-		Deps{Client: fake.NewClientset(apiState(20)...), NFT: map[nft.Family]nft.Interface{nft.IPv4: rec}})
+		Deps{Client: fake.NewClientset(apiState(20)...), NFT: map[nft.Family]nft.Backend{nft.IPv4: rec}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,7 +443,7 @@ func TestListedBeforeFirstSync(t *testing.T) {
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, "the first sync", func() bool { return rec.count() > 0 })
+	testutil.Eventually(t, "the first sync", func() bool { return rec.count() > 0 })
 	if calls.Load() != 1 || pending.Load() != 20 || written.Load() != 0 {
 		t.Errorf("Listed called %d times, with %d Services pending and %d transactions written; want once, 20, 0",
 			calls.Load(), pending.Load(), written.Load())

@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -33,12 +33,12 @@ func BenchmarkProxierKernelTraffic(b *testing.B) {
 		b.Run(counters.String(), func(b *testing.B) {
 			for b.Loop() {
 				b.StopTimer()
-				ns := netnstest.New(b, "nftproxy-bt")
+				ns := netns.New(b, "nftproxy-bt")
 				backend := benchNetlink(b, ns.Fd)
 				svcs, slices := benchstate.Cluster(sz)
 				cfg := benchConfig
 				cfg.TrafficCounters = counters
-				p := benchProxierWith(b, cfg, map[nft.Family]nft.Interface{nft.IPv4: backend}, svcs, slices)
+				p := benchProxierWith(b, cfg, map[nft.Family]nft.Backend{nft.IPv4: backend}, svcs, slices)
 				start := time.Now()
 				if err := p.sync(context.Background()); err != nil {
 					b.Fatal(err)
@@ -68,8 +68,8 @@ func BenchmarkProxierKernelTraffic(b *testing.B) {
 
 // benchScrape returns the median time and the allocations of a gather of
 // the traffic collector over the namespace's table.
-func benchScrape(b *testing.B, netns int) (time.Duration, float64) {
-	n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: netns, ReadOnly: true})
+func benchScrape(b *testing.B, nsFd int) (time.Duration, float64) {
+	n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: nsFd, ReadOnly: true})
 	if err != nil {
 		b.Fatal(err)
 	}

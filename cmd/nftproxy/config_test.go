@@ -13,7 +13,7 @@ import (
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nftproxy/nftproxy/proxier/healthz"
+	"github.com/nftproxy/nftproxy/proxier/proxyhealth"
 )
 
 // writtenConfig runs nftproxy with args and --write-config-to and returns
@@ -118,7 +118,7 @@ func TestConfigz(t *testing.T) {
 	if err := publishConfigz(o.Config); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(healthz.MetricsMux(http.NotFoundHandler(), false))
+	srv := httptest.NewServer(proxyhealth.MetricsMux(http.NotFoundHandler(), false))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + "/configz")
 	if err != nil {

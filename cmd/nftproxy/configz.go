@@ -12,7 +12,7 @@ import (
 const configzName = "kubeproxy.config.k8s.io"
 
 // publishConfigz makes /configz (installed on the metrics server by
-// healthz.MetricsMux) serve cfg, the effective configuration.
+// proxyhealth.MetricsMux) serve cfg, the effective configuration.
 func publishConfigz(cfg *kpconfig.KubeProxyConfiguration) error {
 	configz.Delete(configzName) // a second run in one process (tests) replaces it
 	cz, err := configz.New(configzName)

@@ -12,7 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 	"github.com/nftproxy/nftproxy/proxier"
@@ -22,7 +22,7 @@ import (
 // runDiffCommand runs `nftproxy diff` with dumpArgs' flags and extra
 // ones against the kernel tables of ns and the API client, and returns
 // the exit status and standard output.
-func runDiffCommand(t *testing.T, ns *netnstest.NS, client kubernetes.Interface, extra ...string) (int, string) {
+func runDiffCommand(t *testing.T, ns *netns.NS, client kubernetes.Interface, extra ...string) (int, string) {
 	t.Helper()
 	savedClient, savedLoader := newDumpClient, newDiffLoader
 	t.Cleanup(func() { newDumpClient, newDiffLoader = savedClient, savedLoader })
@@ -47,7 +47,7 @@ func runDiffCommand(t *testing.T, ns *netnstest.NS, client kubernetes.Interface,
 
 // programDesired writes, in ns, the tables a proxy with dumpArgs' flags
 // programs for client's objects, as the proxy does (an owned table).
-func programDesired(t *testing.T, ns *netnstest.NS, client kubernetes.Interface) *nftnl.Netlink {
+func programDesired(t *testing.T, ns *netns.NS, client kubernetes.Interface) *nftnl.Netlink {
 	t.Helper()
 	o, err := parseCommandOptions("test", dumpArgs[1:], testEnv(nil), nil)
 	if err != nil {
@@ -77,7 +77,7 @@ func programDesired(t *testing.T, ns *netnstest.NS, client kubernetes.Interface)
 // the same set and a rule added to a Service chain (the table not owned
 // then), diff exits 1 and names exactly those, in text and JSON.
 func TestDiffAgainstKernel(t *testing.T) {
-	ns := netnstest.New(t, "nftproxy-diff", "nft")
+	ns := netns.New(t, "nftproxy-diff", "nft")
 	client := fake.NewClientset(dumpTestObjects()...)
 	if code, out := runDiffCommand(t, ns, client); code != 1 || strings.Count(out, ": missing in the kernel") != 2 {
 		t.Errorf("no tables: exit %d:\n%s", code, out)
@@ -114,7 +114,7 @@ func TestDiffAgainstKernel(t *testing.T) {
 
 // dispatchChain is the chain service-ips, in ns's IPv4 table, sends TCP
 // traffic to ClusterIP vip to: the pick chain of its number of endpoints.
-func dispatchChain(t *testing.T, ns *netnstest.NS, vip string) string {
+func dispatchChain(t *testing.T, ns *netns.NS, vip string) string {
 	t.Helper()
 	listing, err := ns.Run("", "nft", "list", "table", "ip", nft.TableName)
 	if err != nil {

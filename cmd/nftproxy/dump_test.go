@@ -16,7 +16,7 @@ import (
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -267,7 +267,7 @@ func TestDumpFollowsFlags(t *testing.T) {
 // namespace; loaded there for real, `nft list` prints each table back as
 // the dump has it.
 func TestDumpLoadsInNft(t *testing.T) {
-	ns := netnstest.New(t, "nftproxy-dump", "nft")
+	ns := netns.New(t, "nftproxy-dump", "nft")
 	out := runDumpCommand(t, fake.NewClientset(dumpTestObjects()...), nil, "", dumpArgs...)
 	if _, err := ns.Run(out, "nft", "-c", "-f", "-"); err != nil {
 		t.Fatalf("nft -c -f rejects the dump: %v\n%s", err, out)

@@ -11,14 +11,14 @@ import (
 
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 )
 
 // runExplainCommand runs `nftproxy explain args…` on the tables of ns, on
 // a node with n1's addresses whose routes all leave by eth0.
-func runExplainCommand(t *testing.T, ns *netnstest.NS, args ...string) (int, string, string) {
+func runExplainCommand(t *testing.T, ns *netns.NS, args ...string) (int, string, string) {
 	t.Helper()
 	savedLoader, savedNode := newExplainLoader, explainNode
 	t.Cleanup(func() { newExplainLoader, explainNode = savedLoader, savedNode })
@@ -38,7 +38,7 @@ func runExplainCommand(t *testing.T, ns *netnstest.NS, args ...string) (int, str
 }
 
 // explainJSON runs explain with -o json and decodes the report.
-func explainJSON(t *testing.T, ns *netnstest.NS, args ...string) explanation {
+func explainJSON(t *testing.T, ns *netns.NS, args ...string) explanation {
 	t.Helper()
 	code, out, errOut := runExplainCommand(t, ns, append([]string{"-o", "json"}, args...)...)
 	if code != 0 {
@@ -56,7 +56,7 @@ func explainJSON(t *testing.T, ns *netnstest.NS, args ...string) explanation {
 // odds and why; after the table is tampered with it follows the tampered
 // rule.
 func TestExplainAgainstKernel(t *testing.T) {
-	ns := netnstest.New(t, "nftproxy-explain", "nft")
+	ns := netns.New(t, "nftproxy-explain", "nft")
 	owner := programDesired(t, ns, fake.NewClientset(dumpTestObjects()...))
 	type outcome struct {
 		verdict, to, reason string
@@ -128,7 +128,7 @@ func TestExplainAgainstKernel(t *testing.T) {
 
 // TestExplainUsage: bad command lines are exit status 2 with a reason.
 func TestExplainUsage(t *testing.T) {
-	ns := netnstest.New(t, "nftproxy-explain", "nft")
+	ns := netns.New(t, "nftproxy-explain", "nft")
 	for _, args := range [][]string{
 		{},
 		{"10.96.0.10"},

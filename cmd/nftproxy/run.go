@@ -25,12 +25,12 @@ import (
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier"
-	"github.com/nftproxy/nftproxy/proxier/healthcheck"
-	"github.com/nftproxy/nftproxy/proxier/healthz"
 	"github.com/nftproxy/nftproxy/proxier/leftovers"
 	"github.com/nftproxy/nftproxy/proxier/localnodeport"
+	"github.com/nftproxy/nftproxy/proxier/proxyhealth"
 	"github.com/nftproxy/nftproxy/proxier/readers"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
+	"github.com/nftproxy/nftproxy/proxier/servicehealth"
 	"github.com/nftproxy/nftproxy/proxier/traffic"
 	"github.com/nftproxy/nftproxy/proxier/watch"
 )
@@ -78,14 +78,14 @@ func run(ctx context.Context, o *options) error {
 	defer closeBackends()
 	if o.Cleanup {
 		klog.InfoS("Deleting nftproxy's nftables tables (--cleanup)")
-		return proxier.Cleanup(ctx, backends)
+		return proxier.DeleteTables(ctx, backends)
 	}
 	return runProxy(ctx, o, backends)
 }
 
 // runProxy applies the startup settings, creates the proxier and runs it
 // with its servers until ctx is done or one of them fails.
-func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Interface) error {
+func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Backend) error {
 	kubeProxy, closeKubeProxy, err := checkLeftovers(ctx, o)
 	if err != nil {
 		return err
@@ -107,13 +107,13 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 	}
 	// Upstream's health timeout: an update may wait up to syncPeriod for
 	// the next periodic sync; twice that means syncs are stuck.
-	health := healthz.NewProxyHealth(2*o.Proxier.SyncPeriod, nil)
+	health := proxyhealth.New(2*o.Proxier.SyncPeriod, nil)
 	ct, err := conntrack.NewNetlink(conntrack.NetlinkOptions{})
 	if err != nil {
 		return fmt.Errorf("conntrack: %w", err)
 	}
 	deps := proxier.Deps{Client: client, ClientConfig: clientConfig, NFT: backends, Health: health, Conntrack: ct,
-		HealthCheck: healthCheckServers(o.Proxier, health), FirstSync: kubeProxy.RemoveTables,
+		ServiceHealth: healthCheckServers(o.Proxier, health), FirstSync: kubeProxy.RemoveTables,
 		Listed: func() {
 			if _, p, ok := gcPercent(os.Getenv); ok {
 				debug.SetGCPercent(p)
@@ -127,8 +127,8 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Inter
 		defer closeGate()
 		deps.Readers = gate
 	}
-	for _, s := range deps.HealthCheck {
-		defer s.(*healthcheck.Server).Close()
+	for _, s := range deps.ServiceHealth {
+		defer s.(*servicehealth.Server).Close()
 	}
 	deps.LocalhostNodePorts = localhostProxies(o.Proxier)
 	for _, lp := range deps.LocalhostNodePorts {
@@ -233,10 +233,10 @@ func checkLeftovers(ctx context.Context, o *options) (*leftovers.Checker, func()
 
 // proxyTasks are what runs beside each other: the two HTTP servers, the
 // proxier and, with --config, the watch of the file.
-func proxyTasks(o *options, health *healthz.ProxyHealth, p *proxier.Proxier) []func(context.Context) error {
+func proxyTasks(o *options, health *proxyhealth.Health, p *proxier.Proxier) []func(context.Context) error {
 	tasks := []func(context.Context) error{
 		func(ctx context.Context) error {
-			return serveForever(ctx, "healthz", o.HealthzBindAddress, healthz.HealthMux(health), o.BindAddressHardFail, bindRetryInterval)
+			return serveForever(ctx, "healthz", o.HealthzBindAddress, proxyhealth.HealthMux(health), o.BindAddressHardFail, bindRetryInterval)
 		},
 		func(ctx context.Context) error {
 			return serveForever(ctx, "metrics", o.MetricsBindAddress, metricsMux(o), o.BindAddressHardFail, bindRetryInterval)
@@ -263,7 +263,7 @@ func proxyTasks(o *options, health *healthz.ProxyHealth, p *proxier.Proxier) []f
 
 // metricsMux is what the metrics server serves.
 func metricsMux(o *options) *http.ServeMux {
-	mux := healthz.MetricsMux(metrics.Handler(), o.EnableProfiling)
+	mux := proxyhealth.MetricsMux(metrics.Handler(), o.EnableProfiling)
 	if o.EnableProfiling {
 		installDebug(mux, o)
 	}
@@ -300,7 +300,7 @@ func serveForever(ctx context.Context, name, addr string, h http.Handler, hardFa
 	}
 	for {
 		klog.InfoS("Starting server", "server", name, "address", addr)
-		err := healthz.ListenAndServe(ctx, addr, h)
+		err := proxyhealth.ListenAndServe(ctx, addr, h)
 		if err == nil {
 			return nil
 		}
@@ -351,7 +351,7 @@ func openReaders() (*readers.Gate, func()) {
 // openMonitor opens the listener for changes other processes make to the
 // tables; without it (an error is logged) drift is found by the periodic
 // full sync only.
-func openMonitor(backends map[nft.Family]nft.Interface) *nftnl.Monitor {
+func openMonitor(backends map[nft.Family]nft.Backend) *nftnl.Monitor {
 	var ours []uint32
 	for _, b := range backends {
 		if n, ok := b.(*nftnl.Netlink); ok {
@@ -368,8 +368,8 @@ func openMonitor(backends map[nft.Family]nft.Interface) *nftnl.Monitor {
 
 // openBackends opens one netlink socket per enabled family, so that the
 // families' syncs never wait on each other's batches.
-func openBackends(cfg proxier.Config, own bool) (map[nft.Family]nft.Interface, func(), error) {
-	backends := map[nft.Family]nft.Interface{}
+func openBackends(cfg proxier.Config, own bool) (map[nft.Family]nft.Backend, func(), error) {
+	backends := map[nft.Family]nft.Backend{}
 	var opened []*nftnl.Netlink
 	closeAll := func() {
 		for _, n := range opened {
@@ -394,8 +394,8 @@ func openBackends(cfg proxier.Config, own bool) (map[nft.Family]nft.Interface, f
 // the --nodeport-addresses CIDRs (127.0.0.1 and ::1 too with "localhost",
 // as upstream's), or with "primary" among them on every address (the
 // node's primary IPs are only known once its Node object is seen).
-func healthCheckServers(cfg proxier.Config, health *healthz.ProxyHealth) map[nft.Family]proxier.HealthCheckServer {
-	out := map[nft.Family]proxier.HealthCheckServer{}
+func healthCheckServers(cfg proxier.Config, health *proxyhealth.Health) map[nft.Family]proxier.ServiceHealthServer {
+	out := map[nft.Family]proxier.ServiceHealthServer{}
 	addrs := cfg.NodePortCIDRs
 	if cfg.NodePortPrimary {
 		addrs = nil
@@ -405,7 +405,7 @@ func healthCheckServers(cfg proxier.Config, health *healthz.ProxyHealth) map[nft
 		if f == nft.IPv6 {
 			network = "tcp6"
 		}
-		out[f] = healthcheck.New(healthcheck.Config{Network: network, NodePortAddresses: addrs,
+		out[f] = servicehealth.New(servicehealth.Config{Network: network, NodePortAddresses: addrs,
 			ProxyHealthy: func() bool { return health.Status().Healthy }})
 	}
 	return out

@@ -139,7 +139,7 @@ func TestRunInitOnly(t *testing.T) {
 		"nf_conntrack_max": "1000", "nf_conntrack_tcp_timeout_established": "432000", "nf_conntrack_udp_timeout": "30",
 	})
 	oldOpen := openNFTBackends
-	openNFTBackends = func(proxier.Config, bool) (map[nft.Family]nft.Interface, func(), error) {
+	openNFTBackends = func(proxier.Config, bool) (map[nft.Family]nft.Backend, func(), error) {
 		t.Error("--init-only opened the nftables backends")
 		return nil, nil, errors.New("not in this test")
 	}

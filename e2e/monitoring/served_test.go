@@ -20,11 +20,11 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nftproxy/nftproxy/conntrack"
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier"
-	"github.com/nftproxy/nftproxy/proxier/healthz"
+	"github.com/nftproxy/nftproxy/proxier/proxyhealth"
 )
 
 // served is one scrape of a running nftproxy, shared by the tests of this
@@ -52,9 +52,9 @@ func scrapeNftproxy(t *testing.T) Served {
 }
 
 func runAndScrape(t *testing.T) Served {
-	ns := netnstest.New(t, "nftproxy-mon", "nft")
+	ns := netns.New(t, "nftproxy-mon", "nft")
 	client := fake.NewClientset(node(), dnsService(), invalidService())
-	health := healthz.NewProxyHealth(time.Minute, nil)
+	health := proxyhealth.New(time.Minute, nil)
 	runProxier(t, ns.Fd, client, health)
 	waitFor(t, "the first sync of both families", func() bool {
 		st := health.Status().Families
@@ -64,7 +64,8 @@ func runAndScrape(t *testing.T) Served {
 	if out, err := ns.Run("", "nft", "delete", "table", "ip", "nftproxy"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	waitFor(t, "the repair", func() bool { return len(scrape(t)["nftproxy_repairs_total"]) > 0 })
+	// Its series are served at 0 from the start: wait for a count.
+	waitFor(t, "the repair", func() bool { return sum(t, "nftproxy_repairs_total") > 0 })
 	// Endpoints written after the start: a network programming latency
 	// and, the Service having a UDP port, a conntrack cleanup per family.
 	ctx := context.Background()
@@ -90,8 +91,8 @@ func runAndScrape(t *testing.T) Served {
 
 // runProxier starts the proxier as cmd/nftproxy does, programming the
 // namespace netns.
-func runProxier(t *testing.T, netns int, client kubernetes.Interface, health *healthz.ProxyHealth) {
-	backends := map[nft.Family]nft.Interface{}
+func runProxier(t *testing.T, netns int, client kubernetes.Interface, health *proxyhealth.Health) {
+	backends := map[nft.Family]nft.Backend{}
 	for _, f := range []nft.Family{nft.IPv4, nft.IPv6} {
 		n, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: netns})
 		if err != nil {
@@ -128,8 +129,8 @@ func runProxier(t *testing.T, netns int, client kubernetes.Interface, health *he
 }
 
 // probeHealth asks /healthz and /livez, as kubelet's probes do.
-func probeHealth(t *testing.T, health *healthz.ProxyHealth) {
-	mux := healthz.HealthMux(health)
+func probeHealth(t *testing.T, health *proxyhealth.Health) {
+	mux := proxyhealth.HealthMux(health)
 	for _, path := range []string{"/healthz", "/livez"} {
 		rec := httptest.NewRecorder()
 		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
@@ -157,9 +158,26 @@ func requestAPI(t *testing.T) {
 }
 
 // scrape gets /metrics from the metrics server's handler.
+// sum is the total of the series of counter name in the metrics registry.
+func sum(t *testing.T, name string) float64 {
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				total += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return total
+}
+
 func scrape(t *testing.T) Served {
 	rec := httptest.NewRecorder()
-	healthz.MetricsMux(metrics.Handler(), false).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	proxyhealth.MetricsMux(metrics.Handler(), false).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if rec.Code != http.StatusOK {
 		t.Fatalf("GET /metrics = %d: %s", rec.Code, rec.Body)
 	}

@@ -151,6 +151,22 @@ func (fk *Fake) Generation(context.Context) (uint32, error) {
 	return fk.gen, nil
 }
 
+var _ nft.Backend = (*Fake)(nil)
+
+// Claim implements nft.Backend: the fake's tables are nobody's.
+func (fk *Fake) Claim(context.Context, nft.Family) error { return nil }
+
+// LastCommit implements nft.Backend: the generation the last transaction
+// made; the fake spends no kernel time.
+func (fk *Fake) LastCommit() nft.CommitStats {
+	fk.mu.Lock()
+	defer fk.mu.Unlock()
+	return nft.CommitStats{GenID: fk.gen}
+}
+
+// Owning implements nft.Backend: the fake's tables are never owned.
+func (fk *Fake) Owning() (bool, error) { return false, nil }
+
 // Ruleset returns a copy of the table of a family, or nil if there is none.
 func (fk *Fake) Ruleset(f nft.Family) *nft.Ruleset {
 	fk.mu.Lock()

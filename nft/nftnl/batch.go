@@ -6,8 +6,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file encodes a Transaction into one nfnetlink batch: the bytes of
@@ -34,7 +34,7 @@ const (
 
 // encoder is the nfnetlink encoder, with the nf_tables parts (expressions,
 // userdata) as methods of its own.
-type encoder struct{ nfnl.Encoder }
+type encoder struct{ nlcodec.Encoder }
 
 // batch encodes the operations of one transaction. Message i of the batch
 // has sequence number firstSeq+i; owners[i] is the index of the Op that
@@ -109,7 +109,7 @@ func newBatch(tx *nft.Transaction, o batchOptions) *batch {
 	if table == "" {
 		table = nft.TableName
 	}
-	return &batch{enc: encoder{nfnl.Encoder{Buf: alloc(sizeHint(tx))}}, family: tx.Family, firstSeq: o.firstSeq,
+	return &batch{enc: encoder{nlcodec.Encoder{Buf: alloc(sizeHint(tx))}}, family: tx.Family, firstSeq: o.firstSeq,
 		owners: make([]int, 0, len(tx.Ops)+3), msgFlags: o.msgFlags, setIDs: map[string]uint32{},
 		tableFlags: o.tableFlags, table: table}
 }
@@ -118,7 +118,7 @@ func newBatch(tx *nft.Transaction, o batchOptions) *batch {
 // nftproxy writes, so that the buffer is allocated once instead of growing
 // by a quarter at a time, copying everything each time.
 func sizeHint(tx *nft.Transaction) int {
-	n := 2 * nfnl.HeaderLen
+	n := 2 * nlcodec.HeaderLen
 	for _, op := range tx.Ops {
 		switch op.Kind {
 		case nft.OpAddRule:

@@ -3,8 +3,8 @@ package nftnl
 import (
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file writes and reads chains: NEWCHAIN, DELCHAIN, the flush of a
@@ -59,7 +59,7 @@ const (
 
 // decodeChain decodes a NEWCHAIN of a chain dump; nil if the chain is not
 // in our table. binding reports an anonymous chain of a rule.
-func decodeChain(d *nfnl.Decoder, attrs []byte) (c *nft.Chain, binding bool) {
+func decodeChain(d *nlcodec.Decoder, attrs []byte) (c *nft.Chain, binding bool) {
 	var table, name, typ []byte
 	var hook []byte
 	policy, flags := uint32(nfAccept), uint32(0)
@@ -79,18 +79,18 @@ func decodeChain(d *nfnl.Decoder, attrs []byte) (c *nft.Chain, binding bool) {
 			flags = d.BE32(data)
 		}
 	})
-	if nfnl.String(table) != nft.TableName {
+	if nlcodec.String(table) != nft.TableName {
 		return nil, false
 	}
 	binding = flags&nftChainBinding != 0
-	c = &nft.Chain{Name: nfnl.String(name), Loaded: &nft.LoadedRules{}}
+	c = &nft.Chain{Name: nlcodec.String(name), Loaded: &nft.LoadedRules{}}
 	if flags&^nftChainBase != 0 {
 		c.Loaded.Foreign = true
 	}
 	if hook == nil {
 		return c, binding
 	}
-	c.Base = &nft.BaseChain{Type: nft.ChainType(nfnl.String(typ))}
+	c.Base = &nft.BaseChain{Type: nft.ChainType(nlcodec.String(typ))}
 	var num uint32
 	var dev bool
 	d.Attrs(hook, func(t uint16, data []byte) {

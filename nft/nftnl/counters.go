@@ -7,8 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file reads the counters of the elements of counted sets
@@ -61,7 +61,7 @@ func (n *Netlink) readCounters(ctx context.Context, f nft.Family, names []string
 		}
 		var counted []*nft.Set
 		if err := n.dump(unix.NFT_MSG_GETSET, f, func(e *encoder) { e.Str(unix.NFTA_SET_TABLE, nft.TableName) }, func(attrs []byte) error {
-			var d nfnl.Decoder
+			var d nlcodec.Decoder
 			if s := decodeSet(&d, f, attrs); s != nil && s.Counter && s.Key != nil && (names == nil || slices.Contains(names, s.Name)) {
 				counted = append(counted, s)
 			}
@@ -86,7 +86,7 @@ func (n *Netlink) readSetCounters(f nft.Family, s *nft.Set, fn CountedElement) e
 	}
 	var sc elementScratch
 	err := n.dump(unix.NFT_MSG_GETSETELEM, f, req, func(attrs []byte) error {
-		return walkElements(attrs, func(d *nfnl.Decoder, elem []byte) error {
+		return walkElements(attrs, func(d *nlcodec.Decoder, elem []byte) error {
 			e, end, err := decodeElement(d, f, s, elem, &sc)
 			if err != nil || end {
 				return err
@@ -107,7 +107,7 @@ func (n *Netlink) readSetCounters(f nft.Family, s *nft.Set, fn CountedElement) e
 // kernel dumps one expression as NFTA_SET_ELEM_EXPR, several as a list in
 // NFTA_SET_ELEM_EXPRESSIONS (net/netfilter/nf_tables_api.c,
 // nft_set_elem_expr_dump).
-func elementCounter(d *nfnl.Decoder, attrs []byte) (Counter, bool) {
+func elementCounter(d *nlcodec.Decoder, attrs []byte) (Counter, bool) {
 	var c Counter
 	found := false
 	expr := func(x []byte) {

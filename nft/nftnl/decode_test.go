@@ -7,8 +7,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 	"golang.org/x/sys/unix"
 )
 
@@ -88,21 +88,21 @@ func TestDecodeReportsMalformed(t *testing.T) {
 		last := msgs[len(msgs)-1]
 		// The element list's length claims 8 bytes more than there are.
 		bad := slices.Clone(last)
-		var d nfnl.Decoder
+		var d nlcodec.Decoder
 		d.Attrs(bad, func(typ uint16, data []byte) {
 			if typ == unix.NFTA_SET_ELEM_LIST_ELEMENTS {
-				off := len(bad) - len(data) - nfnl.AttrLen
-				binary.NativeEndian.PutUint16(bad[off:], uint16(len(data)+nfnl.AttrLen+8))
+				off := len(bad) - len(data) - nlcodec.AttrLen
+				binary.NativeEndian.PutUint16(bad[off:], uint16(len(data)+nlcodec.AttrLen+8))
 			}
 		})
 		bad = append(bad, 0, 0, 0, 0) // room for the claim to run past
 		into := &nft.Set{Name: s.Name, Key: s.Key, Data: s.Data, EndpointsProto: s.EndpointsProto}
 		var ends []uint32
 		var sc elementScratch
-		if err := decodeElements(nft.IPv4, into, bad, &ends, &sc, nil); !errors.Is(err, nfnl.ErrMalformed) {
+		if err := decodeElements(nft.IPv4, into, bad, &ends, &sc, nil); !errors.Is(err, nlcodec.ErrMalformed) {
 			t.Errorf("set %s: a malformed element list decoded (%d elements), error %v", s.Name, into.Elements.Len(), err)
 		}
-		if err := decodeElements(nft.IPv4, into, last[:len(last)-3], &ends, &sc, nil); !errors.Is(err, nfnl.ErrMalformed) {
+		if err := decodeElements(nft.IPv4, into, last[:len(last)-3], &ends, &sc, nil); !errors.Is(err, nlcodec.ErrMalformed) {
 			t.Errorf("set %s: a truncated element list decoded, error %v", s.Name, err)
 		}
 	}
@@ -112,16 +112,16 @@ func TestDecodeReportsMalformed(t *testing.T) {
 	h := e.Nest(unix.NFTA_CHAIN_HOOK)
 	e.Attr(unix.NFTA_HOOK_HOOKNUM, []byte{0, 0, 1}) // a u32 of 3 bytes
 	e.EndNest(h)
-	var d nfnl.Decoder
-	if c, _ := decodeChain(&d, e.Buf); !errors.Is(d.Err(), nfnl.ErrMalformed) {
+	var d nlcodec.Decoder
+	if c, _ := decodeChain(&d, e.Buf); !errors.Is(d.Err(), nlcodec.ErrMalformed) {
 		t.Errorf("a chain with a 3-byte hook number decoded: %+v, error %v", c, d.Err())
 	}
 	e = encoder{}
 	e.Str(unix.NFTA_SET_TABLE, nft.TableName)
 	e.Str(unix.NFTA_SET_NAME, "s")
 	e.Buf = append(e.Buf, 8, 0, unix.NFTA_SET_FLAGS, 0) // header only: runs past the end
-	d = nfnl.Decoder{}
-	if s := decodeSet(&d, nft.IPv4, e.Buf); !errors.Is(d.Err(), nfnl.ErrMalformed) {
+	d = nlcodec.Decoder{}
+	if s := decodeSet(&d, nft.IPv4, e.Buf); !errors.Is(d.Err(), nlcodec.ErrMalformed) {
 		t.Errorf("a truncated set decoded: %+v, error %v", s, d.Err())
 	}
 }
@@ -136,11 +136,11 @@ func TestMonitorMalformedNotification(t *testing.T) {
 	e.Str(unix.NFTA_CHAIN_NAME, "c")
 	e.EndMsg(m)
 	var acc commitAccumulator
-	h := nfnl.Header{Type: unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWCHAIN, PortID: 42}
-	if _, _, err := acc.add(h, e.Buf[nfnl.HeaderLen:]); err != nil || len(acc.order) != 1 {
+	h := nlcodec.Header{Type: unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWCHAIN, PortID: 42}
+	if _, _, err := acc.add(h, e.Buf[nlcodec.HeaderLen:]); err != nil || len(acc.order) != 1 {
 		t.Fatalf("a chain notification: %d changes, error %v", len(acc.order), err)
 	}
-	if _, _, err := acc.add(h, e.Buf[nfnl.HeaderLen:len(e.Buf)-3]); !errors.Is(err, nfnl.ErrMalformed) {
+	if _, _, err := acc.add(h, e.Buf[nlcodec.HeaderLen:len(e.Buf)-3]); !errors.Is(err, nlcodec.ErrMalformed) {
 		t.Errorf("a truncated notification: error %v", err)
 	}
 }

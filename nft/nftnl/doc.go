@@ -7,5 +7,5 @@
 //
 // Messages and expressions are encoded here, laid out as nft 1.0.6 lays
 // them out, so that `nft list ruleset` prints what we wrote and reloads it;
-// the netlink wire format itself (messages, attributes, ACKs) is nft/nfnl's.
+// the netlink wire format itself (messages, attributes, ACKs) is internal/nlcodec's.
 package nftnl

@@ -9,8 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file writes and reads set elements: NEWSETELEM and DELSETELEM,
@@ -246,7 +246,7 @@ type elementsDigest struct {
 	sum   uint64
 }
 
-func (g *elementsDigest) add(d *nfnl.Decoder, elem []byte) {
+func (g *elementsDigest) add(d *nlcodec.Decoder, elem []byte) {
 	h := fnv.New64a()
 	d.Attrs(elem, func(t uint16, data []byte) {
 		if t == unix.NFTA_SET_ELEM_KEY || t == unix.NFTA_SET_ELEM_DATA {
@@ -261,7 +261,7 @@ func (g *elementsDigest) add(d *nfnl.Decoder, elem []byte) {
 func (n *Netlink) digestElements(f nft.Family, s *nft.Set) (elementsDigest, error) {
 	var g elementsDigest
 	err := n.dump(unix.NFT_MSG_GETSETELEM, f, elementsRequest(s), func(attrs []byte) error {
-		return walkElements(attrs, func(d *nfnl.Decoder, elem []byte) error {
+		return walkElements(attrs, func(d *nlcodec.Decoder, elem []byte) error {
 			g.add(d, elem)
 			return nil
 		})
@@ -291,7 +291,7 @@ func (n *Netlink) checkElements(f nft.Family, s *nft.Set, first elementsDigest) 
 // instead, and the range starts are added with the end openRange, which
 // closeRanges replaces.
 func decodeElements(f nft.Family, s *nft.Set, attrs []byte, ends *[]uint32, sc *elementScratch, g *elementsDigest) error {
-	return walkElements(attrs, func(d *nfnl.Decoder, elem []byte) error {
+	return walkElements(attrs, func(d *nlcodec.Decoder, elem []byte) error {
 		if g != nil {
 			g.add(d, elem)
 		}
@@ -312,8 +312,8 @@ func decodeElements(f nft.Family, s *nft.Set, attrs []byte, ends *[]uint32, sc *
 
 // walkElements calls fn for each element of a NEWSETELEM of an element
 // dump, until fn fails.
-func walkElements(attrs []byte, fn func(d *nfnl.Decoder, elem []byte) error) error {
-	var d nfnl.Decoder
+func walkElements(attrs []byte, fn func(d *nlcodec.Decoder, elem []byte) error) error {
+	var d nlcodec.Decoder
 	var err error
 	d.Attrs(attrs, func(t uint16, list []byte) {
 		if t != unix.NFTA_SET_ELEM_LIST_ELEMENTS || err != nil {
@@ -338,9 +338,9 @@ const openRange = ^uint32(0)
 
 // closeRanges gives each range start of an endpoints map its end: the
 // smallest end key above it, less one. Every end must close a range. The
-// ends are written into the values in place: a million ranges at 100,000
-// Services, which a packed copy of each would leave as garbage in the
-// slab and in the heap.
+// ends are written into the values in place: there is a range per
+// endpoint of every Service, and a packed copy of each would leave as
+// garbage in the slab and in the heap.
 func closeRanges(s *nft.Set, ends []uint32) error {
 	slices.Sort(ends)
 	used := 0
@@ -373,7 +373,7 @@ type elementScratch struct {
 // decodeElement decodes one element into sc, where it stays until the next
 // (its comment is a view of attrs); end reports an endpoints map's element
 // that ends a range (its Key alone is set).
-func decodeElement(d *nfnl.Decoder, f nft.Family, s *nft.Set, attrs []byte, sc *elementScratch) (e nft.Element, end bool, err error) {
+func decodeElement(d *nlcodec.Decoder, f nft.Family, s *nft.Set, attrs []byte, sc *elementScratch) (e nft.Element, end bool, err error) {
 	var key, data, ud []byte
 	var flags uint32
 	d.Attrs(attrs, func(t uint16, v []byte) {
@@ -413,7 +413,7 @@ func decodeElement(d *nfnl.Decoder, f nft.Family, s *nft.Set, attrs []byte, sc *
 	}
 	for len(ud) >= 2 && 2+int(ud[1]) <= len(ud) {
 		if n := int(ud[1]); ud[0] == udataElemComment && n > 0 {
-			e.Comment = view(nfnl.StringBytes(ud[2 : 2+n]))
+			e.Comment = view(nlcodec.StringBytes(ud[2 : 2+n]))
 		}
 		ud = ud[2+int(ud[1]):]
 	}
@@ -421,7 +421,7 @@ func decodeElement(d *nfnl.Decoder, f nft.Family, s *nft.Set, attrs []byte, sc *
 }
 
 // dataValue returns NFTA_DATA_VALUE from a struct nft_data nest.
-func dataValue(d *nfnl.Decoder, nest []byte) []byte {
+func dataValue(d *nlcodec.Decoder, nest []byte) []byte {
 	var v []byte
 	d.Attrs(nest, func(t uint16, data []byte) {
 		if t == unix.NFTA_DATA_VALUE {

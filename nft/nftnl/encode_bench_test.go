@@ -5,11 +5,10 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/nftproxy/nftproxy/internal/testutil/benchrules"
+	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftfake"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
-
-	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/model/benchstate"
 	"github.com/nftproxy/nftproxy/proxier/ruleset"
 )
@@ -26,31 +25,12 @@ var benchCfg = ruleset.Config{
 	MasqueradeMark: 0x4000,
 }
 
-// benchFragment is the fragment of Service i of the workload
-// (benchstate.Service) in generation gen.
-func benchFragment(slots *ruleset.Slots, sz benchstate.Size, i, gen int) *nft.Fragment {
-	svc, es := benchstate.Service(sz, i, gen)
-	return ruleset.ServiceFragment(benchCfg, model.ServicePorts(nft.IPv4, benchstate.Node, svc, []*model.EndpointSlice{es}), slots)
-}
-
-// benchEditor has every Service's fragment; frags are returned for
-// single changes.
-func benchEditor(sz benchstate.Size) (*nft.Editor, []*nft.Fragment, *ruleset.Slots) {
-	ed := nft.NewEditor(nft.IPv4)
-	for _, s := range ruleset.Sets(nft.IPv4, ruleset.Config{}) {
-		ed.AddSet(s)
-	}
-	ed.Replace(nil, ruleset.Base(benchCfg, nft.IPv4))
+// fullSyncEditor is the Editor of a full sync of the workload of size sz
+// (benchrules.Editor); frags are returned for single changes.
+func fullSyncEditor(sz benchstate.Size) (*nft.Editor, []*nft.Fragment, *ruleset.Slots) {
 	slots := ruleset.NewSlots()
-	frags := make([]*nft.Fragment, sz.Services)
-	for i := range frags {
-		frags[i] = benchFragment(slots, sz, i, 0)
-		for _, m := range slots.NewMaps(nft.IPv4) {
-			ed.AddSet(m)
-		}
-		ed.Replace(nil, frags[i])
-	}
-	return ed, frags, slots
+	frags := benchrules.Fragments(benchCfg, slots, sz)
+	return benchrules.Editor(benchCfg, slots, frags), frags, slots
 }
 
 // BenchmarkEncodeFullSync encodes the full-sync transaction (table reset
@@ -59,7 +39,7 @@ func benchEditor(sz benchstate.Size) (*nft.Editor, []*nft.Fragment, *ruleset.Slo
 func BenchmarkEncodeFullSync(b *testing.B) {
 	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
-			ed, _, _ := benchEditor(sz)
+			ed, _, _ := fullSyncEditor(sz)
 			tx := ed.Transaction()
 			var n, msgs int
 			b.ReportAllocs()
@@ -80,11 +60,11 @@ func BenchmarkEncodeFullSync(b *testing.B) {
 func BenchmarkEncodeSingleChange(b *testing.B) {
 	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
-			ed, frags, slots := benchEditor(sz)
+			ed, frags, slots := fullSyncEditor(sz)
 			ed.Transaction()
 			ed.Commit()
 			i := sz.Services / 2
-			ed.Replace(frags[i], benchFragment(slots, sz, i, 1))
+			ed.Replace(frags[i], benchrules.Fragment(benchCfg, slots, sz, i, 1))
 			tx := ed.Transaction()
 			var n int
 			b.ReportAllocs()
@@ -105,7 +85,7 @@ func BenchmarkEncodeSingleChange(b *testing.B) {
 func BenchmarkFakeApplyFullSync(b *testing.B) {
 	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
-			ed, _, _ := benchEditor(sz)
+			ed, _, _ := fullSyncEditor(sz)
 			tx := ed.Transaction()
 			b.ReportAllocs()
 			for b.Loop() {

@@ -15,9 +15,8 @@ import (
 //
 // Writing the expressions here rather than with google/nftables' expr
 // package saves an intermediate value and several allocations per
-// expression: with the buffer sized up front (sizeHint), a cold start's
-// encoding took a quarter of the time and a sixtieth of the allocations
-// (docs/code-figures.md).
+// expression; with the buffer sized up front (sizeHint), a cold start's
+// encoding is several times faster (docs/code-figures.md).
 
 // NFTA_BITWISE_OP (include/uapi/linux/netfilter/nf_tables.h, Linux 5.6+),
 // not in x/sys/unix.

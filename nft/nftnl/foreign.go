@@ -6,8 +6,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file reads and removes tables that are not nftproxy's: another
@@ -43,13 +43,13 @@ func (n *Netlink) ListChains(ctx context.Context, f nft.Family) ([]ChainRef, err
 		chains = chains[:0]
 		return n.dump(unix.NFT_MSG_GETCHAIN, f, nil, func(attrs []byte) error {
 			var c ChainRef
-			var d nfnl.Decoder
+			var d nlcodec.Decoder
 			d.Attrs(attrs, func(typ uint16, data []byte) {
 				switch typ {
 				case unix.NFTA_CHAIN_TABLE:
-					c.Table = nfnl.String(data)
+					c.Table = nlcodec.String(data)
 				case unix.NFTA_CHAIN_NAME:
-					c.Chain = nfnl.String(data)
+					c.Chain = nlcodec.String(data)
 				}
 			})
 			chains = append(chains, c)
@@ -64,7 +64,7 @@ func (n *Netlink) ListChains(ctx context.Context, f nft.Family) ([]ChainRef, err
 func (n *Netlink) foreignDump(ctx context.Context, what string, dumps func() error) error {
 	wrap := func(err error) error { return fmt.Errorf("%s: %w", what, err) }
 	return n.locked(ctx, wrap, func() error {
-		return readUntilConsistent(ctx, nfnl.Until(ctx, replyTimeout), dumps)
+		return readUntilConsistent(ctx, nlcodec.Until(ctx, replyTimeout), dumps)
 	})
 }
 
@@ -111,7 +111,7 @@ func (n *Netlink) DeleteTables(ctx context.Context, f nft.Family, names []string
 // and DELTABLE per name (owned by the name's index), and BATCH_END asking
 // for the ACK the kernel sends after a successful commit.
 func encodeDeleteTables(f nft.Family, names []string, firstSeq uint32) *batch {
-	b := &batch{enc: encoder{nfnl.Encoder{Buf: make([]byte, 0, 64+96*len(names))}}, family: f, firstSeq: firstSeq,
+	b := &batch{enc: encoder{nlcodec.Encoder{Buf: make([]byte, 0, 64+96*len(names))}}, family: f, firstSeq: firstSeq,
 		owners: make([]int, 0, 2+2*len(names)), setIDs: map[string]uint32{}}
 	b.op = -1
 	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0, 0)

@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file reads table nftproxy back from the kernel (Netlink.Load) with
@@ -29,8 +29,8 @@ var errLoadRaced = errors.New("the ruleset changed while it was read")
 // releaseAfterLoad is the number of elements from which Load returns the
 // heap's free memory to the kernel once it has read the table: the dumps'
 // messages are garbage by then, and the caller builds the whole desired
-// state on top of what was read (a restart at 100,000 Services of 10
-// endpoints reads 2.1 million elements).
+// state on top of what was read (what a restart of a large cluster reads:
+// docs/code-figures.md).
 const releaseAfterLoad = 500_000
 
 func releaseAfterLargeLoad(rs *nft.Ruleset) {
@@ -66,8 +66,8 @@ func (n *Netlink) Load(ctx context.Context, f nft.Family) (*nft.Ruleset, error) 
 	if n.conn == nil {
 		return nil, wrap(errors.New("netlink socket closed"))
 	}
-	deadline := nfnl.Until(ctx, replyTimeout)
-	stop, err := nfnl.Deadline(ctx, n.conn, deadline)
+	deadline := nlcodec.Until(ctx, replyTimeout)
+	stop, err := nlcodec.Deadline(ctx, n.conn, deadline)
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -199,7 +199,7 @@ func (n *Netlink) loadDumps(ctx context.Context, deadline time.Time, f nft.Famil
 	}
 	rs := nft.NewRuleset(f)
 	if err := n.dump(unix.NFT_MSG_GETCHAIN, f, nil, func(attrs []byte) error {
-		var d nfnl.Decoder
+		var d nlcodec.Decoder
 		if c, _ := decodeChain(&d, attrs); c != nil {
 			rs.Chains[c.Name] = c
 		}
@@ -211,7 +211,7 @@ func (n *Netlink) loadDumps(ctx context.Context, deadline time.Time, f nft.Famil
 		return func(e *encoder) { e.Str(typ, nft.TableName) }
 	}
 	if err := n.dump(unix.NFT_MSG_GETSET, f, tableAttr(unix.NFTA_SET_TABLE), func(attrs []byte) error {
-		var d nfnl.Decoder
+		var d nlcodec.Decoder
 		if s := decodeSet(&d, f, attrs); s != nil {
 			rs.Sets[s.Name] = s
 		}
@@ -305,7 +305,7 @@ func (n *Netlink) loadHelper(ctx context.Context, deadline time.Time) (*Netlink,
 	if err != nil {
 		return nil, nil, err
 	}
-	stop, err := nfnl.Deadline(ctx, other.conn, deadline)
+	stop, err := nlcodec.Deadline(ctx, other.conn, deadline)
 	if err != nil {
 		other.Close()
 		return nil, nil, err

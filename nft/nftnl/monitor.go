@@ -10,8 +10,8 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // The kernel multicasts every committed nftables transaction, whoever made
@@ -35,6 +35,9 @@ const (
 	KindObject    ObjectKind = "object"
 	KindFlowtable ObjectKind = "flowtable"
 )
+
+// ObjectKinds are every ObjectKind a Change may name.
+var ObjectKinds = []ObjectKind{KindTable, KindChain, KindRule, KindSet, KindElement, KindObject, KindFlowtable}
 
 // Change is what one commit did to objects of one kind in table nftproxy
 // of one family.
@@ -126,7 +129,7 @@ type Monitor struct {
 // Commits sent by the sockets with port ids ours (Netlink.PortID of the
 // backends) are nftproxy's own and are not reported.
 func NewMonitor(opts NetlinkOptions, ours ...uint32) (*Monitor, error) {
-	conn, err := nfnl.Dial(nfnl.SocketOptions{NetNSFd: opts.NetNSFd, RcvBuf: monitorRcvbuf, Groups: []uint32{unix.NFNLGRP_NFTABLES}})
+	conn, err := nlcodec.Dial(nlcodec.SocketOptions{NetNSFd: opts.NetNSFd, RcvBuf: monitorRcvbuf, Groups: []uint32{unix.NFNLGRP_NFTABLES}})
 	if err != nil {
 		return nil, fmt.Errorf("open the nftables monitor socket: %w", err)
 	}
@@ -158,11 +161,11 @@ func (m *Monitor) Run(ctx context.Context, report func(Commit)) error {
 	defer stop()
 	var acc commitAccumulator
 	for {
-		n, err := nfnl.Receive(m.listen, m.rbuf, true)
+		n, err := nlcodec.Receive(m.listen, m.rbuf, true)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, unix.ENOBUFS) || errors.Is(err, nfnl.ErrTruncated) {
+		if errors.Is(err, unix.ENOBUFS) || errors.Is(err, nlcodec.ErrTruncated) {
 			acc = commitAccumulator{}
 			m.emit(Commit{Lost: true})
 			continue
@@ -170,7 +173,7 @@ func (m *Monitor) Run(ctx context.Context, report func(Commit)) error {
 		if err != nil {
 			return fmt.Errorf("read nftables notifications: %w", err)
 		}
-		err = nfnl.Messages(m.rbuf[:n], func(h nfnl.Header, data []byte) error {
+		err = nlcodec.Messages(m.rbuf[:n], func(h nlcodec.Header, data []byte) error {
 			if m.ours[h.PortID] {
 				return nil
 			}
@@ -202,8 +205,8 @@ func (m *Monitor) emit(c Commit) {
 
 // Pause stops the notifications until resume is called, for a large commit
 // of nftproxy's own: while anyone listens, the kernel builds a notification
-// for every object a batch changes, which made the commit of a first sync
-// of 10,000 Services half again as costly (docs/benchmarks.md). Each of
+// for every object a batch changes, which makes a large commit markedly
+// costlier (docs/code-figures.md). Each of
 // nftproxy's commits meanwhile must be counted with Committed; when the
 // ruleset's generation moved by more than those, another process committed
 // while nobody listened, and a Lost commit is reported. Pauses nest (the
@@ -273,8 +276,8 @@ type commitAccumulator struct {
 // add takes one notification; at a NEWGEN that ends a commit which
 // changed table nftproxy, it returns that commit. A malformed notification
 // is an error.
-func (a *commitAccumulator) add(h nfnl.Header, data []byte) (Commit, bool, error) {
-	if h.Type>>8 != unix.NFNL_SUBSYS_NFTABLES || len(data) < nfnl.GenHeaderLen {
+func (a *commitAccumulator) add(h nlcodec.Header, data []byte) (Commit, bool, error) {
+	if h.Type>>8 != unix.NFNL_SUBSYS_NFTABLES || len(data) < nlcodec.GenHeaderLen {
 		return Commit{}, false, nil
 	}
 	typ := h.Type & 0xff
@@ -291,13 +294,13 @@ func (a *commitAccumulator) add(h nfnl.Header, data []byte) (Commit, bool, error
 		return Commit{}, false, nil
 	}
 	var table, name string
-	var d nfnl.Decoder
-	d.Attrs(data[nfnl.GenHeaderLen:], func(t uint16, data []byte) {
+	var d nlcodec.Decoder
+	d.Attrs(data[nlcodec.GenHeaderLen:], func(t uint16, data []byte) {
 		switch t {
 		case 1: // NFTA_{TABLE_NAME, CHAIN_TABLE, RULE_TABLE, SET_TABLE, SET_ELEM_LIST_TABLE, OBJ_TABLE, FLOWTABLE_TABLE}
-			table = nfnl.String(data)
+			table = nlcodec.String(data)
 		case nameAttr:
-			name = nfnl.String(data)
+			name = nlcodec.String(data)
 		}
 	})
 	if d.Err() != nil || table != nft.TableName {
@@ -319,17 +322,17 @@ func (a *commitAccumulator) add(h nfnl.Header, data []byte) (Commit, bool, error
 
 // commit ends the commit at its NEWGEN, whose attributes name the
 // generation and the committing process.
-func (a *commitAccumulator) commit(h nfnl.Header, data []byte) (Commit, error) {
+func (a *commitAccumulator) commit(h nlcodec.Header, data []byte) (Commit, error) {
 	c := Commit{PortID: h.PortID}
-	var d nfnl.Decoder
-	d.Attrs(data[nfnl.GenHeaderLen:], func(t uint16, data []byte) {
+	var d nlcodec.Decoder
+	d.Attrs(data[nlcodec.GenHeaderLen:], func(t uint16, data []byte) {
 		switch t {
 		case unix.NFTA_GEN_ID:
 			c.GenID = d.BE32(data)
 		case unix.NFTA_GEN_PROC_PID:
 			c.PID = d.BE32(data)
 		case unix.NFTA_GEN_PROC_NAME:
-			c.Process = nfnl.String(data)
+			c.Process = nlcodec.String(data)
 		}
 	})
 	for _, k := range a.order {

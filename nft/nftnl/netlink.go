@@ -11,14 +11,14 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file holds the Netlink backend and its Apply. Load (load.go) reads
 // the table back, rewrite (rewrite.go) replaces it whole; each object's
 // encoder and decoder sit together (table.go, chain.go, rule.go, set.go,
-// element.go), over nft/nfnl's wire format.
+// element.go), over internal/nlcodec's wire format.
 
 // Netlink applies transactions to the kernel: each Transaction becomes one
 // nfnetlink batch (BATCH_BEGIN … BATCH_END) written with a single sendmsg
@@ -36,13 +36,14 @@ import (
 // failed commit with BATCH_BEGIN's). The kernel runs the whole batch inside
 // our sendmsg, so when it returns every reply is queued: Apply drains the
 // queue, then sends GETGEN and reads up to its reply (see readReplies).
-// Asking for an ACK per message, as google/nftables v0.3.0 does, doubled
-// the time of a large batch and overflowed the receive buffer
-// (TestNetlinkAckStrategies, docs/code-figures.md).
+// Asking for an ACK per message, as google/nftables v0.3.0 does, makes the
+// kernel queue a reply per message: a large batch takes longer
+// (TestNetlinkAckStrategies checks it) and its replies can overflow the
+// receive buffer (the figures: docs/code-figures.md).
 type Netlink struct {
 	mu     sync.Mutex
 	conn   *netlink.Conn
-	seq    nfnl.Seqs
+	seq    nlcodec.Seqs
 	sndbuf int
 	rbuf   []byte // receive buffer, reused; replies are small (capped ACKs)
 	last   BatchStats
@@ -143,7 +144,7 @@ const (
 
 // NewNetlink opens the netlink socket.
 func NewNetlink(opts NetlinkOptions) (*Netlink, error) {
-	conn, err := nfnl.Dial(nfnl.SocketOptions{NetNSFd: opts.NetNSFd, Acks: true, RcvBuf: rcvbuf, SndBuf: initialSndbuf})
+	conn, err := nlcodec.Dial(nlcodec.SocketOptions{NetNSFd: opts.NetNSFd, Acks: true, RcvBuf: rcvbuf, SndBuf: initialSndbuf})
 	if err != nil {
 		return nil, fmt.Errorf("open nftables netlink socket: %w", err)
 	}
@@ -182,6 +183,14 @@ func (n *Netlink) Owning() (bool, error) {
 	return n.owning, n.ownErr
 }
 
+var _ nft.Backend = (*Netlink)(nil)
+
+// LastCommit implements nft.Backend.
+func (n *Netlink) LastCommit() nft.CommitStats {
+	st := n.LastBatch()
+	return nft.CommitStats{Bytes: st.Bytes, Encode: st.Encode, Kernel: st.Kernel, KernelCPU: st.KernelCPU, GenID: st.GenID}
+}
+
 // LastBatch returns the statistics of the last batch sent.
 func (n *Netlink) LastBatch() BatchStats {
 	n.mu.Lock()
@@ -204,7 +213,7 @@ func (n *Netlink) locked(ctx context.Context, wrap func(error) error, request fu
 	if n.conn == nil {
 		return wrap(errors.New("netlink socket closed"))
 	}
-	stop, err := nfnl.Deadline(ctx, n.conn, nfnl.Until(ctx, replyTimeout))
+	stop, err := nlcodec.Deadline(ctx, n.conn, nlcodec.Until(ctx, replyTimeout))
 	if err != nil {
 		return wrap(err)
 	}
@@ -307,7 +316,7 @@ func (n *Netlink) commit(ctx context.Context, tx *nft.Transaction, opts batchOpt
 
 	// The kernel runs the batch inside sendmsg, which cannot be
 	// interrupted; a cancellation stops the wait for the replies.
-	stop, err := nfnl.Deadline(ctx, n.conn, nfnl.Until(ctx, replyTimeout))
+	stop, err := nlcodec.Deadline(ctx, n.conn, nlcodec.Until(ctx, replyTimeout))
 	if err != nil {
 		return err
 	}
@@ -373,7 +382,7 @@ func setsTableFlags(tx *nft.Transaction, owner int) bool {
 // would not fit; cpu is the CPU time the sending thread spent in sendmsg.
 func (n *Netlink) send(buf []byte) (cpu time.Duration, err error) {
 	if need := len(buf) + 64<<10; need > n.sndbuf {
-		if err := nfnl.SetBuffer(n.conn, unix.SO_SNDBUFFORCE, need); err != nil {
+		if err := nlcodec.SetBuffer(n.conn, unix.SO_SNDBUFFORCE, need); err != nil {
 			return 0, err
 		}
 		n.sndbuf = need
@@ -381,7 +390,7 @@ func (n *Netlink) send(buf []byte) (cpu time.Duration, err error) {
 	runtime.LockOSThread() // the thread whose CPU time is read stays this one
 	defer runtime.UnlockOSThread()
 	before := threadCPU()
-	err = nfnl.Send(n.conn, buf)
+	err = nlcodec.Send(n.conn, buf)
 	return threadCPU() - before, err
 }
 

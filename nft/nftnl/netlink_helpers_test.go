@@ -7,17 +7,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 )
 
-// testNS is a fresh network namespace for one kernel test (netnstest.New,
+// testNS is a fresh network namespace for one kernel test (netns.New,
 // nftproxy-t-<random>, needing root, `ip` and `nft`). The root namespace
 // is never touched: every Netlink of a test is opened on ns.Fd.
-type testNS struct{ *netnstest.NS }
+type testNS struct{ *netns.NS }
 
 func newTestNS(t testing.TB) *testNS {
 	t.Helper()
-	return &testNS{netnstest.New(t, "nftproxy-t", "nft")}
+	return &testNS{netns.New(t, "nftproxy-t", "nft")}
 }
 
 // nft runs nft in the namespace with optional stdin.

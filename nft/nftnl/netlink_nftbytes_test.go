@@ -1,8 +1,8 @@
 package nftnl
 
 import (
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 	"github.com/nftproxy/nftproxy/nft/nfttest"
 
 	"encoding/binary"
@@ -127,7 +127,7 @@ func parseMnlDump(out string) ([][]byte, error) {
 		line = ansiRE.ReplaceAllString(line, "")
 		if mnlLenRE.MatchString(line) {
 			flush()
-			cur = make([]byte, nfnl.HeaderLen)
+			cur = make([]byte, nlcodec.HeaderLen)
 			continue
 		}
 		if cur == nil {
@@ -181,7 +181,7 @@ func parseMnlDump(out string) ([][]byte, error) {
 // splitMessages splits an encoded batch into its messages.
 func splitMessages(b []byte) [][]byte {
 	var out [][]byte
-	for len(b) >= nfnl.HeaderLen {
+	for len(b) >= nlcodec.HeaderLen {
 		l := int(binary.NativeEndian.Uint32(b))
 		out = append(out, b[:l])
 		b = b[pad4(l):]
@@ -291,7 +291,7 @@ func canonicalBatch(t *testing.T, raw [][]byte) ([]string, map[string]string) {
 	t.Helper()
 	var msgs []decodedMsg
 	for _, m := range raw {
-		if len(m) < nfnl.HeaderLen+4 {
+		if len(m) < nlcodec.HeaderLen+4 {
 			t.Fatalf("short message %x", m)
 		}
 		msgs = append(msgs, decodedMsg{

@@ -38,7 +38,7 @@ const rewriteRounds = 12
 // interval map), while the table is rewritten whole in a loop. A refused
 // connection is one no table DNATed: filter-output's cluster-ips-check
 // rejected it. The rewrite in place refuses none; the old add, delete,
-// add refuses some (see rewrite.go).
+// add refuses some (see Netlink.rewrite).
 func TestNetlinkRewriteRefusesNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name     string

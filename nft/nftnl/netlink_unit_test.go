@@ -1,8 +1,8 @@
 package nftnl
 
 import (
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 	"github.com/nftproxy/nftproxy/nft/nfttest"
 
 	"bytes"
@@ -259,14 +259,14 @@ func TestParseReplies(t *testing.T) {
 		b = binary.NativeEndian.AppendUint32(b, 0)
 		b = binary.NativeEndian.AppendUint32(b, uint32(errno))
 		// the request's header: length includes its payload even if capped
-		b = binary.NativeEndian.AppendUint32(b, uint32(nfnl.HeaderLen+len(reqPayload)+64))
+		b = binary.NativeEndian.AppendUint32(b, uint32(nlcodec.HeaderLen+len(reqPayload)+64))
 		b = append(b, make([]byte, 12)...)
 		if flags&unix.NLM_F_CAPPED == 0 {
 			b = append(b, reqPayload...)
 			b = append(b, make([]byte, 64)...)
 		}
 		if ext != "" {
-			e := encoder{nfnl.Encoder{Buf: b}}
+			e := encoder{nlcodec.Encoder{Buf: b}}
 			e.Str(unix.NLMSGERR_ATTR_MSG, ext)
 			e.BE32(unix.NLMSGERR_ATTR_OFFS, 20)
 			b = e.Buf
@@ -282,8 +282,8 @@ func TestParseReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []reply{
-		{typ: unix.NLMSG_ERROR, seq: 5, ack: nfnl.Ack{Errno: unix.ENOENT, Msg: "no such chain"}},
-		{typ: unix.NLMSG_ERROR, seq: 6, ack: nfnl.Ack{Errno: unix.EEXIST, Msg: "exists"}},
+		{typ: unix.NLMSG_ERROR, seq: 5, ack: nlcodec.Ack{Errno: unix.ENOENT, Msg: "no such chain"}},
+		{typ: unix.NLMSG_ERROR, seq: 6, ack: nlcodec.Ack{Errno: unix.EEXIST, Msg: "exists"}},
 		{typ: unix.NLMSG_ERROR, seq: 7},
 	}
 	if len(got) != len(want) {
@@ -311,14 +311,14 @@ func TestDescribeError(t *testing.T) {
 	if len(b.owners) != 7 {
 		t.Fatalf("%d messages", len(b.owners))
 	}
-	err = describeError(tx, b, []msgError{{5, nfnl.Ack{Errno: unix.ENOENT}}, {6, nfnl.Ack{Errno: unix.EINVAL}}})
+	err = describeError(tx, b, []msgError{{5, nlcodec.Ack{Errno: unix.ENOENT}}, {6, nlcodec.Ack{Errno: unix.EINVAL}}})
 	if want := `op 2 add-rule "svc" (rule "jump missing"): no such file or directory (and 1 more errors)`; err.Error() != want {
 		t.Errorf("got %q\nwant %q", err, want)
 	}
 	if !errors.Is(err, unix.ENOENT) {
 		t.Errorf("%v does not wrap ENOENT", err)
 	}
-	err = describeError(tx, b, []msgError{{0, nfnl.Ack{Errno: unix.ENOMEM, Msg: "commit failed"}}})
+	err = describeError(tx, b, []msgError{{0, nlcodec.Ack{Errno: unix.ENOMEM, Msg: "commit failed"}}})
 	if want := "commit: cannot allocate memory (kernel: commit failed)"; err.Error() != want {
 		t.Errorf("got %q, want %q", err, want)
 	}

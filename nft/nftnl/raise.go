@@ -8,8 +8,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file raises a rule's kernel expressions back to the phrases of
@@ -30,14 +30,14 @@ type kexpr struct {
 }
 
 // decodeExprs splits NFTA_RULE_EXPRESSIONS into expressions.
-func decodeExprs(d *nfnl.Decoder, exprs []byte) []kexpr {
+func decodeExprs(d *nlcodec.Decoder, exprs []byte) []kexpr {
 	var out []kexpr
 	d.Attrs(exprs, func(_ uint16, expr []byte) {
 		x := kexpr{attrs: map[uint16][]byte{}}
 		d.Attrs(expr, func(t uint16, v []byte) {
 			switch t {
 			case unix.NFTA_EXPR_NAME:
-				x.name = nfnl.String(v)
+				x.name = nlcodec.String(v)
 			case unix.NFTA_EXPR_DATA:
 				d.Attrs(v, func(t uint16, v []byte) { x.attrs[t] = v })
 			}
@@ -65,7 +65,7 @@ func (x kexpr) is(typ uint16, want uint32) bool {
 // value is the NFTA_DATA_VALUE inside a data nest (NFTA_CMP_DATA, …).
 func (x kexpr) value(typ uint16) []byte {
 	var out []byte
-	_ = nfnl.Attrs(x.attrs[typ], func(t uint16, v []byte) {
+	_ = nlcodec.Attrs(x.attrs[typ], func(t uint16, v []byte) {
 		if t == unix.NFTA_DATA_VALUE {
 			out = v
 		}
@@ -166,7 +166,7 @@ func (r raiser) lookup(ex []kexpr) (nft.Phrase, int) {
 		return nil, 0
 	}
 	l := ex[i]
-	set := nfnl.String(l.attrs[unix.NFTA_LOOKUP_SET])
+	set := nlcodec.String(l.attrs[unix.NFTA_LOOKUP_SET])
 	flags, _ := l.u32(unix.NFTA_LOOKUP_FLAGS)
 	if dreg, ok := l.u32(unix.NFTA_LOOKUP_DREG); ok {
 		if dreg != unix.NFT_REG_VERDICT || flags != 0 {
@@ -190,7 +190,7 @@ func (r raiser) updateSet(ex []kexpr) (nft.Phrase, int) {
 	if _, data := d.attrs[unix.NFTA_DYNSET_SREG_DATA]; data {
 		return nil, 0
 	}
-	return nft.UpdateSet{Field: fd, Set: nfnl.String(d.attrs[unix.NFTA_DYNSET_SET_NAME])}, 2
+	return nft.UpdateSet{Field: fd, Set: nlcodec.String(d.attrs[unix.NFTA_DYNSET_SET_NAME])}, 2
 }
 
 // prefix: the first bytes of an address compared, or the whole address
@@ -409,7 +409,7 @@ func (r raiser) dnatMap(ex []kexpr) (nft.Phrase, int) {
 	}
 	return nft.DNATMap{
 		Proto: proto.(nft.MatchL4Proto).Proto,
-		Map:   nfnl.String(l.attrs[unix.NFTA_LOOKUP_SET]),
+		Map:   nlcodec.String(l.attrs[unix.NFTA_LOOKUP_SET]),
 		Slot:  uint16(offset / nft.EndpointBuckets),
 	}, 6
 }
@@ -439,7 +439,7 @@ func (r raiser) dnatPick(ex []kexpr) (nft.Phrase, int) {
 		!r.natDNAT(ex[6], reg1, slotReg(a)) {
 		return nil, 0
 	}
-	return nft.DNATPick{Proto: proto.(nft.MatchL4Proto).Proto, Map: nfnl.String(l.attrs[unix.NFTA_LOOKUP_SET]), Mod: mod}, 7
+	return nft.DNATPick{Proto: proto.(nft.MatchL4Proto).Proto, Map: nlcodec.String(l.attrs[unix.NFTA_LOOKUP_SET]), Mod: mod}, 7
 }
 
 // dnat: the address and port as immediates, then nat (see lowerDNAT).
@@ -483,7 +483,7 @@ func (r raiser) iifname(ex []kexpr) (nft.Phrase, int) {
 		return nil, 0
 	}
 	if len(data) == unix.IFNAMSIZ {
-		name := nfnl.String(data)
+		name := nlcodec.String(data)
 		if name == "" || !isZero(data[len(name):]) {
 			return nil, 0
 		}
@@ -515,7 +515,7 @@ func (r raiser) single(ex []kexpr) (nft.Phrase, int) {
 		if !x.is(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT) {
 			break
 		}
-		var d nfnl.Decoder
+		var d nlcodec.Decoder
 		var v nft.Verdict
 		d.Attrs(x.attrs[unix.NFTA_IMMEDIATE_DATA], func(t uint16, b []byte) {
 			if t == unix.NFTA_DATA_VERDICT {

@@ -8,8 +8,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 	"github.com/nftproxy/nftproxy/nft/nfttest"
 )
 
@@ -22,7 +22,7 @@ func lowerRaise(t *testing.T, f nft.Family, r nft.Rule) []nft.Phrase {
 		t.Fatalf("lower %q: %v", r.Text(f), err)
 	}
 	b.enc.EndNest(list)
-	var d nfnl.Decoder
+	var d nlcodec.Decoder
 	var exprs []kexpr
 	d.Attrs(b.enc.Buf[list:], func(_ uint16, v []byte) { exprs = decodeExprs(&d, v) })
 	if err := d.Err(); err != nil {

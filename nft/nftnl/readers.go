@@ -12,7 +12,7 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/nftproxy/nftproxy/nft/nfnl"
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 )
 
 // Every commit moves the network namespace's ruleset generation, and a
@@ -141,25 +141,25 @@ func forgetMissing(m, seen map[uint32]bool) {
 
 // dump asks sock_diag for every NETLINK_NETFILTER socket with its flags.
 func (l *SocketLister) dump() ([]Socket, error) {
-	req := make([]byte, nfnl.HeaderLen+diagReqLen)
+	req := make([]byte, nlcodec.HeaderLen+diagReqLen)
 	binary.NativeEndian.PutUint32(req[0:], uint32(len(req)))
 	binary.NativeEndian.PutUint16(req[4:], unix.SOCK_DIAG_BY_FAMILY)
 	binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
 	binary.NativeEndian.PutUint32(req[8:], diagSeq)
-	body := req[nfnl.HeaderLen:]
+	body := req[nlcodec.HeaderLen:]
 	body[0] = unix.AF_NETLINK
 	body[1] = unix.NETLINK_NETFILTER
 	binary.NativeEndian.PutUint32(body[8:], diagShowFlags)
-	if err := nfnl.Send(l.conn, req); err != nil {
+	if err := nlcodec.Send(l.conn, req); err != nil {
 		return nil, err
 	}
 	var out []Socket
 	for {
-		n, err := nfnl.Receive(l.conn, l.buf, true)
+		n, err := nlcodec.Receive(l.conn, l.buf, true)
 		if err != nil {
 			return nil, err
 		}
-		done, err := nfnl.DumpMessages(l.buf[:n], diagSeq, func(h nfnl.Header, payload []byte) error {
+		done, err := nlcodec.DumpMessages(l.buf[:n], diagSeq, func(h nlcodec.Header, payload []byte) error {
 			s, err := decodeDiagMsg(payload)
 			if err != nil {
 				return err
@@ -176,16 +176,16 @@ func (l *SocketLister) dump() ([]Socket, error) {
 // decodeDiagMsg decodes a struct netlink_diag_msg and its flags attribute.
 func decodeDiagMsg(b []byte) (Socket, error) {
 	if len(b) < diagMsgLen {
-		return Socket{}, fmt.Errorf("%w: sock_diag message of %d bytes", nfnl.ErrMalformed, len(b))
+		return Socket{}, fmt.Errorf("%w: sock_diag message of %d bytes", nlcodec.ErrMalformed, len(b))
 	}
 	s := Socket{PortID: binary.NativeEndian.Uint32(b[diagMsgPortIDOff:]), Inode: binary.NativeEndian.Uint32(b[diagMsgInodeOff:])}
 	var bad error
-	err := nfnl.Attrs(b[diagMsgLen:], func(typ uint16, data []byte) {
+	err := nlcodec.Attrs(b[diagMsgLen:], func(typ uint16, data []byte) {
 		if typ != diagAttrFlags {
 			return
 		}
 		if len(data) < 4 {
-			bad = fmt.Errorf("%w: sock_diag flags of %d bytes", nfnl.ErrMalformed, len(data))
+			bad = fmt.Errorf("%w: sock_diag flags of %d bytes", nlcodec.ErrMalformed, len(data))
 			return
 		}
 		s.Dumping = binary.NativeEndian.Uint32(data)&diagFlagDumping != 0

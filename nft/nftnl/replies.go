@@ -6,8 +6,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file reads the kernel's replies: to a batch (errors, and the ACK of
@@ -16,7 +16,7 @@ import (
 // msgError is the kernel's error for message index of a batch.
 type msgError struct {
 	index int
-	nfnl.Ack
+	nlcodec.Ack
 }
 
 type replies struct {
@@ -143,8 +143,8 @@ type reply struct {
 	typ   uint16
 	flags uint16
 	seq   uint32
-	ack   nfnl.Ack // of an NLMSG_ERROR
-	data  []byte   // payload of a message other than NLMSG_ERROR
+	ack   nlcodec.Ack // of an NLMSG_ERROR
+	data  []byte      // payload of a message other than NLMSG_ERROR
 }
 
 // receive reads one datagram and parses its messages; without block it
@@ -155,7 +155,7 @@ func (n *Netlink) receive(block bool) ([]reply, error) {
 	if n.rbuf == nil {
 		n.rbuf = make([]byte, 1<<16)
 	}
-	nr, err := nfnl.Receive(n.conn, n.rbuf, block)
+	nr, err := nlcodec.Receive(n.conn, n.rbuf, block)
 	if err != nil {
 		return nil, err
 	}
@@ -165,10 +165,10 @@ func (n *Netlink) receive(block bool) ([]reply, error) {
 // parseReplies splits a datagram into messages.
 func parseReplies(b []byte) ([]reply, error) {
 	var out []reply
-	err := nfnl.Messages(b, func(h nfnl.Header, payload []byte) error {
+	err := nlcodec.Messages(b, func(h nlcodec.Header, payload []byte) error {
 		m := reply{typ: h.Type, flags: h.Flags, seq: h.Seq}
 		if h.Type == unix.NLMSG_ERROR {
-			m.ack = nfnl.ParseAck(h.Flags, payload)
+			m.ack = nlcodec.ParseAck(h.Flags, payload)
 		} else {
 			m.data = payload
 		}
@@ -183,7 +183,7 @@ func parseReplies(b []byte) ([]reply, error) {
 // the kernel's NLMSG_DONE. each must not keep the bytes it is given.
 func (n *Netlink) dump(msgType uint16, f nft.Family, attrs func(*encoder), each func(attrs []byte) error) error {
 	seq := n.seq.Next(1)
-	e := encoder{nfnl.Encoder{Buf: make([]byte, 0, 128)}}
+	e := encoder{nlcodec.Encoder{Buf: make([]byte, 0, 128)}}
 	m := e.BeginMsg(unix.NFNL_SUBSYS_NFTABLES<<8|msgType, flagRequest|unix.NLM_F_DUMP, seq, uint8(f), 0)
 	if attrs != nil {
 		attrs(&e)
@@ -214,15 +214,15 @@ func (n *Netlink) dump(msgType uint16, f nft.Family, attrs func(*encoder), each 
 					return err
 				}
 			case unix.NLMSG_DONE:
-				if err := nfnl.DoneErr(r.data); err != nil {
+				if err := nlcodec.DoneErr(r.data); err != nil {
 					return err
 				}
 				return first
 			default:
-				if len(r.data) < nfnl.GenHeaderLen {
-					return fmt.Errorf("%w: nf_tables message of %d bytes", nfnl.ErrMalformed, len(r.data))
+				if len(r.data) < nlcodec.GenHeaderLen {
+					return fmt.Errorf("%w: nf_tables message of %d bytes", nlcodec.ErrMalformed, len(r.data))
 				}
-				if err := each(r.data[nfnl.GenHeaderLen:]); err != nil && first == nil {
+				if err := each(r.data[nlcodec.GenHeaderLen:]); err != nil && first == nil {
 					first = err // keep reading up to NLMSG_DONE
 				}
 			}
@@ -235,9 +235,9 @@ const genReplyType = unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWGEN
 // sendSentinel sends NFT_MSG_GETGEN and returns its sequence number.
 func (n *Netlink) sendSentinel() (uint32, error) {
 	seq := n.seq.Next(1)
-	var e nfnl.Encoder
+	var e nlcodec.Encoder
 	e.EndMsg(e.BeginMsg(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETGEN, flagRequest, seq, unix.AF_UNSPEC, 0))
-	return seq, nfnl.Send(n.conn, e.Buf)
+	return seq, nlcodec.Send(n.conn, e.Buf)
 }
 
 // generation reads the ruleset's generation ID (NFT_MSG_GETGEN).
@@ -268,12 +268,12 @@ func (n *Netlink) generation() (uint32, error) {
 
 // parseGenID reads NFTA_GEN_ID from a NEWGEN message.
 func parseGenID(data []byte) (uint32, error) {
-	if len(data) < nfnl.GenHeaderLen {
-		return 0, fmt.Errorf("%w: NEWGEN of %d bytes", nfnl.ErrMalformed, len(data))
+	if len(data) < nlcodec.GenHeaderLen {
+		return 0, fmt.Errorf("%w: NEWGEN of %d bytes", nlcodec.ErrMalformed, len(data))
 	}
-	var d nfnl.Decoder
+	var d nlcodec.Decoder
 	var gen uint32
-	d.Attrs(data[nfnl.GenHeaderLen:], func(typ uint16, data []byte) {
+	d.Attrs(data[nlcodec.GenHeaderLen:], func(typ uint16, data []byte) {
 		if typ == unix.NFTA_GEN_ID {
 			gen = d.BE32(data)
 		}

@@ -11,48 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
-
-// This file applies a transaction that starts with OpResetTable, a rewrite
-// of the whole table, without refusing a connection.
-//
-// The obvious batch, "add table; delete table; add table" and then every
-// set, chain, rule and element, is atomic for the rules, not for the sets
-// with intervals (our endpoints maps). The kernel commits a batch in one
-// step for the rules: it flips the ruleset generation, and every hooked
-// chain runs its new rules from then on. Then it walks the whole batch
-// (notifications, unhooking the deleted base chains, freeing), and only
-// at the end calls each changed set's commit function
-// (nft_set_commit_update in nf_tables_commit). An interval set's packet
-// path reads a structure that function publishes: pipapo's match, and
-// since "netfilter: nft_set_rbtree: translate rbtree to array for binary
-// search" (Linux 6.19, in 6.18 stable) the rbtree's array. Until then a
-// set created in the batch matches nothing. So for the length of that
-// walk (milliseconds at a thousand Services), the new table's DNAT
-// lookups in its endpoints maps miss; the old table's base chains are
-// still hooked, but DELTABLE deactivated its maps' elements for the new
-// generation: neither DNATs, the NAT core binds the connection to no
-// translation, and filter-forward's cluster-ips-check refuses it. Hash
-// sets (every other set) have no commit function: their elements change
-// with the generation, and a rewrite of a table without interval sets
-// loses nothing. See docs/rewrite.md for the reproduction and measurements.
-//
-// So a rewrite keeps the table and its interval sets' objects: it clears
-// the table in place (clearInPlace) and refills it. A set that is kept
-// keeps its published structure until the commit's end, and the packet
-// path goes on finding the elements the batch deletes there; then it
-// finds the new ones. Base chains are never unhooked and hooked again.
-// What to keep or delete comes from a listing of the table's chains and
-// sets (no rules, no elements), read just before, and the batch carries
-// the generation it was read at: if anyone committed in between, the
-// kernel refuses the batch whole and the rewrite lists again.
-//
-// A table whose persistence must change (--own-tables switched) cannot be
-// kept: the kernel refuses to add or drop NFT_TABLE_F_PERSIST on a table
-// that exists. Then the rewrite hands the traffic over through a second
-// table (handover).
 
 // handoverTable is the table that carries the traffic while table
 // nftproxy is deleted and created again (handover). It is owned by the
@@ -125,7 +86,7 @@ func (n *Netlink) listTable(f nft.Family) (*tableListing, error) {
 }
 
 func (l *tableListing) addChain(attrs []byte) error {
-	var d nfnl.Decoder
+	var d nlcodec.Decoder
 	c, binding := decodeChain(&d, attrs)
 	if c != nil {
 		l.chains[c.Name] = c
@@ -135,10 +96,10 @@ func (l *tableListing) addChain(attrs []byte) error {
 }
 
 func (l *tableListing) addSet(f nft.Family, attrs []byte) error {
-	var d nfnl.Decoder
+	var d nlcodec.Decoder
 	a := decodeSetAttrs(&d, attrs)
 	switch {
-	case string(nfnl.StringBytes(a.table)) != nft.TableName:
+	case string(nlcodec.StringBytes(a.table)) != nft.TableName:
 	case a.flags&unix.NFT_SET_ANONYMOUS != 0:
 		l.anonymous++
 	default:
@@ -222,9 +183,29 @@ func (b *batch) clearInPlace() {
 	}
 }
 
-// rewrite applies tx, which starts with OpResetTable: it lists the table
-// and clears it in place, or hands over when it cannot. A listing or a
-// batch that raced with another commit is done again.
+// rewrite applies tx, which starts with OpResetTable (the whole table
+// written again), without refusing a connection: it lists the table and
+// clears it in place, or hands over when it cannot. A listing or a batch
+// that raced with another commit is done again.
+//
+// Not as "add table; delete table; add table" and every object after: the
+// kernel publishes an interval set's elements to the packet path only at
+// the end of a commit (nft_set_commit_update), after the new rules already
+// run, so until then the new table's endpoints maps match nothing while
+// the old table's elements are gone for the new generation, and new
+// connections are refused (docs/rewrite.md: the kernel's code path, the
+// reproduction, the measurements). Hash sets have no such step. A table
+// cleared in place keeps its sets, whose published structures serve the
+// packet path until the commit's end, and its base chains stay hooked.
+// What to keep or delete comes from a listing of the table's chains and
+// sets (no rules, no elements) read just before; the batch carries the
+// generation it was read at, so the kernel refuses it whole if anyone
+// committed in between, and the rewrite lists again.
+//
+// A table whose persistence must change (--own-tables switched) cannot be
+// kept: the kernel refuses to add or drop NFT_TABLE_F_PERSIST on a table
+// that exists. Its traffic is handed over through a second table instead
+// (handover).
 func (n *Netlink) rewrite(ctx context.Context, tx *nft.Transaction, opts batchOptions) error {
 	var total BatchStats
 	defer func() { n.last = total }()

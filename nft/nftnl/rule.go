@@ -6,8 +6,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file writes and reads rules: NEWRULE (its expressions are in
@@ -90,7 +90,7 @@ func ruleComment(ud []byte) string {
 			break
 		}
 		if typ == udataRuleComment {
-			return nfnl.String(ud[2 : 2+n])
+			return nlcodec.String(ud[2 : 2+n])
 		}
 		ud = ud[2+n:]
 	}
@@ -109,7 +109,7 @@ func (n *Netlink) loadRules(f nft.Family, c *nft.Chain) error {
 	}
 	if err := n.dump(unix.NFT_MSG_GETRULE, f, req, func(attrs []byte) error {
 		first := c.Loaded.Count == 0
-		var d nfnl.Decoder
+		var d nlcodec.Decoder
 		var r nft.Rule
 		d.Attrs(attrs, func(typ uint16, data []byte) {
 			switch {
@@ -146,7 +146,7 @@ func (n *Netlink) loadRules(f nft.Family, c *nft.Chain) error {
 // exprsSlot finds the endpoints slot of a rule's expressions: a numgen
 // random mod EndpointBuckets whose offset starts a slot, then a lookup,
 // as lowerDNATMap writes them.
-func exprsSlot(d *nfnl.Decoder, exprs []byte) (nft.EndpointsSlot, bool) {
+func exprsSlot(d *nlcodec.Decoder, exprs []byte) (nft.EndpointsSlot, bool) {
 	var s nft.EndpointsSlot
 	numgen, found := false, false
 	d.Attrs(exprs, func(_ uint16, expr []byte) {
@@ -159,7 +159,7 @@ func exprsSlot(d *nfnl.Decoder, exprs []byte) (nft.EndpointsSlot, bool) {
 				data = v
 			}
 		})
-		switch nfnl.String(name) {
+		switch nlcodec.String(name) {
 		case "numgen":
 			mod, offset := uint32(0), uint32(0)
 			d.Attrs(data, func(t uint16, v []byte) {
@@ -176,7 +176,7 @@ func exprsSlot(d *nfnl.Decoder, exprs []byte) (nft.EndpointsSlot, bool) {
 			if numgen && !found {
 				d.Attrs(data, func(t uint16, v []byte) {
 					if t == unix.NFTA_LOOKUP_SET {
-						s.Map, found = nfnl.String(v), true
+						s.Map, found = nlcodec.String(v), true
 					}
 				})
 			}
@@ -213,7 +213,7 @@ func verdictCode(k nft.VerdictKind) uint32 {
 
 // decodeVerdict decodes NFTA_DATA_VERDICT. A code nftproxy never writes
 // comes back as a kind that equals no verdict of ours.
-func decodeVerdict(d *nfnl.Decoder, attrs []byte) nft.Verdict {
+func decodeVerdict(d *nlcodec.Decoder, attrs []byte) nft.Verdict {
 	var vd nft.Verdict
 	code := int32(-1000)
 	d.Attrs(attrs, func(t uint16, v []byte) {
@@ -221,7 +221,7 @@ func decodeVerdict(d *nfnl.Decoder, attrs []byte) nft.Verdict {
 		case unix.NFTA_VERDICT_CODE:
 			code = int32(d.BE32(v))
 		case unix.NFTA_VERDICT_CHAIN:
-			vd.Chain = nfnl.String(v)
+			vd.Chain = nlcodec.String(v)
 		}
 	})
 	for _, k := range []nft.VerdictKind{nft.VerdictAccept, nft.VerdictDrop, nft.VerdictReturn, nft.VerdictJump, nft.VerdictGoto} {

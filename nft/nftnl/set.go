@@ -9,8 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file writes and reads sets and maps: NEWSET, DELSET, the flush
@@ -206,7 +206,7 @@ type setAttrs struct {
 	foreign                                   bool // attributes nftproxy never writes
 }
 
-func decodeSetAttrs(d *nfnl.Decoder, attrs []byte) setAttrs {
+func decodeSetAttrs(d *nlcodec.Decoder, attrs []byte) setAttrs {
 	var a setAttrs
 	d.Attrs(attrs, func(t uint16, data []byte) {
 		switch t {
@@ -244,11 +244,11 @@ func decodeSetAttrs(d *nfnl.Decoder, attrs []byte) setAttrs {
 }
 
 // exprName is the NFTA_EXPR_NAME of an expression's attributes.
-func exprName(d *nfnl.Decoder, attrs []byte) string {
+func exprName(d *nlcodec.Decoder, attrs []byte) string {
 	var name string
 	d.Attrs(attrs, func(t uint16, data []byte) {
 		if t == unix.NFTA_EXPR_NAME {
-			name = nfnl.String(data)
+			name = nlcodec.String(data)
 		}
 	})
 	return name
@@ -258,14 +258,14 @@ func exprName(d *nfnl.Decoder, attrs []byte) string {
 // the (foreign) rule that uses it and goes with it when its chain is
 // rewritten.
 func (a *setAttrs) ours() bool {
-	return string(nfnl.StringBytes(a.table)) == nft.TableName && a.flags&unix.NFT_SET_ANONYMOUS == 0
+	return string(nlcodec.StringBytes(a.table)) == nft.TableName && a.flags&unix.NFT_SET_ANONYMOUS == 0
 }
 
 // decodeSet decodes a NEWSET of a set dump; nil if it is not a named set
 // of our table. A set nftproxy could not have written (flags, types or
 // attributes it never uses) comes back with a nil Key: it equals no set
 // nftproxy wants.
-func decodeSet(d *nfnl.Decoder, f nft.Family, attrs []byte) *nft.Set {
+func decodeSet(d *nlcodec.Decoder, f nft.Family, attrs []byte) *nft.Set {
 	a := decodeSetAttrs(d, attrs)
 	if !a.ours() {
 		return nil
@@ -273,8 +273,8 @@ func decodeSet(d *nfnl.Decoder, f nft.Family, attrs []byte) *nft.Set {
 	return a.set(d, f)
 }
 
-func (a *setAttrs) set(d *nfnl.Decoder, f nft.Family) *nft.Set {
-	s := &nft.Set{Name: nfnl.String(a.name), Dynamic: a.flags&unix.NFT_SET_EVAL != 0, Timeout: a.timeout,
+func (a *setAttrs) set(d *nlcodec.Decoder, f nft.Family) *nft.Set {
+	s := &nft.Set{Name: nlcodec.String(a.name), Dynamic: a.flags&unix.NFT_SET_EVAL != 0, Timeout: a.timeout,
 		Comment: setComment(a.ud), Counter: a.counter}
 	d.Attrs(a.desc, func(t uint16, data []byte) {
 		if t == unix.NFTA_SET_DESC_SIZE {
@@ -352,7 +352,7 @@ func (a *setAttrs) types() (key, data []nft.DataType) {
 
 // endpointsMap makes s the endpoints map the attributes describe, if they
 // are exactly what newSet writes for one; else s keeps a nil Key.
-func (a *setAttrs) endpointsMap(d *nfnl.Decoder, f nft.Family, s *nft.Set) {
+func (a *setAttrs) endpointsMap(d *nlcodec.Decoder, f nft.Family, s *nft.Set) {
 	if a.flags != unix.NFT_SET_MAP|unix.NFT_SET_INTERVAL {
 		return
 	}
@@ -384,7 +384,7 @@ func (a *setAttrs) endpointsMap(d *nfnl.Decoder, f nft.Family, s *nft.Set) {
 func setComment(ud []byte) string {
 	for len(ud) >= 2 && 2+int(ud[1]) <= len(ud) {
 		if n := int(ud[1]); ud[0] == udataSetComment && n > 0 {
-			return nfnl.String(ud[2 : 2+n])
+			return nlcodec.String(ud[2 : 2+n])
 		}
 		ud = ud[2+int(ud[1]):]
 	}

@@ -5,8 +5,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 )
 
 // This file writes and reads tables: NEWTABLE and DELTABLE, and the
@@ -75,11 +75,11 @@ func (n *Netlink) tables(f nft.Family) ([]tableInfo, error) {
 	var out []tableInfo
 	err := n.dump(unix.NFT_MSG_GETTABLE, f, nil, func(attrs []byte) error {
 		var t tableInfo
-		var d nfnl.Decoder
+		var d nlcodec.Decoder
 		d.Attrs(attrs, func(typ uint16, data []byte) {
 			switch typ {
 			case unix.NFTA_TABLE_NAME:
-				t.name = nfnl.String(data)
+				t.name = nlcodec.String(data)
 			case unix.NFTA_TABLE_FLAGS:
 				t.flags = d.BE32(data)
 			case unix.NFTA_TABLE_USE:

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nftproxy/nftproxy/internal/nlcodec"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/nfnl"
 	"github.com/nftproxy/nftproxy/nft/nfttest"
 )
 
@@ -89,7 +89,7 @@ func TestDecodeInvertsEncode(t *testing.T) {
 		var e encoder
 		e.verdict(nft.Verdict{Kind: k, Chain: "c"})
 		var got nft.Verdict
-		var d nfnl.Decoder
+		var d nlcodec.Decoder
 		d.Attrs(e.Buf, func(t uint16, v []byte) { got = decodeVerdict(&d, v) })
 		if d.Err() != nil {
 			t.Error(d.Err())

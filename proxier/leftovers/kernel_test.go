@@ -10,7 +10,8 @@ import (
 
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -42,8 +43,8 @@ table inet other {
 
 // kernelChecker returns a Checker on a fresh namespace holding
 // kubeProxyLeftovers.
-func kernelChecker(t *testing.T, remove bool) (*netnstest.NS, *Checker) {
-	ns := netnstest.New(t, "nftproxy-leftovers", "nft")
+func kernelChecker(t *testing.T, remove bool) (*netns.NS, *Checker) {
+	ns := netns.New(t, "nftproxy-leftovers", "nft")
 	if _, err := ns.Run(kubeProxyLeftovers, "nft", "-f", "-"); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +56,7 @@ func kernelChecker(t *testing.T, remove bool) (*netnstest.NS, *Checker) {
 	return ns, NewChecker(n, []nft.Family{nft.IPv4, nft.IPv6}, remove)
 }
 
-func listTables(t *testing.T, ns *netnstest.NS, tables ...string) string {
+func listTables(t *testing.T, ns *netns.NS, tables ...string) string {
 	t.Helper()
 	var b strings.Builder
 	for _, tbl := range tables {
@@ -164,7 +165,7 @@ func checkGauges(t *testing.T, when string, want map[string]float64) {
 	t.Helper()
 	for key, v := range want {
 		fam, kind, _ := strings.Cut(key, " ")
-		if got := gauge(t, metrics.KubeProxyLeftovers.WithLabelValues(fam, kind)); got != v {
+		if got := testutil.Value(t, metrics.KubeProxyLeftovers.WithLabelValues(fam, kind)); got != v {
 			t.Errorf("%s: leftovers{%s} = %v, want %v", when, key, got, v)
 		}
 	}

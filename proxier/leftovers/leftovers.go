@@ -160,8 +160,14 @@ type Checker struct {
 }
 
 // NewChecker returns a Checker of families on k; remove: RemoveTables
-// deletes kube-proxy's tables (--remove-kube-proxy-tables).
+// deletes kube-proxy's tables (--remove-kube-proxy-tables). The families'
+// removal counters are served at 0 from then on.
 func NewChecker(k Kernel, families []nft.Family, remove bool) *Checker {
+	for _, f := range families {
+		for _, result := range []string{metrics.ResultSuccess, metrics.ResultFailure} {
+			metrics.KubeProxyTableRemovalsTotal.WithLabelValues(f.IPFamily(), result)
+		}
+	}
 	return &Checker{kernel: k, families: families, remove: remove}
 }
 

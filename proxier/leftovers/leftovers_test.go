@@ -11,10 +11,9 @@ import (
 
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"k8s.io/klog/v2"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -127,7 +126,7 @@ func TestCheck(t *testing.T) {
 		{metrics.IPv4, metrics.LeftoverNFTablesTable, 1}, {metrics.IPv4, metrics.LeftoverIPTablesChains, 4},
 		{metrics.IPv6, metrics.LeftoverNFTablesTable, 1}, {metrics.IPv6, metrics.LeftoverIPTablesChains, 0},
 	} {
-		if got := gauge(t, metrics.KubeProxyLeftovers.WithLabelValues(g.fam, g.kind)); got != g.want {
+		if got := testutil.Value(t, metrics.KubeProxyLeftovers.WithLabelValues(g.fam, g.kind)); got != g.want {
 			t.Errorf("leftovers{%s,%s} = %v, want %v", g.fam, g.kind, got, g.want)
 		}
 	}
@@ -155,10 +154,10 @@ func TestCheck(t *testing.T) {
 func TestRemoveTables(t *testing.T) {
 	ctx := context.Background()
 	removals := func(fam, result string) float64 {
-		return counter(t, metrics.KubeProxyTableRemovalsTotal.WithLabelValues(fam, result))
+		return testutil.Value(t, metrics.KubeProxyTableRemovalsTotal.WithLabelValues(fam, result))
 	}
 	tables := func() float64 {
-		return gauge(t, metrics.KubeProxyLeftovers.WithLabelValues(metrics.IPv4, metrics.LeftoverNFTablesTable))
+		return testutil.Value(t, metrics.KubeProxyLeftovers.WithLabelValues(metrics.IPv4, metrics.LeftoverNFTablesTable))
 	}
 
 	k := node()
@@ -180,7 +179,7 @@ func TestRemoveTables(t *testing.T) {
 	if got := tables(); got != 0 {
 		t.Errorf("after the removal: leftovers{nftables-table} = %v, want 0", got)
 	}
-	if got := gauge(t, metrics.KubeProxyLeftovers.WithLabelValues(metrics.IPv4, metrics.LeftoverIPTablesChains)); got != 4 {
+	if got := testutil.Value(t, metrics.KubeProxyLeftovers.WithLabelValues(metrics.IPv4, metrics.LeftoverIPTablesChains)); got != 4 {
 		t.Errorf("after the removal: leftovers{iptables-chains} = %v, want 4 (never touched)", got)
 	}
 	c.RemoveTables(ctx, nft.IPv4)
@@ -200,22 +199,19 @@ func TestRemoveTables(t *testing.T) {
 	}
 }
 
-func gauge(t *testing.T, g prometheus.Gauge) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := g.Write(&m); err != nil {
-		t.Fatal(err)
+// TestRemovalSeriesFromStart: the removal counters of the checker's
+// families are served at 0 from its creation, before any removal.
+func TestRemovalSeriesFromStart(t *testing.T) {
+	metrics.KubeProxyTableRemovalsTotal.Reset()
+	NewChecker(&fakeKernel{}, []nft.Family{nft.IPv4, nft.IPv6}, false)
+	for _, fam := range []string{metrics.IPv4, metrics.IPv6} {
+		for _, result := range []string{metrics.ResultSuccess, metrics.ResultFailure} {
+			labels := map[string]string{"ip_family": fam, "result": result}
+			if v, ok := testutil.Served(t, metrics.Registry, "nftproxy_kube_proxy_table_removals_total", labels); !ok || v != 0 {
+				t.Errorf("removals%v: served %v, value %v; want served at 0", labels, ok, v)
+			}
+		}
 	}
-	return m.GetGauge().GetValue()
-}
-
-func counter(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }
 
 // captureLogs sends klog's output to a buffer for the rest of the test.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -18,7 +18,7 @@ import (
 // opened on a thread that enters it.
 type nsNetwork struct {
 	t  *testing.T
-	ns *netnstest.NS
+	ns *netns.NS
 	h  hostNetwork
 }
 
@@ -41,12 +41,14 @@ func (n nsNetwork) Dial(ctx context.Context, addr netip.AddrPort) (c net.Conn, e
 func TestKernelProxy(t *testing.T) {
 	for _, f := range []nft.Family{nft.IPv4, nft.IPv6} {
 		t.Run(f.String(), func(t *testing.T) {
-			ns := netnstest.New(t, "nftproxy-lnp")
+			ns := netns.New(t, "nftproxy-lnp")
 			ep, lo, other := netip.MustParseAddrPort("10.244.1.11:8080"), netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")
 			if f == nft.IPv6 {
 				ep, lo, other = netip.MustParseAddrPort("[fd00:244::11]:8080"), netip.IPv6Loopback(), netip.Addr{}
 			}
-			for _, cmd := range [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "addr", "add", ep.Addr().String(), "dev", "lo"}} {
+			// nodad: an IPv6 address is tentative, and cannot be bound,
+			// until duplicate address detection is done.
+			for _, cmd := range [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "addr", "add", ep.Addr().String(), "dev", "lo", "nodad"}} {
 				if out, err := ns.Run("", cmd...); err != nil {
 					t.Fatalf("%v: %v: %s", cmd, err, out)
 				}

@@ -92,7 +92,8 @@ type Proxy struct {
 	closed    bool
 }
 
-// New returns a Proxy with no listener.
+// New returns a Proxy with no listener. Its family's listener creation
+// failures are served at 0 from then on (with the gate on).
 func New(cfg Config) *Proxy {
 	if cfg.Network == nil {
 		cfg.Network = hostNetwork{family: cfg.Family}
@@ -110,6 +111,7 @@ func New(cfg Config) *Proxy {
 	if cfg.Family == nft.IPv6 {
 		addr = netip.IPv6Loopback()
 	}
+	metrics.LocalhostNodePortListenerCreationFailuresTotal.WithLabelValues(cfg.Family.IPFamily())
 	return &Proxy{cfg: cfg, addr: addr, fam: cfg.Family.IPFamily(), listeners: map[uint16]*listener{}, failed: map[uint16]bool{}}
 }
 

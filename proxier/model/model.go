@@ -138,8 +138,8 @@ func categorize(sp *ServicePortState, node Node, p ServicePort, slices []*Endpoi
 
 // dedupScanMax is the number of endpoints up to which categorize finds
 // duplicates by scanning the candidates rather than with a map: a map per
-// service port was a third of a full sync's allocations in the model
-// (docs/profiles.md), and nearly every Service has a few endpoints.
+// service port was a large share of the model's allocations in a full sync
+// (docs/code-figures.md), and nearly every Service has a few endpoints.
 const dedupScanMax = 32
 
 // listed reports whether ap is among the candidates: in seen if there is

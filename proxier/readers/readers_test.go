@@ -8,6 +8,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 )
 
@@ -175,9 +176,7 @@ func TestWaitGone(t *testing.T) {
 	clk := clocktesting.NewFakeClock(epoch)
 	done := make(chan bool)
 	go func() { done <- g.WaitGone(context.Background(), clk, 42, 200*ms) }()
-	for !clk.HasWaiters() {
-		time.Sleep(time.Millisecond) // the goroutine's first look
-	}
+	testutil.Eventually(t, "WaitGone's first look", clk.HasWaiters)
 	select {
 	case <-done:
 		t.Fatal("WaitGone returned while the socket is open")

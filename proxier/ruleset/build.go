@@ -464,7 +464,8 @@ func servicesRules(cfg Config, nodePortGuards [][]nft.Phrase) []nft.Rule {
 func ServiceFragment(cfg Config, ports []model.ServicePortState, slots *Slots) *nft.Fragment {
 	// Room for the elements of the usual port (its ClusterIP, service IP,
 	// a range per endpoint and a hairpin connection per local one), not
-	// grown from nothing: growing was a fifth of a full sync's allocations.
+	// grown from nothing: growing was a large share of a full sync's
+	// allocations (docs/code-figures.md).
 	n := 0
 	for i := range ports {
 		n += 2 + len(ports[i].Endpoints) + len(ports[i].LocalEndpoints)

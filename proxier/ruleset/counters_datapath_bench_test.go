@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -92,7 +92,7 @@ type udpPair struct {
 // counters says) and a client and an endpoint of the probe's ClusterIP in
 // it, which have exchanged a datagram each way.
 func udpProbe(b *testing.B, counters Counters, ports []model.ServicePortState, probe netip.AddrPort) udpPair {
-	ns := netnstest.New(b, "nftproxy-dp", "nft", "ip")
+	ns := netns.New(b, "nftproxy-dp", "nft", "ip")
 	for _, cmd := range [][]string{
 		{"ip", "link", "set", "lo", "up"},
 		{"ip", "addr", "add", "10.244.1.11/32", "dev", "lo"},

@@ -8,9 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 	"github.com/nftproxy/nftproxy/proxier/model"
@@ -40,7 +40,7 @@ func TestKernelCountsConnections(t *testing.T) {
 }
 
 func kernelCountsConnections(t *testing.T, node netip.Addr, npa NodePortAddresses) {
-	ns := netnstest.New(t, "nftproxy-cnt", "nft", "ip", "conntrack", "sysctl")
+	ns := netns.New(t, "nftproxy-cnt", "nft", "ip", "conntrack", "sysctl")
 	eps := []netip.AddrPort{ap("10.244.1.11:8080"), ap("10.244.1.12:8080")}
 	for _, cmd := range [][]string{
 		{"ip", "link", "set", "lo", "up"},
@@ -135,36 +135,34 @@ func kernelCountsConnections(t *testing.T, node netip.Addr, npa NodePortAddresse
 	}
 }
 
-// conntrackAccounting sums the packets and bytes, both ways, of the
-// namespace's TCP flows whose original tuple has dst (e.g.
-// "dst=10.96.0.10 sport=").
 // waitFlowsClosed waits until conntrack has seen the last packet of every
 // TCP connection in ns: each flow in TIME_WAIT (or CLOSE).
-func waitFlowsClosed(t *testing.T, ns *netnstest.NS) {
+func waitFlowsClosed(t *testing.T, ns *netns.NS) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		out, err := ns.Run("", "conntrack", "-L", "-p", "tcp")
-		if err != nil {
+	var out string
+	open := 0
+	if testutil.Poll(func() bool {
+		var err error
+		if out, err = ns.Run("", "conntrack", "-L", "-p", "tcp"); err != nil {
 			t.Fatalf("conntrack -L: %v: %s", err, out)
 		}
-		open := 0
+		open = 0
 		for _, line := range strings.Split(out, "\n") {
 			if strings.HasPrefix(line, "tcp ") && !strings.Contains(line, " TIME_WAIT ") && !strings.Contains(line, " CLOSE ") {
 				open++
 			}
 		}
-		if open == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d TCP flows not closed after 10 s:\n%s", open, out)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return open == 0
+	}) {
+		return
 	}
+	t.Fatalf("%d TCP flows not closed after %v:\n%s", open, testutil.Timeout, out)
 }
 
-func conntrackAccounting(t *testing.T, ns *netnstest.NS, dst string) nftnl.Counter {
+// conntrackAccounting sums the packets and bytes, both ways, of the
+// namespace's TCP flows whose original tuple has dst (e.g.
+// "dst=10.96.0.10 sport=").
+func conntrackAccounting(t *testing.T, ns *netns.NS, dst string) nftnl.Counter {
 	t.Helper()
 	out, err := ns.Run("", "conntrack", "-L", "-p", "tcp")
 	if err != nil {
@@ -193,7 +191,7 @@ func conntrackAccounting(t *testing.T, ns *netnstest.NS, dst string) nftnl.Count
 }
 
 // echoServer answers each connection to addr with what it read.
-func echoServer(t *testing.T, ns *netnstest.NS, addr netip.AddrPort) {
+func echoServer(t *testing.T, ns *netns.NS, addr netip.AddrPort) {
 	var l net.Listener
 	var err error
 	ns.Do(t, func() { l, err = net.Listen("tcp", addr.String()) })
@@ -218,7 +216,7 @@ func echoServer(t *testing.T, ns *netnstest.NS, addr netip.AddrPort) {
 }
 
 // echo connects to addr, sends msg and checks it comes back.
-func echo(t *testing.T, ns *netnstest.NS, addr netip.AddrPort, msg string) {
+func echo(t *testing.T, ns *netns.NS, addr netip.AddrPort, msg string) {
 	t.Helper()
 	var c net.Conn
 	var err error

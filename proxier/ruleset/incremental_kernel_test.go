@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 	"github.com/nftproxy/nftproxy/proxier/model/fuzzstate"
@@ -14,7 +14,7 @@ import (
 // netlink and listed with nft.
 type nsTable struct {
 	*nftnl.Netlink
-	ns *netnstest.NS
+	ns *netns.NS
 }
 
 func (k nsTable) Listing(t *testing.T, f nft.Family) string {
@@ -32,7 +32,7 @@ func (k nsTable) Listing(t *testing.T, f nft.Family) string {
 // pick map and its chain come or go beside the elements that use them, and
 // leave the table the Fake has.
 func TestKernelIncremental(t *testing.T) {
-	ns := netnstest.New(t, "nftproxy-inc", "nft")
+	ns := netns.New(t, "nftproxy-inc", "nft")
 	nl, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: ns.Fd})
 	if err != nil {
 		t.Fatal(err)

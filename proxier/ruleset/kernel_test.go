@@ -13,7 +13,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/model/fuzzstate"
@@ -23,14 +23,14 @@ import (
 // fresh network namespace, through the netlink backend, and checks that
 // `nft list` decompiles every rule back to exactly what Dump says.
 func TestKernelListsGoldens(t *testing.T) {
-	netnstest.Require(t, "nft")
+	netns.Require(t, "nft")
 	for name, rs := range map[string]*nft.Ruleset{
 		"basic":    Build(testConfig, nft.IPv4, testState()),
 		"features": Build(featureConfig(), nft.IPv4, featureState()),
 		"counters": Build(countersConfig(), nft.IPv4, testState()),
 	} {
 		t.Run(name, func(t *testing.T) {
-			ns := netnstest.New(t, "nftproxy-rs", "nft")
+			ns := netns.New(t, "nftproxy-rs", "nft")
 			nl, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: ns.Fd})
 			if err != nil {
 				t.Fatal(err)
@@ -59,13 +59,13 @@ func TestKernelListsGoldens(t *testing.T) {
 // listing must load the same table again: nothing from a name can change
 // what the listing says.
 func TestKernelListsHostileNames(t *testing.T) {
-	netnstest.Require(t, "nft")
+	netns.Require(t, "nft")
 	states := map[string]func(nft.Family) []model.ServicePortState{"hostile names": hostilePorts}
 	for i, data := range append(fuzzstate.Seeds(), fuzzCorpus(t, "FuzzBuild")...) {
 		st := fuzzstate.Decode(data)
 		states[fmt.Sprintf("FuzzBuild input %d", i)] = func(f nft.Family) []model.ServicePortState { return fuzzPorts(st, f) }
 	}
-	ns := netnstest.New(t, "nftproxy-rs", "nft")
+	ns := netns.New(t, "nftproxy-rs", "nft")
 	nl, err := nftnl.NewNetlink(nftnl.NetlinkOptions{NetNSFd: ns.Fd})
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
 )
@@ -37,7 +37,7 @@ func TestKernelLocalhostNodePorts(t *testing.T) {
 		{nft.IPv6, rejectProxied, true},
 	} {
 		t.Run(fmt.Sprintf("%s reject %v", tc.f, tc.l.Reject), func(t *testing.T) {
-			ns := netnstest.New(t, "nftproxy-lo", "nft")
+			ns := netns.New(t, "nftproxy-lo", "nft")
 			if out, err := ns.Run("", "ip", "link", "set", "lo", "up"); err != nil {
 				t.Fatalf("%v: %s", err, out)
 			}
@@ -114,7 +114,7 @@ func TestKernelLocalhostNodePorts(t *testing.T) {
 // dialErr sends one message to addr over network and waits for the
 // answer: nil if it came back, else the error (a refusal, TCP's reset or
 // the ICMP error a connected UDP socket reports, is ECONNREFUSED).
-func dialErr(ns *netnstest.NS, t *testing.T, network string, addr netip.AddrPort) error {
+func dialErr(ns *netns.NS, t *testing.T, network string, addr netip.AddrPort) error {
 	var c net.Conn
 	var err error
 	ns.Do(t, func() { c, err = net.DialTimeout(network, addr.String(), 2*time.Second) })
@@ -132,7 +132,7 @@ func dialErr(ns *netnstest.NS, t *testing.T, network string, addr netip.AddrPort
 }
 
 // udpEcho answers each datagram to addr with itself.
-func udpEcho(t *testing.T, ns *netnstest.NS, addr netip.AddrPort) {
+func udpEcho(t *testing.T, ns *netns.NS, addr netip.AddrPort) {
 	var pc net.PacketConn
 	var err error
 	ns.Do(t, func() { pc, err = net.ListenPacket("udp", addr.String()) })

@@ -42,10 +42,14 @@ type Collector struct {
 // NewCollector returns a collector reading the counters of the families'
 // tables with r. hold, if set, is called around each read, so that the
 // proxy's commits wait for it (readers.Gate.Hold): a commit interrupts a
-// dump, and the read starts over.
+// dump, and the read starts over. The families' read errors are served
+// at 0 from the first scrape.
 func NewCollector(r Reader, families []nft.Family, hold func() (release func())) *Collector {
 	if hold == nil {
 		hold = func() func() { return func() {} }
+	}
+	for _, f := range families {
+		metrics.TrafficScrapeErrors.WithLabelValues(f.IPFamily())
 	}
 	return &Collector{reader: r, families: families, hold: hold}
 }

@@ -33,12 +33,25 @@ const (
 	ProxyLabelSelector = "!" + LabelServiceProxyName + ",!" + LabelHeadless
 )
 
+// The kinds of API object the watcher reads: what Hooks.Event reports, and
+// the kind label of nftproxy_api_events_total and
+// nftproxy_invalid_objects_total.
+const (
+	KindService       = "Service"
+	KindEndpointSlice = "EndpointSlice"
+	KindNode          = "Node"
+	KindServiceCIDR   = "ServiceCIDR"
+)
+
+// Kinds are every kind Hooks.Event reports.
+var Kinds = []string{KindService, KindEndpointSlice, KindNode, KindServiceCIDR}
+
 // Problem is something wrong with an object from the API: the object (or the
 // part of it named in Reason) is skipped, everything else goes on.
 type Problem struct {
-	Kind   string // "Service" or "EndpointSlice"
+	Kind   string // KindService, KindEndpointSlice or KindServiceCIDR
 	Object string // namespace/name (escaped: see printable)
-	Reason string // short, stable: used as a metric label
+	Reason string // one of Reasons[Kind]: a metric label
 	Detail string
 }
 
@@ -46,11 +59,31 @@ func (p Problem) Error() string {
 	return fmt.Sprintf("%s %s: %s: %s", p.Kind, p.Object, p.Reason, p.Detail)
 }
 
-// Reasons are every Problem.Reason: the values of the metric's label.
-var Reasons = []string{
-	"invalid-name", "invalid-port-name", "invalid-protocol", "invalid-port", "duplicate-port",
-	"invalid-node-port", "invalid-cluster-ip", "invalid-external-ip", "invalid-load-balancer-ip",
-	"invalid-source-range", "invalid-address",
+// The reasons a Problem gives, short and stable: the reason label of
+// nftproxy_invalid_objects_total. The list is closed, so that every series
+// of the metric is known, and exported at 0, before an object is invalid.
+const (
+	ReasonInvalidName           = "invalid-name"             // a namespace or name is not a DNS-1123 label
+	ReasonInvalidClusterIP      = "invalid-cluster-ip"       // not an address, or a second one of its family
+	ReasonInvalidPortName       = "invalid-port-name"        // not a DNS-1123 label
+	ReasonInvalidProtocol       = "invalid-protocol"         // not TCP, UDP or SCTP
+	ReasonInvalidPort           = "invalid-port"             // out of range
+	ReasonDuplicatePort         = "duplicate-port"           // a port's name, or its number and protocol, given before
+	ReasonInvalidNodePort       = "invalid-node-port"        // out of range
+	ReasonInvalidExternalIP     = "invalid-external-ip"      // not a usable address
+	ReasonInvalidLoadBalancerIP = "invalid-load-balancer-ip" // not a usable address
+	ReasonInvalidSourceRange    = "invalid-source-range"     // not a CIDR
+	ReasonInvalidAddress        = "invalid-address"          // an endpoint without a usable address
+	ReasonInvalidCIDR           = "invalid-cidr"             // a ServiceCIDR's range is not a CIDR
+)
+
+// Reasons are, for each kind of object, every reason its Problems give.
+var Reasons = map[string][]string{
+	KindService: {ReasonInvalidName, ReasonInvalidClusterIP, ReasonInvalidPortName, ReasonInvalidProtocol,
+		ReasonInvalidPort, ReasonDuplicatePort, ReasonInvalidNodePort, ReasonInvalidExternalIP,
+		ReasonInvalidLoadBalancerIP, ReasonInvalidSourceRange},
+	KindEndpointSlice: {ReasonInvalidName, ReasonInvalidAddress, ReasonInvalidProtocol, ReasonInvalidPort},
+	KindServiceCIDR:   {ReasonInvalidCIDR},
 }
 
 // newProblems are the problems of an object that its previous version
@@ -129,7 +162,7 @@ func ConvertService(s *v1.Service) (*model.Service, []Problem) {
 	}
 	name := model.ServiceName{Namespace: s.Namespace, Name: s.Name}
 	problem := func(reason, format string, args ...any) Problem {
-		return Problem{Kind: "Service", Object: printable(name.String()), Reason: reason, Detail: fmt.Sprintf(format, args...)}
+		return Problem{Kind: KindService, Object: printable(name.String()), Reason: reason, Detail: fmt.Sprintf(format, args...)}
 	}
 	out := &model.Service{Name: name}
 	problems, headless := clusterIPs(s, out, problem)
@@ -137,7 +170,7 @@ func ConvertService(s *v1.Service) (*model.Service, []Problem) {
 		return nil, nil
 	}
 	if !validName(s.Namespace) || !validName(s.Name) {
-		return nil, []Problem{problem("invalid-name", "namespace %q or name %q is not a DNS-1123 label", s.Namespace, s.Name)}
+		return nil, []Problem{problem(ReasonInvalidName, "namespace %q or name %q is not a DNS-1123 label", s.Namespace, s.Name)}
 	}
 	problems = append(problems, ports(s, out, problem)...)
 	if len(out.ClusterIPs) == 0 {
@@ -161,12 +194,12 @@ func clusterIPs(s *v1.Service, out *model.Service, problem func(reason, format s
 		}
 		ip, err := netip.ParseAddr(raw)
 		if err != nil || ip.Zone() != "" || ip.IsUnspecified() {
-			problems = append(problems, problem("invalid-cluster-ip", "ClusterIP %q is not an IP address", raw))
+			problems = append(problems, problem(ReasonInvalidClusterIP, "ClusterIP %q is not an IP address", raw))
 			continue
 		}
 		ip = ip.Unmap()
 		if slices.ContainsFunc(out.ClusterIPs, func(have netip.Addr) bool { return have.Is4() == ip.Is4() }) {
-			problems = append(problems, problem("invalid-cluster-ip", "ClusterIP %q: a second one of its family", raw))
+			problems = append(problems, problem(ReasonInvalidClusterIP, "ClusterIP %q: a second one of its family", raw))
 			continue
 		}
 		out.ClusterIPs = append(out.ClusterIPs, ip)
@@ -189,23 +222,23 @@ func ports(s *v1.Service, out *model.Service, problem func(reason, format string
 		proto, ok := protocol(p.Protocol)
 		switch {
 		case p.Name != "" && !validName(p.Name):
-			problems = append(problems, problem("invalid-port-name", "port %q: not a DNS-1123 label", p.Name))
+			problems = append(problems, problem(ReasonInvalidPortName, "port %q: not a DNS-1123 label", p.Name))
 			continue
 		case !ok:
-			problems = append(problems, problem("invalid-protocol", "port %q: protocol %q", p.Name, p.Protocol))
+			problems = append(problems, problem(ReasonInvalidProtocol, "port %q: protocol %q", p.Name, p.Protocol))
 			continue
 		case p.Port <= 0 || p.Port > 65535:
-			problems = append(problems, problem("invalid-port", "port %q: %d out of range", p.Name, p.Port))
+			problems = append(problems, problem(ReasonInvalidPort, "port %q: %d out of range", p.Name, p.Port))
 			continue
 		case names[p.Name] || numbers[protoPort{proto, p.Port}]:
-			problems = append(problems, problem("duplicate-port", "port %q: its name or %d/%s listed before", p.Name, p.Port, p.Protocol))
+			problems = append(problems, problem(ReasonDuplicatePort, "port %q: its name or %d/%s listed before", p.Name, p.Port, p.Protocol))
 			continue
 		}
 		names[p.Name], numbers[protoPort{proto, p.Port}] = true, true
 		sp := model.ServicePort{Name: p.Name, Protocol: proto, Port: uint16(p.Port)}
 		switch {
 		case p.NodePort < 0 || p.NodePort > 65535:
-			problems = append(problems, problem("invalid-node-port", "port %q: NodePort %d out of range", p.Name, p.NodePort))
+			problems = append(problems, problem(ReasonInvalidNodePort, "port %q: NodePort %d out of range", p.Name, p.NodePort))
 		case s.Spec.Type == v1.ServiceTypeNodePort || s.Spec.Type == v1.ServiceTypeLoadBalancer:
 			sp.NodePort = uint16(p.NodePort)
 		}
@@ -219,16 +252,16 @@ func ports(s *v1.Service, out *model.Service, problem func(reason, format string
 // policies and session affinity. Unusable values are skipped.
 func convertExternal(s *v1.Service, out *model.Service, problem func(reason, format string, args ...any) Problem) []Problem {
 	var problems []Problem
-	addr := func(raw, what string) (netip.Addr, bool) {
+	addr := func(raw, what, reason string) (netip.Addr, bool) {
 		ip, err := netip.ParseAddr(raw)
 		if err != nil || ip.Zone() != "" || ip.IsUnspecified() || ip.IsLoopback() || ip.IsMulticast() {
-			problems = append(problems, problem("invalid-"+what, "%s %q is not a usable IP address", what, raw))
+			problems = append(problems, problem(reason, "%s %q is not a usable IP address", what, raw))
 			return netip.Addr{}, false
 		}
 		return ip.Unmap(), true
 	}
 	for _, raw := range s.Spec.ExternalIPs {
-		if ip, ok := addr(raw, "external-ip"); ok {
+		if ip, ok := addr(raw, "external-ip", ReasonInvalidExternalIP); ok {
 			out.ExternalIPs = append(out.ExternalIPs, ip)
 		}
 	}
@@ -239,7 +272,7 @@ func convertExternal(s *v1.Service, out *model.Service, problem func(reason, for
 			if ing.IP == "" || ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy {
 				continue
 			}
-			if ip, ok := addr(ing.IP, "load-balancer-ip"); ok {
+			if ip, ok := addr(ing.IP, "load-balancer-ip", ReasonInvalidLoadBalancerIP); ok {
 				out.LoadBalancerIPs = append(out.LoadBalancerIPs, ip)
 			}
 		}
@@ -250,7 +283,7 @@ func convertExternal(s *v1.Service, out *model.Service, problem func(reason, for
 		for _, raw := range ranges {
 			p, err := netip.ParsePrefix(strings.TrimSpace(raw))
 			if err != nil {
-				problems = append(problems, problem("invalid-source-range", "loadBalancerSourceRanges %q is not a CIDR", raw))
+				problems = append(problems, problem(ReasonInvalidSourceRange, "loadBalancerSourceRanges %q is not a CIDR", raw))
 				continue
 			}
 			out.SourceRanges = append(out.SourceRanges, p.Masked())
@@ -289,11 +322,11 @@ func ConvertEndpointSlice(es *discovery.EndpointSlice) (*model.EndpointSlice, []
 	}
 	key := model.SliceKey{Namespace: es.Namespace, Name: es.Name}
 	problem := func(reason, format string, args ...any) Problem {
-		return Problem{Kind: "EndpointSlice", Object: printable(key.String()), Reason: reason, Detail: fmt.Sprintf(format, args...)}
+		return Problem{Kind: KindEndpointSlice, Object: printable(key.String()), Reason: reason, Detail: fmt.Sprintf(format, args...)}
 	}
 	// No Service could be named so: the slice would serve none.
 	if !validName(es.Namespace) || !validName(svc) {
-		return nil, []Problem{problem("invalid-name", "namespace %q or label %s=%q is not a DNS-1123 label",
+		return nil, []Problem{problem(ReasonInvalidName, "namespace %q or label %s=%q is not a DNS-1123 label",
 			es.Namespace, discovery.LabelServiceName, svc)}
 	}
 	out := &model.EndpointSlice{Name: es.Name, Service: model.ServiceName{Namespace: es.Namespace, Name: svc}, Family: fam}
@@ -304,17 +337,17 @@ func ConvertEndpointSlice(es *discovery.EndpointSlice) (*model.EndpointSlice, []
 	}
 	var problems []Problem
 	out.Ports, problems = slicePorts(es.Ports, problem)
-	// Presized: append's doubling left 10 endpoints in room for 16 (a
-	// third of the model's memory at 100,000 Services × 10).
+	// Presized: append's doubling leaves room unused (10 endpoints in room
+	// for 16), a large share of the model's memory (docs/code-figures.md).
 	out.Endpoints = make([]model.Endpoint, 0, len(es.Endpoints))
 	for _, e := range es.Endpoints {
 		if len(e.Addresses) == 0 {
-			problems = append(problems, problem("invalid-address", "endpoint without an address"))
+			problems = append(problems, problem(ReasonInvalidAddress, "endpoint without an address"))
 			continue
 		}
 		ip, err := netip.ParseAddr(e.Addresses[0])
 		if err != nil || ip.Zone() != "" || !fam.Contains(ip.Unmap()) || ip.IsUnspecified() || ip.IsLoopback() || ip.IsMulticast() {
-			problems = append(problems, problem("invalid-address", "endpoint address %q is not a usable %s address", e.Addresses[0], fam))
+			problems = append(problems, problem(ReasonInvalidAddress, "endpoint address %q is not a usable %s address", e.Addresses[0], fam))
 			continue
 		}
 		// Unknown conditions count as ready, and serving as ready (the
@@ -349,10 +382,10 @@ func slicePorts(ports []discovery.EndpointPort, problem func(reason, format stri
 		pr, ok := protocol(proto)
 		switch {
 		case !ok:
-			problems = append(problems, problem("invalid-protocol", "port %s", describePort(p)))
+			problems = append(problems, problem(ReasonInvalidProtocol, "port %s", describePort(p)))
 			continue
 		case p.Port == nil || *p.Port <= 0 || *p.Port > 65535:
-			problems = append(problems, problem("invalid-port", "port %s", describePort(p)))
+			problems = append(problems, problem(ReasonInvalidPort, "port %s", describePort(p)))
 			continue
 		}
 		name := ""
@@ -375,9 +408,9 @@ func intern(s string) string {
 }
 
 // placements gives the endpoints on one node with the same hints one
-// shared model.Placement: a cluster has few such placements but a million
-// endpoints at 100,000 Services × 10. A Placement no endpoint holds any
-// more is garbage, and its entry is then removed.
+// shared model.Placement: a cluster has few such placements and many times
+// more endpoints. A Placement no endpoint holds any more is garbage, and
+// its entry is then removed.
 var placements = placementCache{m: map[string]weak.Pointer[model.Placement]{}}
 
 type placementCache struct {

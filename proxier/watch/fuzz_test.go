@@ -143,13 +143,13 @@ func FuzzConvertEndpointSlice(f *testing.F) {
 }
 
 // checkProblems fails unless every problem is of kind with a reason from
-// Reasons, and returns how many there are of each reason.
+// Reasons[kind], and returns how many there are of each reason.
 func checkProblems(t *testing.T, kind string, problems []Problem) map[string]int {
 	t.Helper()
 	count := map[string]int{}
 	for _, p := range problems {
-		if p.Kind != kind || !slices.Contains(Reasons, p.Reason) {
-			t.Fatalf("problem %+v: kind or reason not among %s, %v", p, kind, Reasons)
+		if p.Kind != kind || !slices.Contains(Reasons[kind], p.Reason) {
+			t.Fatalf("problem %+v: kind or reason not among %s, %v", p, kind, Reasons[kind])
 		}
 		count[p.Reason]++
 	}

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/nftproxy/nftproxy/internal/testutil/liveheap"
 	"github.com/nftproxy/nftproxy/proxier/model/benchstate"
 )
 
@@ -111,7 +112,7 @@ func BenchmarkWatcherList(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				b.StopTimer()
-				h0 := liveHeapMiB()
+				h0 := liveheap.Bytes()
 				cpu0 := cpuSeconds(b)
 				b.StartTimer()
 				t := NewTrackers()
@@ -129,7 +130,7 @@ func BenchmarkWatcherList(b *testing.B) {
 				if n := len(t.Slices.All()); n != sz.Services {
 					b.Fatalf("%d EndpointSlices tracked, want %d", n, sz.Services)
 				}
-				grown = liveHeapMiB() - h0
+				grown = liveheap.MiB(liveheap.Bytes()) - liveheap.MiB(h0)
 				runtime.KeepAlive(t)
 				b.StartTimer()
 			}
@@ -146,11 +147,4 @@ func cpuSeconds(tb testing.TB) float64 {
 		tb.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-}
-
-func liveHeapMiB() float64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return float64(ms.HeapAlloc) / (1 << 20)
 }

@@ -22,6 +22,8 @@ import (
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/watch"
 	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/nftproxy/nftproxy/internal/testutil"
 )
 
 // Errors as client-go returns them.
@@ -117,14 +119,10 @@ func (p *scriptedProbe) count() int {
 }
 
 // waitForWaiter returns once something waits on clk (a goroutine blocked
-// in clk.After), failing the test after 10 s.
+// in clk.After).
 func waitForWaiter(t *testing.T, clk *testingclock.FakeClock) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !clk.HasWaiters(); runtime.Gosched() {
-		if time.Now().After(deadline) {
-			t.Fatal("nothing waits on the clock")
-		}
-	}
+	testutil.Eventually(t, "something to wait on the clock", clk.HasWaiters)
 }
 
 func isOpen(g *gate) bool {

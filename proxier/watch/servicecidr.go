@@ -170,9 +170,9 @@ func (s *serviceCIDRs) watch(ctx context.Context) (cache.InformerSynced, error) 
 		s.h.Changed()
 	}
 	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { s.h.Event("ServiceCIDR"); update() },
-		UpdateFunc: func(any, any) { s.h.Event("ServiceCIDR"); update() },
-		DeleteFunc: func(any) { s.h.Event("ServiceCIDR"); update() },
+		AddFunc:    func(any) { s.h.Event(KindServiceCIDR); update() },
+		UpdateFunc: func(any, any) { s.h.Event(KindServiceCIDR); update() },
+		DeleteFunc: func(any) { s.h.Event(KindServiceCIDR); update() },
 	})
 	if err != nil {
 		return nil, err

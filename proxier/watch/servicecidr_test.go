@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/nftproxy/nftproxy/internal/testutil"
 )
 
 // failing returns a reactor that fails the first calls with errs, in
@@ -143,7 +145,7 @@ func TestServiceCIDRDiscovery(t *testing.T) {
 			})
 			waitForWaiter(t, clk)
 			clk.Step(resync)
-			eventually(t, "ServiceCIDRs watched after the resync period", func() bool {
+			testutil.Eventually(t, "ServiceCIDRs watched after the resync period", func() bool {
 				cidrs, _ := got.get()
 				return slices.Equal(cidrs, want)
 			})

@@ -108,7 +108,7 @@ func ConvertServiceCIDRs(objs []*networking.ServiceCIDR) ([]netip.Prefix, []Prob
 		for _, c := range sc.Spec.CIDRs {
 			p, err := netip.ParsePrefix(c)
 			if err != nil {
-				problems = append(problems, Problem{Kind: "ServiceCIDR", Object: sc.Name, Reason: "invalid-cidr", Detail: c})
+				problems = append(problems, Problem{Kind: KindServiceCIDR, Object: sc.Name, Reason: ReasonInvalidCIDR, Detail: c})
 				continue
 			}
 			out = append(out, p.Masked())

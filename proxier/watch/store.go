@@ -22,7 +22,7 @@ import (
 // would hand the tracker values it holds already.
 type trackingStore[K comparable, V any] struct {
 	h    Hooks
-	kind string // "Service" or "EndpointSlice"
+	kind string // KindService or KindEndpointSlice
 	t    *changes.Tracker[K, *V]
 	key  func(ns, name string) K
 	// problems holds the problems of each object that has some, so that

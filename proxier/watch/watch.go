@@ -49,8 +49,8 @@ func same[V any](a, b *V) bool { return a == b || reflect.DeepEqual(a, b) }
 type Hooks struct {
 	// Changed is called after an event changed what is pending.
 	Changed func()
-	// Event is called for every API event, kind "Service", "EndpointSlice"
-	// or "Node", whether or not it changed anything.
+	// Event is called for every API event, of a kind of Kinds, whether or
+	// not it changed anything.
 	Event func(kind string)
 	// Invalid is called for every problem found in an object.
 	Invalid func(Problem)
@@ -112,7 +112,7 @@ func newWatcher(api API, clk clock.Clock, probe func(context.Context) probeResul
 			return nil, err
 		}
 	}
-	svcs := newTrackingStore(h, "Service", t.Services,
+	svcs := newTrackingStore(h, KindService, t.Services,
 		func(ns, name string) model.ServiceName { return model.ServiceName{Namespace: ns, Name: name} })
 	w.reflector("*v1.Service", "services", svcs,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -123,7 +123,7 @@ func newWatcher(api API, clk clock.Clock, probe func(context.Context) probeResul
 			proxied(&o)
 			return watchServices(ctx, o)
 		})
-	slices := newTrackingStore(h, "EndpointSlice", t.Slices,
+	slices := newTrackingStore(h, KindEndpointSlice, t.Slices,
 		func(ns, name string) model.SliceKey { return model.SliceKey{Namespace: ns, Name: name} })
 	w.reflector("*v1.EndpointSlice", "endpointslices", slices,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -160,7 +160,7 @@ func (w *Watcher) nodeInformer(nodeName string, h Hooks) (cache.ResourceEventHan
 			thisNode(&o)
 			return w.client.CoreV1().Nodes().Watch(ctx, o)
 		})
-	reg, err := inf.AddEventHandler(handler(h, "Node", func(obj any) { h.Node(obj.(*v1.Node)) },
+	reg, err := inf.AddEventHandler(handler(h, KindNode, func(obj any) { h.Node(obj.(*v1.Node)) },
 		func(string, string) { h.Node(nil) }))
 	if err != nil {
 		return nil, fmt.Errorf("node informer: %w", err)

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/go-logr/logr/funcr"
 	v1 "k8s.io/api/core/v1"
@@ -15,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2"
 
+	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/proxier/changes"
 	"github.com/nftproxy/nftproxy/proxier/model"
 )
@@ -37,17 +37,6 @@ func testSlice(name, svc string, addrs ...string) *discovery.EndpointSlice {
 		es.Endpoints = append(es.Endpoints, discovery.Endpoint{Addresses: []string{a}})
 	}
 	return es
-}
-
-// eventually polls cond for up to 5 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
 }
 
 // TestWatcherTracksConvertedObjects: adds, updates and deletes reach the
@@ -95,7 +84,7 @@ func TestWatcherTracksConvertedObjects(t *testing.T) {
 	if err := client.DiscoveryV1().EndpointSlices("ns").Delete(ctx, "web-1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "updates and delete tracked", func() bool {
+	testutil.Eventually(t, "updates and delete tracked", func() bool {
 		svcs, slices := tr.Services.All(), tr.Slices.All()
 		return len(svcs) == 1 && svcs[model.ServiceName{Namespace: "ns", Name: "ext"}] != nil && len(slices) == 0
 	})

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	goruntime "runtime"
 	"syscall"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/nftproxy/nftproxy/internal/testutil/liveheap"
 	"github.com/nftproxy/nftproxy/proxier/watch"
 )
 
@@ -43,26 +43,18 @@ func (b *bench) measureListFloor() listFloor {
 	defer f.Shutdown()
 	defer cancel()
 
-	heap0 := liveHeap()
+	heap0 := liveheap.Bytes()
 	t0, cpu0, api0 := time.Now(), selfCPU(), b.controlPlaneCPU()
 	f.Start(ctx.Done())
 	for !synced[0]() || !synced[1]() {
 		time.Sleep(5 * time.Millisecond)
 	}
 	fl := listFloor{wall: time.Since(t0), clientCPU: selfCPU() - cpu0, apiCPU: b.controlPlaneCPU() - api0}
-	heap := liveHeap()
+	heap := liveheap.Bytes()
 	fl.heap = heap - min(heap0, heap)
 	fmt.Printf("API list floor: a bare client listed %d Services and their EndpointSlices in %v (client CPU %.2fs, API server and etcd CPU %.2fs; the objects as decoded: %.0f MB of live heap)\n",
 		b.c.Services, fl.wall.Round(time.Millisecond), fl.clientCPU, fl.apiCPU, float64(fl.heap)/1e6)
 	return fl
-}
-
-// liveHeap is the bytes of heap in use after a collection.
-func liveHeap() uint64 {
-	goruntime.GC()
-	var ms goruntime.MemStats
-	goruntime.ReadMemStats(&ms)
-	return ms.HeapAlloc
 }
 
 // selfCPU is this process's CPU time so far, in seconds.

@@ -4,8 +4,8 @@
 // like them (a kubelet's pods, e2e/kubenode), working directories $TMPDIR/nfpXXXXX-* and
 // owner files in /run/nftproxy-e2e. Beds whose test process is still running are left
 // alone unless -force is given. testbed.Start runs the same sweep once per test process.
-// It also removes the namespaces of kernel tests (netnstest, "nftproxy-…-PID-…") whose
-// process is gone.
+// It also removes the namespaces of kernel tests (internal/testutil/netns,
+// "nftproxy-…-PID-…") whose process is gone.
 //
 //	sudo go run ./e2e/cmd/sweep [-force]
 package main
@@ -17,14 +17,14 @@ import (
 	"os"
 
 	"github.com/nftproxy/nftproxy/e2e/testbed"
-	"github.com/nftproxy/nftproxy/e2e/testbed/netnstest"
+	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 )
 
 func main() {
 	force := flag.Bool("force", false, "also remove beds whose test process is still running")
 	flag.Parse()
 	removed, err := testbed.Sweep(*force)
-	kernel, kerr := netnstest.Sweep()
+	kernel, kerr := netns.Sweep()
 	removed, err = append(removed, kernel...), errors.Join(err, kerr)
 	for _, r := range removed {
 		fmt.Println("removed", r)
