@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/pflag"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
-	"github.com/nftproxy/nftproxy/e2e/testbed"
+	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
 
 // upstreamFlags reads upstream/flags.txt: every flag kube-proxy defines
@@ -120,7 +120,7 @@ func TestUpstreamFlagsFile(t *testing.T) {
 // NFTPROXY_E2E=1.
 func upstreamOutput(t *testing.T, args ...string) string {
 	t.Helper()
-	bin := filepath.Join(testbed.BinDir(testbed.KubeVersions().Kubernetes), "kube-proxy")
+	bin := filepath.Join(kubebin.Dir(kubebin.Pinned().Kubernetes), "kube-proxy")
 	if _, err := os.Stat(bin); err != nil {
 		if os.Getenv("NFTPROXY_E2E") == "1" {
 			t.Fatalf("upstream kube-proxy missing (run e2e/tools/build.sh): %v", err)

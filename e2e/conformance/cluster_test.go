@@ -19,6 +19,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/e2e/kubenode"
 	"github.com/nftproxy/nftproxy/e2e/testbed"
+	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
 
 // kubeProxyConfig is added to the KubeProxyConfiguration of kubeadm's
@@ -103,7 +104,7 @@ func startCluster(t *testing.T, cfg config, tl tools, images map[string]image, p
 			opts.Images = append(opts.Images, cfg.image)
 		}
 		c.kubectl("--namespace", "kube-system", "delete", "daemonset", "kube-proxy")
-		c.kubectl("apply", "-k", filepath.Join(repoRoot(), "deploy"))
+		c.kubectl("apply", "-k", filepath.Join(kubebin.RepoRoot(), "deploy"))
 	case proxyKubeProxy:
 		c.dropLibModules()
 	}

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,6 +19,7 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/conformance"
 	"github.com/nftproxy/nftproxy/e2e/kubenode"
 	"github.com/nftproxy/nftproxy/e2e/testbed"
+	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
 
 // Environment of TestConformance (make conformance sets the first three).
@@ -68,7 +68,7 @@ type config struct {
 
 func readConfig(t *testing.T) config {
 	t.Helper()
-	root := repoRoot()
+	root := kubebin.RepoRoot()
 	c := config{
 		set:        conformance.Set(envOr(setEnv, string(conformance.SetConformance))),
 		proxies:    strings.Split(envOr(proxiesEnv, proxyNftproxy+","+proxyKubeProxy), ","),
@@ -111,12 +111,6 @@ func envOr(key, def string) string {
 	return def
 }
 
-// repoRoot is nftproxy's checkout, found from this file.
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
-
 // tools are the programs and files the run needs besides the node's.
 type tools struct {
 	kubenode.Binaries
@@ -131,7 +125,7 @@ type tools struct {
 // --conformance; a no-op when up to date) and finds everything.
 func ensureTools(t *testing.T) tools {
 	t.Helper()
-	script := filepath.Join(repoRoot(), "e2e", "tools", "build.sh")
+	script := filepath.Join(kubebin.RepoRoot(), "e2e", "tools", "build.sh")
 	start := time.Now()
 	if out, err := exec.Command(script, "--kubelet", "--conformance").CombinedOutput(); err != nil {
 		t.Fatalf("%s --kubelet --conformance: %v\n%s", script, err, out)
@@ -150,7 +144,7 @@ func ensureTools(t *testing.T) tools {
 		}
 	}
 	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes")
-	cmd.Dir = filepath.Join(repoRoot(), "e2e", "tools", "conformance")
+	cmd.Dir = filepath.Join(kubebin.RepoRoot(), "e2e", "tools", "conformance")
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("go list -m k8s.io/kubernetes in e2e/tools/conformance: %v", err)
@@ -189,11 +183,11 @@ func buildImages(t *testing.T, tl tools, dir string) map[string]image {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	cmd := exec.Command("go", "run", "./e2e/cmd/testimages", "--out", dir, "--repo", repoRoot(),
+	cmd := exec.Command("go", "run", "./e2e/cmd/testimages", "--out", dir, "--repo", kubebin.RepoRoot(),
 		"--e2e-images", e2eList, "--kubeadm-images", kubeadmList,
 		"--agnhost", tl.Agnhost, "--coredns", tl.CoreDNS, "--kube-proxy", tl.KubeProxy, "--porter", tl.Porter,
 		"--regression-issue-74839", tl.Issue74839)
-	cmd.Dir = repoRoot()
+	cmd.Dir = kubebin.RepoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("e2e/cmd/testimages: %v\n%s", err, out)
 	} else {

@@ -6,11 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"github.com/nftproxy/nftproxy/e2e/testbed"
 	"github.com/nftproxy/nftproxy/e2e/testbed/cgroupfs"
+	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
 
 // Binaries are the programs a kubenode runs.
@@ -41,11 +41,11 @@ var debianTools = map[string]string{
 // when a build fails or a Debian package is missing.
 func EnsureBinaries(t testbed.TB) Binaries {
 	t.Helper()
-	script := filepath.Join(repoRoot(), "e2e", "tools", "build.sh")
+	script := filepath.Join(kubebin.RepoRoot(), "e2e", "tools", "build.sh")
 	if out, err := exec.Command(script, "--kubelet").CombinedOutput(); err != nil {
 		t.Fatalf("%s --kubelet: %v\n%s", script, err, out)
 	}
-	bin := testbed.BinDir(testbed.KubeVersions().Kubernetes)
+	bin := kubebin.Dir(kubebin.Pinned().Kubernetes)
 	b := Binaries{
 		Kubelet:           filepath.Join(bin, "kubelet"),
 		ControllerManager: filepath.Join(bin, "kube-controller-manager"),
@@ -115,10 +115,4 @@ func cgroupLayout() string {
 	default:
 		return "v1 (" + strings.Join(v1, " ") + ")"
 	}
-}
-
-// repoRoot is the root of the nftproxy module, found from this source file.
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
 }

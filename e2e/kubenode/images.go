@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/nftproxy/nftproxy/e2e/testbed"
+	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
 
 // BuildPauseImage builds e2e/cmd/pause as a static binary and packs it into
@@ -14,7 +15,7 @@ import (
 // uses), in dir. It returns the archive's path.
 func BuildPauseImage(t testbed.TB, dir string) string {
 	t.Helper()
-	root := repoRoot()
+	root := kubebin.RepoRoot()
 	bin := filepath.Join(dir, "pause")
 	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./e2e/cmd/pause")
 	build.Dir = root

@@ -12,27 +12,9 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+
+	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
-
-// CacheDir is where build.sh puts binaries: $NFTPROXY_E2E_CACHE, or
-// $HOME/.cache/nftproxy-e2e.
-func CacheDir() string {
-	if d := os.Getenv("NFTPROXY_E2E_CACHE"); d != "" {
-		return d
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		home = os.TempDir()
-	}
-	return filepath.Join(home, ".cache", "nftproxy-e2e")
-}
-
-// repoRoot is the root of the nftproxy module, found from this source file so that tests
-// in any package (and any working directory) can find e2e/tools/build.sh.
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
 
 // requiredBinaries are the programs a Bed runs (kube-proxy is built too, for comparisons,
 // but a Bed does not need it).
@@ -40,13 +22,13 @@ var requiredBinaries = []string{"etcd", "kube-apiserver"}
 
 // EnsureBinaries returns the directory holding the newest release's etcd,
 // kube-apiserver, kube-proxy, kubectl and kubeadm (BinDir of
-// KubeVersions().Kubernetes), running e2e/tools/build.sh first (a no-op when the
+// kubebin.Pinned().Kubernetes), running e2e/tools/build.sh first (a no-op when the
 // binaries are up to date; about 5 minutes from cold caches). It fails the test with
 // the build output when the build fails. A bed's own API server is EnsureAPIServer's.
 func EnsureBinaries(t TB) string {
 	t.Helper()
-	dir := BinDir(KubeVersions().Kubernetes)
-	script := filepath.Join(repoRoot(), "e2e", "tools", "build.sh")
+	dir := kubebin.Dir(kubebin.Pinned().Kubernetes)
+	script := filepath.Join(kubebin.RepoRoot(), "e2e", "tools", "build.sh")
 	cmd := exec.Command(script)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -79,7 +61,7 @@ type goBuildResult struct {
 
 // GoBuild builds a main package of this module (e.g.
 // "github.com/nftproxy/nftproxy/e2e/cmd/probe") once per test process and returns the
-// binary's path under CacheDir()/gobin. The binary is written to a temporary name and
+// binary's path under kubebin.CacheDir()/gobin. The binary is written to a temporary name and
 // renamed, so test processes of other packages running the previous build are not
 // disturbed.
 func GoBuild(t TB, pkg string) string {
@@ -96,8 +78,8 @@ func GoBuild(t TB, pkg string) string {
 func goBuild(pkg string) (string, error) {
 	// One directory per checkout: worktrees testing different code at once
 	// must not run each other's nftproxy or probe.
-	root := sha256.Sum256([]byte(repoRoot()))
-	dir := filepath.Join(CacheDir(), "gobin", hex.EncodeToString(root[:6]))
+	root := sha256.Sum256([]byte(kubebin.RepoRoot()))
+	dir := filepath.Join(kubebin.CacheDir(), "gobin", hex.EncodeToString(root[:6]))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -108,7 +90,7 @@ func goBuild(pkg string) (string, error) {
 		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
 	cmd := exec.Command(goTool, "build", "-o", tmp, pkg)
-	cmd.Dir = repoRoot()
+	cmd.Dir = kubebin.RepoRoot()
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
 
 // kubeadmConfig is what `kubeadm init` would be given for the bed: its
@@ -35,7 +37,7 @@ nodeRegistration:
 ---
 apiVersion: kubeadm.k8s.io/v1beta4
 kind: ClusterConfiguration
-kubernetesVersion: ` + KubeVersions().Kubernetes + `
+kubernetesVersion: ` + kubebin.Pinned().Kubernetes + `
 controlPlaneEndpoint: ` + ControlIPv4 + `:6443
 networking:
   podSubnet: 10.244.0.0/16

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
 
 // TestKubeVersions: every file that names a Kubernetes or etcd version agrees
@@ -15,11 +17,11 @@ import (
 // only (make unit runs it); where the module cache holds k8s.io/kubernetes'
 // own go.mod, the replaced staging modules are checked against its list.
 func TestKubeVersions(t *testing.T) {
-	v, err := ReadVersions(versionsFile())
+	v, err := kubebin.ReadVersions(kubebin.VersionsFile())
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := repoRoot()
+	root := kubebin.RepoRoot()
 	tools := filepath.Join(root, "e2e", "tools")
 	var staging []string // the newest release's staging modules, from e2e/tools/kube
 	for _, m := range []struct{ dir, kube string }{
