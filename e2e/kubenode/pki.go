@@ -1,17 +1,13 @@
 package kubenode
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"os"
 	"path/filepath"
-	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/testbed"
 )
 
 // KubeletClientPKI is what lets the API server talk to kubelets (kubectl
@@ -31,46 +27,16 @@ func NewKubeletClientPKI(dir string) (*KubeletClientPKI, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := testbed.NewCA("nftproxy-e2e-kubelet-client-ca")
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "nftproxy-e2e-kubelet-client-ca"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(7 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return nil, err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
+	cert, key, err := ca.Issue(&x509.Certificate{
 		// kubeadm's name for this certificate.
 		Subject:     pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"kubeadm:cluster-admins"}},
-		NotBefore:   now.Add(-time.Hour),
-		NotAfter:    now.Add(7 * 24 * time.Hour),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -81,10 +47,9 @@ func NewKubeletClientPKI(dir string) (*KubeletClientPKI, error) {
 	}
 	for _, f := range []struct {
 		path string
-		typ  string
-		der  []byte
-	}{{p.CAFile, "CERTIFICATE", caDER}, {p.CertFile, "CERTIFICATE", der}, {p.KeyFile, "EC PRIVATE KEY", keyDER}} {
-		if err := os.WriteFile(f.path, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), 0o600); err != nil {
+		pem  []byte
+	}{{p.CAFile, ca.PEM}, {p.CertFile, cert}, {p.KeyFile, key}} {
+		if err := os.WriteFile(f.path, f.pem, 0o600); err != nil {
 			return nil, fmt.Errorf("write %s: %w", f.path, err)
 		}
 	}

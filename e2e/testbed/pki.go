@@ -33,46 +33,20 @@ type pki struct {
 // bearer tokens. Own certificates, rather than the API server's self-signed ones, let
 // kubeconfigs verify TLS like in a real cluster. ECDSA keys keep generation instant.
 func newPKI(dir string) (*pki, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := NewCA("nftproxy-e2e-ca")
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "nftproxy-e2e-ca"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(7 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return nil, err
-	}
-	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	srvTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "kube-apiserver"},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(7 * 24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+	srvCert, srvKeyPEM, err := ca.Issue(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: "kube-apiserver"},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
 		IPAddresses: []net.IP{
 			net.ParseIP(ControlIPv4), net.ParseIP(ControlIPv6), net.ParseIP("10.96.0.1"),
 			net.ParseIP("fd00:96::1"), net.ParseIP("127.0.0.1"), net.ParseIP("::1"),
 		},
-	}
-	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, caCert, &srvKey.PublicKey, caKey)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +55,7 @@ func newPKI(dir string) (*pki, error) {
 		return nil, err
 	}
 	p := &pki{
-		caPEM:       pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		caPEM:       ca.PEM,
 		servingCert: filepath.Join(dir, "apiserver.crt"),
 		servingKey:  filepath.Join(dir, "apiserver.key"),
 		saPub:       filepath.Join(dir, "sa.pub"),
@@ -89,10 +63,6 @@ func newPKI(dir string) (*pki, error) {
 		adminToken:  randomToken(),
 		proxyToken:  randomToken(),
 		tokenFile:   filepath.Join(dir, "tokens.csv"),
-	}
-	srvKeyPEM, err := ecKeyPEM(srvKey)
-	if err != nil {
-		return nil, err
 	}
 	saKeyPEM, err := ecKeyPEM(saKey)
 	if err != nil {
@@ -109,7 +79,7 @@ func newPKI(dir string) (*pki, error) {
 		path string
 		data []byte
 	}{
-		{p.servingCert, append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER}), p.caPEM...)},
+		{p.servingCert, append(srvCert, p.caPEM...)},
 		{p.servingKey, srvKeyPEM},
 		{p.saKey, saKeyPEM},
 		{p.saPub, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPubDER})},
@@ -121,6 +91,74 @@ func newPKI(dir string) (*pki, error) {
 		}
 	}
 	return p, nil
+}
+
+// CA is a certificate authority of a bed's own (the API server's serving
+// certificate; make conformance's kubelet client certificate): an ECDSA
+// key, which is instant to generate, and a self-signed certificate valid
+// from an hour ago for a week.
+type CA struct {
+	// PEM is the CA's certificate, PEM-encoded: what clients trust.
+	PEM  []byte
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	next int64 // the next serial number
+}
+
+// NewCA makes a CA named commonName.
+func NewCA(commonName string) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: commonName},
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	setValidity(tmpl)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &CA{PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), cert: cert, key: key, next: 2}, nil
+}
+
+// Issue signs a certificate of tmpl (its subject, usages and names; the CA
+// sets the serial number and the validity) for a new ECDSA key, and returns
+// both PEM-encoded.
+func (ca *CA) Issue(tmpl *x509.Certificate) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	t := *tmpl
+	t.SerialNumber = big.NewInt(ca.next)
+	ca.next++
+	setValidity(&t)
+	der, err := x509.CreateCertificate(rand.Reader, &t, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		return nil, nil, err
+	}
+	keyPEM, err = ecKeyPEM(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), keyPEM, nil
+}
+
+// setValidity makes a certificate valid from an hour ago (clocks of the
+// bed's processes agree, but a certificate made this second must not be
+// "not yet valid" to anyone) for a week.
+func setValidity(c *x509.Certificate) {
+	now := time.Now()
+	c.NotBefore, c.NotAfter = now.Add(-time.Hour), now.Add(7*24*time.Hour)
 }
 
 func ecKeyPEM(k *ecdsa.PrivateKey) ([]byte, error) {
