@@ -212,9 +212,15 @@ func Remove(name string, timeout time.Duration) error {
 
 // removeTree removes the cgroup directory dir and its descendants, deepest
 // first (a cgroup directory is removed with rmdir although it lists files).
+// A directory that vanishes during the walk (runc removing a container's
+// cgroup while the node stops) is skipped, not taken for the whole tree
+// being gone: that left a node's blkio hierarchy behind once.
 func removeTree(dir string) error {
 	var dirs []string
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -223,9 +229,6 @@ func removeTree(dir string) error {
 		}
 		return nil
 	})
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
 	if err != nil {
 		return err
 	}
