@@ -51,8 +51,8 @@ func TestSelectionOfV1372(t *testing.T) {
 			}
 		}
 	}
-	if conf != 47 || wide != 144 {
-		t.Errorf("conformance selects %d (want 47), sig-network %d (want 144)", conf, wide)
+	if conf != 47 || wide != 142 {
+		t.Errorf("conformance selects %d (want 47), sig-network %d (want 142)", conf, wide)
 	}
 	for i, n := range used {
 		if n == 0 {
