@@ -107,16 +107,7 @@ func Build(o BuildOptions) (v1.Image, error) {
 		annotationSource:   o.Source,
 		annotationCreated:  o.Created.UTC().Format(time.RFC3339),
 	}
-	cfg := &v1.ConfigFile{
-		Architecture: arch,
-		OS:           "linux",
-		Created:      v1.Time{Time: o.Created.UTC()},
-		Config:       v1.Config{Entrypoint: []string{o.Path}, Labels: labels},
-		RootFS:       v1.RootFS{Type: "layers"},
-	}
-	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.ConfigFile(img, cfg)
+	img, err := ociImage(arch, o.Created, v1.Config{Entrypoint: []string{o.Path}, Labels: labels})
 	if err != nil {
 		return nil, err
 	}
@@ -133,6 +124,21 @@ func Build(o BuildOptions) (v1.Image, error) {
 		return nil, err
 	}
 	return mutate.Annotations(img, labels).(v1.Image), nil
+}
+
+// ociImage is an image without layers yet, in OCI media types, whose
+// configuration is c for linux/arch, created at created: what Build and
+// Pack append their layers to.
+func ociImage(arch string, created time.Time, c v1.Config) (v1.Image, error) {
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	return mutate.ConfigFile(img, &v1.ConfigFile{
+		Architecture: arch,
+		OS:           "linux",
+		Created:      v1.Time{Time: created.UTC()},
+		Config:       c,
+		RootFS:       v1.RootFS{Type: "layers"},
+	})
 }
 
 // elfArch maps ELF machines to GOARCH (the image config's architecture).

@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -42,16 +41,7 @@ func Pack(o PackOptions) (v1.Image, error) {
 	if o.Arch == "" {
 		return nil, fmt.Errorf("no architecture")
 	}
-	cfg := &v1.ConfigFile{
-		Architecture: o.Arch,
-		OS:           "linux",
-		Created:      v1.Time{Time: o.Created.UTC()},
-		Config:       v1.Config{Entrypoint: o.Entrypoint, Cmd: o.Cmd, Env: o.Env, WorkingDir: o.WorkingDir},
-		RootFS:       v1.RootFS{Type: "layers"},
-	}
-	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err := mutate.ConfigFile(img, cfg)
+	img, err := ociImage(o.Arch, o.Created, v1.Config{Entrypoint: o.Entrypoint, Cmd: o.Cmd, Env: o.Env, WorkingDir: o.WorkingDir})
 	if err != nil {
 		return nil, err
 	}
