@@ -126,7 +126,7 @@ func (c *cluster) run(tool string, args ...string) string {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	out, err := c.bed.Ctl.Exec(ctx, slices.Concat([]string{tool}, args, []string{"--kubeconfig", c.bed.AdminKubeconfig})...)
+	out, err := c.bed.AdminExec(ctx, tool, args...)
 	if err != nil {
 		c.t.Fatalf("%s %s: %v\n%s", filepath.Base(tool), strings.Join(args, " "), err, out)
 	}

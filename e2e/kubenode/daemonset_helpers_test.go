@@ -37,7 +37,7 @@ func (d *dropIn) run(tool string, args ...string) string {
 	d.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := d.bed.Ctl.Exec(ctx, slices.Concat([]string{tool}, args, []string{"--kubeconfig", d.bed.AdminKubeconfig})...)
+	out, err := d.bed.AdminExec(ctx, tool, args...)
 	if err != nil {
 		d.t.Fatalf("%s %s: %v\n%s", filepath.Base(tool), strings.Join(args, " "), err, out)
 	}

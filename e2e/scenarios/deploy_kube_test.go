@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -99,7 +98,7 @@ func (d *dropIn) ctx() (context.Context, context.CancelFunc) {
 func (d *dropIn) run(tool string, args ...string) (string, error) {
 	ctx, cancel := d.ctx()
 	defer cancel()
-	return d.bed.Ctl.Exec(ctx, slices.Concat([]string{tool}, args, []string{"--kubeconfig", d.bed.AdminKubeconfig})...)
+	return d.bed.AdminExec(ctx, tool, args...)
 }
 
 // mustKubectl runs kubectl and fails the test on error.

@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -227,6 +228,13 @@ func (b *Bed) restConfig(token string) *rest.Config {
 // CACert is the PEM certificate of the CA that signed the API server's serving
 // certificate: what a kubeconfig's certificate-authority names.
 func (b *Bed) CACert() []byte { return slices.Clone(b.pki.caPEM) }
+
+// AdminExec runs a command-line client of the API server (kubectl,
+// kubeadm) from the control namespace as the bed's admin: tool, args, then
+// --kubeconfig with the admin's kubeconfig.
+func (b *Bed) AdminExec(ctx context.Context, tool string, args ...string) (string, error) {
+	return b.Ctl.Exec(ctx, slices.Concat([]string{tool}, args, []string{"--kubeconfig", b.AdminKubeconfig})...)
+}
 
 // Client is an admin clientset for the bed's API server.
 func (b *Bed) Client() kubernetes.Interface {

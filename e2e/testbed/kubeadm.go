@@ -77,8 +77,7 @@ func (b *Bed) KubeadmAddons(t testing.TB, kubeadm, dir, kubeProxy string, addons
 	var all strings.Builder
 	for _, addon := range addons {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		out, err := b.Ctl.Exec(ctx, kubeadm, "init", "phase", "addon", addon, "--config", cfg,
-			"--kubeconfig", b.AdminKubeconfig)
+		out, err := b.AdminExec(ctx, kubeadm, "init", "phase", "addon", addon, "--config", cfg)
 		cancel()
 		if err != nil {
 			t.Fatalf("kubeadm addon %s: %v\n%s", addon, err, out)

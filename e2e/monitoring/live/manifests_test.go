@@ -39,8 +39,7 @@ type kubectl struct {
 func (k kubectl) run(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	return k.bed.Ctl.Exec(ctx, slices.Concat([]string{k.bin}, args,
-		[]string{"--kubeconfig", k.bed.AdminKubeconfig, "--cache-dir", filepath.Join(k.dir, "cache")})...)
+	return k.bed.AdminExec(ctx, k.bin, slices.Concat(args, []string{"--cache-dir", filepath.Join(k.dir, "cache")})...)
 }
 
 // dryRunManifests installs the Prometheus operator's CRDs and runs
