@@ -17,6 +17,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/e2e/kubenode"
 	"github.com/nftproxy/nftproxy/e2e/testbed"
+	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
 
 // enableEnv turns TestDaemonSetOnKubelet on: it builds kubelet,
@@ -64,7 +65,7 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	r.step("kubeadm's kube-proxy objects, then `kubectl apply -k deploy/`")
 	d.kubeadmProxyAddon()
 	d.kubectl("--namespace", "kube-system", "delete", "daemonset", "kube-proxy")
-	d.kubectl("apply", "-k", filepath.Join(repoRoot(t), "deploy"))
+	d.kubectl("apply", "-k", filepath.Join(kubebin.RepoRoot(), "deploy"))
 
 	r.step("start kube-controller-manager and kube-scheduler")
 	kubenode.StartControllers(t, bed, bins)
@@ -118,20 +119,12 @@ func (r *report) done() { r.finished = true }
 func imageArchive(t *testing.T) string {
 	path := os.Getenv(imageEnv)
 	if path == "" {
-		path = filepath.Join(repoRoot(t), "bin", "nftproxy-image.tar")
+		path = filepath.Join(kubebin.RepoRoot(), "bin", "nftproxy-image.tar")
 	}
 	if _, err := os.Stat(path); err != nil {
 		t.Fatalf("nftproxy image: %v (run `make image`, or set %s)", err, imageEnv)
 	}
 	return path
-}
-
-func repoRoot(t *testing.T) string {
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
 }
 
 // checkImage checks that the pod's containers run the imported image:

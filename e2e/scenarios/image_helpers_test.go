@@ -30,17 +30,8 @@ import (
 
 	"github.com/nftproxy/nftproxy/e2e/testbed"
 	"github.com/nftproxy/nftproxy/e2e/testbed/ocispec"
+	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
-
-// repoRoot is the repository's top directory (tests run in their package's).
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
 
 // requireCommands skips the test when a program it runs is missing (e2e/tools/deps.sh
 // installs them), or fails it with NFTPROXY_E2E=1.
@@ -66,7 +57,7 @@ type builtImage struct {
 // date, so that the stamps can be checked (the revision is the real commit).
 func buildImage(t *testing.T, dir string) builtImage {
 	t.Helper()
-	root := repoRoot(t)
+	root := kubebin.RepoRoot()
 	img := builtImage{archive: filepath.Join(dir, "nftproxy-image.tar"), version: "v0.0.0-e2e.image",
 		revision: strings.Repeat("0", 40), created: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -121,7 +112,7 @@ func unpackImage(t *testing.T, img builtImage, rootfs string) *unpacked {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(goTool(), "run", ".", "unpack", "--archive", img.archive, "--rootfs", rootfs)
-	cmd.Dir = filepath.Join(repoRoot(t), "deploy", "image")
+	cmd.Dir = filepath.Join(kubebin.RepoRoot(), "deploy", "image")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -373,7 +364,7 @@ func checkCtrImport(t *testing.T, bed *testbed.Bed, img builtImage, digest strin
 // this test does not know are fine).
 func readDaemonSet(t *testing.T) *appsv1.DaemonSet {
 	t.Helper()
-	path := filepath.Join(repoRoot(t), "deploy", "daemonset.yaml")
+	path := filepath.Join(kubebin.RepoRoot(), "deploy", "daemonset.yaml")
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
