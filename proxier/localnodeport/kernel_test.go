@@ -3,9 +3,11 @@ package localnodeport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +22,27 @@ type nsNetwork struct {
 	t  *testing.T
 	ns *netns.NS
 	h  hostNetwork
+	// failed keeps every failed Dial, the proxy's to an endpoint
+	// included: the proxy only logs them, and a test that sees a
+	// connection reset says why with them.
+	failed *failedDials
+}
+
+type failedDials struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (f *failedDials) add(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.errs = append(f.errs, err)
+}
+
+func (f *failedDials) String() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return fmt.Sprint(f.errs)
 }
 
 func (n nsNetwork) Listen(addr netip.AddrPort) (l net.Listener, err error) {
@@ -29,6 +52,9 @@ func (n nsNetwork) Listen(addr netip.AddrPort) (l net.Listener, err error) {
 
 func (n nsNetwork) Dial(ctx context.Context, addr netip.AddrPort) (c net.Conn, err error) {
 	n.ns.Do(n.t, func() { c, err = n.h.Dial(ctx, addr) })
+	if err != nil {
+		n.failed.add(err)
+	}
 	return c, err
 }
 
@@ -53,7 +79,7 @@ func TestKernelProxy(t *testing.T) {
 					t.Fatalf("%v: %v: %s", cmd, err, out)
 				}
 			}
-			hn := nsNetwork{t: t, ns: ns, h: hostNetwork{family: f}}
+			hn := nsNetwork{t: t, ns: ns, h: hostNetwork{family: f}, failed: &failedDials{}}
 			backend, err := hn.Listen(ep)
 			if err != nil {
 				t.Fatal(err)
@@ -84,7 +110,7 @@ func TestKernelProxy(t *testing.T) {
 				t.Errorf("Sync with 30081 taken: %v, want EADDRINUSE", err)
 			}
 			if got, err := ask(t, hn, netip.AddrPortFrom(lo, 30080), "question"); err != nil || got != "answer to question" {
-				t.Errorf("through the proxy: %q, %v", got, err)
+				t.Errorf("through the proxy: %q, %v (failed dials: %v)", got, err, hn.failed)
 			}
 			if other.IsValid() {
 				if _, err := ask(t, hn, netip.AddrPortFrom(other, 30080), "q"); !errors.Is(err, syscall.ECONNREFUSED) {
@@ -96,7 +122,7 @@ func TestKernelProxy(t *testing.T) {
 				t.Fatalf("Sync after the port was freed: %v (pending %v)", err, p.Pending())
 			}
 			if got, err := ask(t, hn, netip.AddrPortFrom(lo, 30081), "again"); err != nil || got != "answer to again" {
-				t.Errorf("through the port bound late: %q, %v", got, err)
+				t.Errorf("through the port bound late: %q, %v (failed dials: %v)", got, err, hn.failed)
 			}
 			delete(ports, 30080)
 			if err := p.Sync(ports); err != nil {
