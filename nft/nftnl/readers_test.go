@@ -2,12 +2,15 @@ package nftnl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mdlayher/netlink"
 )
 
 func TestDecodeDiagMsg(t *testing.T) {
@@ -95,4 +98,137 @@ func TestSocketLister(t *testing.T) {
 	if !seen || !dumping {
 		t.Fatalf("in a minute of `nft list ruleset` in a loop: a socket seen %v, a dump seen %v", seen, dumping)
 	}
+}
+
+func TestParseProcNetlink(t *testing.T) {
+	const header = "sk               Eth Pid        Groups   Rmem     Wmem     Dump  Locks    Drops    Inode\n"
+	tests := []struct {
+		name string
+		in   string
+		want []Socket
+		bad  bool
+	}{
+		{"only the header", header, nil, false},
+		{"netfilter sockets, others skipped", header +
+			"000000003360a3df 0   0          00000000 0        0        0     2        0        4       \n" +
+			"00000000b1c9b2cd 12  4242       00000000 21888    0        1     2        0        90125   \n" +
+			"0000000011aa22bb 12  4294963200 00000000 0        0        0     2        0        90126   \n",
+			[]Socket{{Inode: 90125, PortID: 4242, Dumping: true}, {Inode: 90126, PortID: 0xfffff000}}, false},
+		{"a column missing", "sk Eth Pid Groups Rmem Wmem Locks Drops Inode\n", nil, true},
+		{"a short line", header + "00000000b1c9b2cd 12 4242\n", nil, true},
+		{"not a number", header + "00000000b1c9b2cd 12  x          00000000 0        0        1     2        0        9       \n", nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseProcNetlink([]byte(tt.in))
+			if tt.bad {
+				if err == nil {
+					t.Fatalf("parseProcNetlink = %+v, want an error", got)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tt.want) {
+				t.Fatalf("parseProcNetlink = %+v, %v; want %+v", got, err, tt.want)
+			}
+		})
+	}
+}
+
+// startMonitor starts `nft monitor` in ns (a process that keeps a
+// netfilter socket open and never dumps) and returns its socket, as seen
+// by a lister of its own.
+func startMonitor(t *testing.T, ns *testNS) Socket {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	mon := exec.CommandContext(ctx, "ip", "netns", "exec", ns.Name, "nft", "monitor")
+	if err := mon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); mon.Wait() })
+	l, err := NewSocketLister(ns.Fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		socks, err := l.Sockets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(socks) == 1 {
+			return socks[0]
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("nft monitor's socket not seen in 30 s")
+	return Socket{}
+}
+
+// TestSocketListerSkipsStaleReplies: a reply to an earlier request left in
+// the socket is not taken for the answer to the next one.
+func TestSocketListerSkipsStaleReplies(t *testing.T) {
+	ns := newTestNS(t)
+	l, err := NewSocketLister(ns.Fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	// A request whose reply (no socket but ours) is never read, as after
+	// a listing that gave up half way.
+	l.mu.Lock()
+	if _, err := l.request(); err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Unlock()
+	want := startMonitor(t, ns)
+	socks, err := l.Sockets()
+	if err != nil || !slices.Equal(socks, []Socket{want}) {
+		t.Fatalf("Sockets after a stale reply = %v, %v; want %v", socks, err, []Socket{want})
+	}
+}
+
+// TestSocketListerReopens: after a listing failed, the next one opens a
+// new socket instead of reading what the old one left.
+func TestSocketListerReopens(t *testing.T) {
+	ns := newTestNS(t)
+	want := startMonitor(t, ns)
+	l, err := NewSocketLister(ns.Fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.mu.Lock()
+	l.conn.Close() // the listing fails
+	l.mu.Unlock()
+	if socks, err := l.Sockets(); err == nil {
+		t.Fatalf("Sockets on a closed socket = %v, want an error", socks)
+	}
+	if socks, err := l.Sockets(); err != nil || !slices.Equal(socks, []Socket{want}) || l.Source() != SourceSockDiag {
+		t.Fatalf("Sockets after a failure = %v, %v (from %s); want %v from a new sock_diag socket", socks, err, l.Source(), want)
+	}
+}
+
+// TestSocketListerProcFallback: a lister of the current namespace whose
+// sock_diag socket cannot be opened reads /proc/net/netlink, and sees the
+// same sockets.
+func TestSocketListerProcFallback(t *testing.T) {
+	ns := newTestNS(t)
+	want := startMonitor(t, ns)
+	ns.Do(t, func() {
+		l, err := NewSocketLister(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		l.mu.Lock()
+		l.conn.Close()
+		l.conn = nil
+		l.dial = func() (*netlink.Conn, error) { return nil, errors.New("sock_diag refused") }
+		l.mu.Unlock()
+		socks, err := l.Sockets()
+		if err != nil || !slices.Equal(socks, []Socket{want}) || l.Source() != SourceProcFS {
+			t.Fatalf("Sockets without sock_diag = %v, %v (from %s); want %v from procfs", socks, err, l.Source(), want)
+		}
+	})
 }
