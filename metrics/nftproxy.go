@@ -106,14 +106,35 @@ var (
 	})
 
 	// ReaderWaitsTotal counts syncs that waited for readers, by how the
-	// wait ended. Label: result (ReaderWaitEnded: the reads ended;
-	// ReaderWaitTimedOut: the wait reached --max-reader-wait, and the
-	// commit made a read under way start over).
+	// wait ended. Label: result (ReaderWaitEnded: the reads ended, or
+	// stopped holding commits (ReadersIgnoredTotal); ReaderWaitTimedOut:
+	// the wait reached --max-reader-wait, and the commit made a read under
+	// way start over; ReaderWaitRepair: a repair of the tables cut it).
 	ReaderWaitsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: nftproxyNamespace,
 		Name:      "reader_waits_total",
 		Help:      "Number of syncs that waited for other processes reading the nftables ruleset, by how the wait ended",
 	}, []string{"result"})
+
+	// ReadersIgnoredTotal counts reads of other processes that commits
+	// stopped waiting for before they ended (proxier/readers). Label:
+	// reason (ReaderStalled: a dump on the socket stopped moving, its
+	// process no longer reads; ReaderBudgetSpent: the read held commits
+	// for --max-reader-wait in all).
+	ReadersIgnoredTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "readers_ignored_total",
+		Help:      "Number of other processes' reads of the nftables ruleset that commits stopped waiting for, by reason",
+	}, []string{"reason"})
+
+	// ReaderDetectionAvailable is 1 while other processes' reads of the
+	// ruleset can be seen (sock_diag, or /proc/net/netlink), 0 when
+	// they cannot: commits then never wait for them.
+	ReaderDetectionAvailable = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: nftproxyNamespace,
+		Name:      "reader_detection_available",
+		Help:      "1 if nftproxy can see other processes reading the nftables ruleset, 0 if it cannot",
+	})
 
 	// RulesetReadFailuresTotal counts nftproxy's own reads of its tables
 	// that failed (after their retries, when commits kept interrupting
@@ -126,10 +147,14 @@ var (
 	}, []string{"ip_family", "reader"})
 )
 
-// Label values of ReaderWaitsTotal and RulesetReadFailuresTotal.
+// Label values of ReaderWaitsTotal, ReadersIgnoredTotal and
+// RulesetReadFailuresTotal.
 const (
 	ReaderWaitEnded    = "ended"
 	ReaderWaitTimedOut = "timeout"
+	ReaderWaitRepair   = "repair"
+	ReaderStalled      = "stalled"
+	ReaderBudgetSpent  = "budget"
 	ReaderTable        = "table"
 	ReaderCounters     = "counters"
 )
@@ -153,6 +178,8 @@ func nftproxyCollectors() []prometheus.Collector {
 		KubeProxyTableRemovalsTotal,
 		ReaderWaitSeconds,
 		ReaderWaitsTotal,
+		ReadersIgnoredTotal,
+		ReaderDetectionAvailable,
 		RulesetReadFailuresTotal,
 	}
 }

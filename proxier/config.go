@@ -69,13 +69,32 @@ type Config struct {
 	// change.
 	SyncBusyShare float64
 	// MaxReaderWait bounds how long a sync waits for other processes'
-	// reads of the ruleset (Deps.Readers; 0: it does not wait).
+	// reads of the ruleset (Deps.Readers; 0: it does not wait); at most
+	// MaxReaderWaitLimit.
 	MaxReaderWait time.Duration
 	// ResyncPeriod is the Node informer's resync period, and how often the
 	// ServiceCIDR discovery asks again (--config-sync-period). Services and
 	// EndpointSlices are not resynced: their reflectors write into the
 	// trackers, which a resync would hand what they hold already.
 	ResyncPeriod time.Duration
+}
+
+// syncBusyCap bounds the gap SyncBusyShare puts after a slow sync
+// (runner.Config.BusyCap): upstream's default minimum sync period, so that
+// the share never makes a change wait longer than kube-proxy would.
+const syncBusyCap = time.Second
+
+// MaxReaderWaitLimit is the longest MaxReaderWait with which a sync that
+// waits for readers leaves /healthz true. Health fails when an update
+// stays unapplied for 2 × SyncPeriod (upstream's rule, Deps.Health), and
+// an update waits for the least gap between syncs, then for readers, then
+// for its sync: the limit leaves the sync a whole SyncPeriod.
+func MaxReaderWaitLimit(c Config) time.Duration {
+	gap := c.MinSyncPeriod
+	if gap == 0 && c.SyncBusyShare > 0 {
+		gap = syncBusyCap
+	}
+	return max(c.SyncPeriod-gap, 0)
 }
 
 // Local traffic detection modes (--detect-local-mode).

@@ -162,8 +162,11 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 	if deps.Conntrack != nil {
 		p.cleaner = staleflows.New(deps.Conntrack)
 	}
-	rc := runner.Config{MinInterval: cfg.MinSyncPeriod, BusyShare: cfg.SyncBusyShare, MaxInterval: cfg.SyncPeriod,
-		RetryMin: 100 * time.Millisecond, RetryMax: cfg.SyncPeriod}
+	if limit := MaxReaderWaitLimit(cfg); cfg.MaxReaderWait > limit {
+		return nil, fmt.Errorf("MaxReaderWait %v: at most %v with SyncPeriod %v (MaxReaderWaitLimit)", cfg.MaxReaderWait, limit, cfg.SyncPeriod)
+	}
+	rc := runner.Config{MinInterval: cfg.MinSyncPeriod, BusyShare: cfg.SyncBusyShare, BusyCap: syncBusyCap,
+		MaxInterval: cfg.SyncPeriod, RetryMin: 100 * time.Millisecond, RetryMax: cfg.SyncPeriod}
 	if deps.Readers != nil && cfg.MaxReaderWait > 0 {
 		rc.Readers, rc.MaxReaderWait, rc.Waited = deps.Readers, cfg.MaxReaderWait, p.waitedForReaders
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/proxier/runner"
 )
 
 // Other processes on the node. A commit makes their reads of the ruleset
@@ -24,17 +25,22 @@ const ownerPoll = 200 * time.Millisecond
 
 // waitedForReaders reports a sync that waited for other processes' reads
 // (runner.Config.Waited).
-func (p *Proxier) waitedForReaders(waited time.Duration, cut bool) {
+func (p *Proxier) waitedForReaders(waited time.Duration, end runner.WaitEnd) {
 	metrics.ReaderWaitSeconds.Observe(waited.Seconds())
-	if cut {
+	switch end {
+	case runner.WaitCut:
 		metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitTimedOut).Inc()
 		klog.InfoS("Committing although other processes are still reading the ruleset: their reads start over",
 			"waited", waited, "maxReaderWait", p.cfg.MaxReaderWait, "readers", p.deps.Readers.Describe())
-		return
+	case runner.WaitRepair:
+		metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitRepair).Inc()
+		klog.V(2).InfoS("Repairing the tables without waiting any longer for other processes' reads of the ruleset",
+			"waited", waited, "readers", p.deps.Readers.Describe())
+	default:
+		metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitEnded).Inc()
+		klog.V(2).InfoS("Waited for other processes to read the ruleset before committing", "waited", waited,
+			"readers", p.deps.Readers.Describe())
 	}
-	metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitEnded).Inc()
-	klog.V(2).InfoS("Waited for other processes to read the ruleset before committing", "waited", waited,
-		"readers", p.deps.Readers.Describe())
 }
 
 // syncOrWatchOwner syncs; if the kernel refused because another process

@@ -16,19 +16,30 @@ import (
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/nftfake"
 	"github.com/nftproxy/nftproxy/nft/nftnl"
+	"github.com/nftproxy/nftproxy/nft/trace"
 	"github.com/nftproxy/nftproxy/proxier/readers"
 )
 
-// sockets is a readers.Lister the test sets.
+// sockets is a readers.Lister the test sets. With progress, a socket set
+// dumping is seen dumping at every other listing, as a reader at work is
+// (its dumps are short); without, at every listing, as a reader that
+// stopped reading in the middle of a dump.
 type sockets struct {
-	mu    sync.Mutex
-	socks []nftnl.Socket
+	mu       sync.Mutex
+	socks    []nftnl.Socket
+	progress bool
+	listings int
 }
 
 func (s *sockets) Sockets() ([]nftnl.Socket, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]nftnl.Socket(nil), s.socks...), nil
+	s.listings++
+	out := append([]nftnl.Socket(nil), s.socks...)
+	for i := range out {
+		out[i].Dumping = out[i].Dumping && (!s.progress || s.listings%2 == 0)
+	}
+	return out, nil
 }
 
 func (s *sockets) set(socks ...nftnl.Socket) {
@@ -50,7 +61,7 @@ func moveWeb(t *testing.T, h *harness, ip string) {
 // change that follows the last sync waits; once the reader is done, it is
 // programmed, and the wait is counted.
 func TestChangesWaitForReaders(t *testing.T) {
-	socks := &sockets{}
+	socks := &sockets{progress: true}
 	gate := readers.New(readers.Config{Linger: 50 * time.Millisecond, MaxLinger: time.Second}, socks)
 	h := startWithConfig(t, func(c *Config) { c.MaxReaderWait = time.Minute },
 		func(d *Deps) { d.Readers = gate },
@@ -68,6 +79,68 @@ func TestChangesWaitForReaders(t *testing.T) {
 	h.eventually(web, nft.VerdictAccept, "10.244.1.2:8080")
 	if got := promtestutil.ToFloat64(metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitEnded)) - ended; got != 1 {
 		t.Errorf("%v waits counted as ended, want 1", got)
+	}
+}
+
+// TestStalledReaderDoesNotHoldChanges: a socket whose dump never moves
+// (its process stopped reading) holds one change for the stall limit, then
+// none.
+func TestStalledReaderDoesNotHoldChanges(t *testing.T) {
+	socks := &sockets{}
+	gate := readers.New(readers.Config{Linger: 50 * time.Millisecond, Stall: 200 * time.Millisecond, MaxStall: time.Second}, socks)
+	h := startWithConfig(t, func(c *Config) { c.MaxReaderWait = time.Minute },
+		func(d *Deps) { d.Readers = gate },
+		service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP),
+		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.1"))
+	web := tcp("10.96.0.10", 80)
+	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080")
+	stalled := testutil.Value(t, metrics.ReadersIgnoredTotal.WithLabelValues(metrics.ReaderStalled))
+
+	socks.set(nftnl.Socket{Inode: 1, PortID: 4242, Dumping: true})
+	for i, ip := range []string{"10.244.1.2", "10.244.1.3", "10.244.1.4"} {
+		moved := time.Now()
+		moveWeb(t, h, ip)
+		h.eventually(web, nft.VerdictAccept, ip+":8080")
+		if took := time.Since(moved); took > 2*time.Second {
+			t.Errorf("move %d took %v with a stalled reader on the node (MaxReaderWait 1 min)", i+1, took)
+		}
+	}
+	if got := testutil.Value(t, metrics.ReadersIgnoredTotal.WithLabelValues(metrics.ReaderStalled)) - stalled; got != 1 {
+		t.Errorf("%v stalled readers counted, want 1", got)
+	}
+}
+
+// TestRepairDoesNotWaitForReaders: while a change waits for a reader at
+// work, a repair of the table goes at once, with the change.
+func TestRepairDoesNotWaitForReaders(t *testing.T) {
+	socks := &sockets{progress: true}
+	gate := readers.New(readers.Config{Linger: 50 * time.Millisecond}, socks)
+	h := startWithConfig(t, func(c *Config) { c.MaxReaderWait = time.Minute },
+		func(d *Deps) { d.Readers = gate },
+		service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP),
+		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.1"),
+		service("default", "db", "10.96.0.20", 5432, v1.ProtocolTCP),
+		slice("default", "db", "db-1", 5432, v1.ProtocolTCP, "10.244.1.9"))
+	web, db := tcp("10.96.0.10", 80), tcp("10.96.0.20", 5432)
+	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080")
+	h.eventually(db, nft.VerdictAccept, "10.244.1.9:5432")
+	repairs := testutil.Value(t, metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitRepair))
+
+	socks.set(nftnl.Socket{Inode: 1, PortID: 4242, Dumping: true})
+	moveWeb(t, h, "10.244.1.2")
+	time.Sleep(300 * time.Millisecond)
+	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080") // held
+	change := tamper(t, h.fk, "service-ips")
+	h.eventually(db, trace.VerdictReject)
+	repaired := time.Now()
+	h.p.foreignCommit(nftnl.Commit{Process: "nft", PID: 4242, Changes: []nftnl.Change{change}})
+	h.eventually(db, nft.VerdictAccept, "10.244.1.9:5432")
+	h.eventually(web, nft.VerdictAccept, "10.244.1.2:8080")
+	if took := time.Since(repaired); took > 2*time.Second {
+		t.Errorf("repaired %v after the report, with a reader at work (MaxReaderWait 1 min)", took)
+	}
+	if got := testutil.Value(t, metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitRepair)) - repairs; got != 1 {
+		t.Errorf("%v waits counted as cut by a repair, want 1", got)
 	}
 }
 

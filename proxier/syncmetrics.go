@@ -30,8 +30,11 @@ func initMetrics(families iter.Seq[nft.Family]) {
 			metrics.InvalidObjectsTotal.WithLabelValues(kind, reason)
 		}
 	}
-	for _, result := range []string{metrics.ReaderWaitEnded, metrics.ReaderWaitTimedOut} {
+	for _, result := range []string{metrics.ReaderWaitEnded, metrics.ReaderWaitTimedOut, metrics.ReaderWaitRepair} {
 		metrics.ReaderWaitsTotal.WithLabelValues(result)
+	}
+	for _, reason := range []string{metrics.ReaderStalled, metrics.ReaderBudgetSpent} {
+		metrics.ReadersIgnoredTotal.WithLabelValues(reason)
 	}
 	for f := range families {
 		initFamilyMetrics(f.IPFamily())

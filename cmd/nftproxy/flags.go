@@ -35,8 +35,12 @@ type flagValues struct {
 	ownTables                  bool
 	fullSyncPeriod             time.Duration
 	maxReaderWait              time.Duration
-	removeKubeProxyTables      bool
-	serviceTrafficMetrics      string
+	// maxReaderWaitSet: --max-reader-wait was given; maxReaderWaitLowered
+	// the default it had before a short sync period lowered it.
+	maxReaderWaitSet      bool
+	maxReaderWaitLowered  time.Duration
+	removeKubeProxyTables bool
+	serviceTrafficMetrics string
 
 	// Deprecated upstream flags that act on the bind addresses, only
 	// without --config (upstream's addressFromDeprecatedFlags).

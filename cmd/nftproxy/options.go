@@ -61,6 +61,10 @@ type options struct {
 	// EnableProfiling serves /debug/pprof on the metrics server.
 	EnableProfiling bool
 
+	// MaxReaderWaitLowered, if set, is the default --max-reader-wait that
+	// was lowered to proxier.MaxReaderWaitLimit (a short sync period).
+	MaxReaderWaitLowered time.Duration
+
 	// IPFamiliesExplicit is set when --ip-families was given: a family the
 	// kernel cannot program is then an error instead of being skipped.
 	IPFamiliesExplicit bool
@@ -237,8 +241,10 @@ func (fv *flagValues) resolve(fs *pflag.FlagSet, env environment, o *options) er
 		check(validateLogging(&c.Logging, o.FeatureGate))
 	}
 	check(fv.resolveServers(o))
+	fv.maxReaderWaitSet = fs.Changed("max-reader-wait")
 	o.Proxier, err = fv.proxierConfig(env)
 	check(err)
+	o.MaxReaderWaitLowered = fv.maxReaderWaitLowered
 	if o.FeatureGate != nil {
 		o.Proxier.LocalhostNodePorts = o.FeatureGate.Enabled(gateLocalhostNodePorts)
 	}
@@ -369,6 +375,16 @@ func (fv *flagValues) proxierConfig(env environment) (proxier.Config, error) {
 	}
 	if fv.maxReaderWait < 0 {
 		errs = append(errs, fmt.Errorf("--max-reader-wait %v: must not be negative", fv.maxReaderWait))
+	}
+	if limit := proxier.MaxReaderWaitLimit(pc); pc.MaxReaderWait > limit {
+		if fv.maxReaderWaitSet {
+			errs = append(errs, fmt.Errorf("--max-reader-wait %v: at most %v with the sync period %v (--iptables-sync-period / nftables.syncPeriod): "+
+				"/healthz fails when a change stays unapplied for twice the sync period, and a change waits for readers, then for its sync",
+				pc.MaxReaderWait, limit, pc.SyncPeriod))
+		} else {
+			fv.maxReaderWaitLowered = pc.MaxReaderWait
+			pc.MaxReaderWait = limit
+		}
 	}
 	pc.LocalDetect = proxier.LocalDetect{Mode: string(c.DetectLocalMode),
 		BridgeInterface: c.DetectLocal.BridgeInterface, InterfaceNamePrefix: c.DetectLocal.InterfaceNamePrefix}

@@ -215,7 +215,8 @@ iptables: {masqueradeBit: 9, syncPeriod: 1h}
 			want: func(c *proxier.Config) {
 				c.MasqueradeBit, c.MasqueradeAll = 3, true
 				c.SyncPeriod, c.MinSyncPeriod = 10*time.Second, 2*time.Second
-				c.SyncBusyShare = 0 // set: honoured as upstream
+				c.SyncBusyShare = 0               // set: honoured as upstream
+				c.MaxReaderWait = 8 * time.Second // the default, lowered to fit the sync period
 			},
 		},
 		{
@@ -250,6 +251,7 @@ nftables: {syncPeriod: 10s, masqueradeBit: 7}
 				c.ClusterCIDRs = prefixes("192.168.0.0/16")
 				c.SyncPeriod = 10 * time.Second
 				c.MasqueradeBit = 7
+				c.MaxReaderWait = 9 * time.Second // the default, lowered to fit the sync period
 			},
 		},
 		{
@@ -615,6 +617,10 @@ func TestParseOptionsErrors(t *testing.T) {
 			want: []string{"--full-sync-period -1s: must not be negative"}},
 		{name: "negative reader wait", args: []string{"--max-reader-wait=-1s"},
 			want: []string{"--max-reader-wait -1s: must not be negative"}},
+		{name: "a reader wait that would turn /healthz 503", args: []string{"--max-reader-wait=30s"},
+			want: []string{"--max-reader-wait 30s: at most 29s with the sync period 30s (--iptables-sync-period / nftables.syncPeriod): /healthz fails"}},
+		{name: "a reader wait longer than the sync period leaves", args: []string{"--max-reader-wait=5s", "--iptables-sync-period=6s", "--iptables-min-sync-period=2s"},
+			want: []string{"--max-reader-wait 5s: at most 4s with the sync period 6s"}},
 		{name: "zero sync period", args: []string{"--iptables-sync-period=0"},
 			want: []string{"nftables.syncPeriod 0s: must be greater than 0"}},
 		{name: "ip families", args: []string{"--ip-families=ipv4,ip7"},

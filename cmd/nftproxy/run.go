@@ -123,10 +123,9 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Backe
 		defer mon.Close()
 		deps.Monitor = mon
 	}
-	if gate, closeGate := openReaders(); gate != nil {
-		defer closeGate()
-		deps.Readers = gate
-	}
+	gate, closeGate := openReaders(o.Proxier.MaxReaderWait)
+	defer closeGate()
+	deps.Readers = gate
 	for _, s := range deps.ServiceHealth {
 		defer s.(*servicehealth.Server).Close()
 	}
@@ -337,15 +336,20 @@ func selectFamilies(o *options) error {
 	return nil
 }
 
-// openReaders opens what sees other processes' reads of the ruleset
-// (proxier.Deps.Readers). Without it, syncs do not wait for them.
-func openReaders() (*readers.Gate, func()) {
+// openReaders opens what sees reads of the ruleset (proxier.Deps.Readers):
+// other processes' from their netlink sockets (sock_diag, or
+// /proc/net/netlink), and this process's own holds, which count even when
+// the sockets cannot be listed. One read holds commits for at most
+// maxReaderWait in all.
+func openReaders(maxReaderWait time.Duration) (*readers.Gate, func()) {
+	cfg := readers.DefaultConfig
+	cfg.Budget = maxReaderWait
 	l, err := nftnl.NewSocketLister(0)
 	if err != nil {
-		klog.ErrorS(err, "Cannot see other processes' reads of the ruleset; commits do not wait for them")
-		return nil, nil
+		klog.ErrorS(err, "Cannot list netlink sockets")
+		return readers.New(cfg, nil), func() {}
 	}
-	return readers.New(readers.DefaultConfig, l), func() { l.Close() }
+	return readers.New(cfg, l), func() { l.Close() }
 }
 
 // openMonitor opens the listener for changes other processes make to the
@@ -478,6 +482,10 @@ func logStartup(o *options) {
 		"masqueradeAll", c.MasqueradeAll, "masqueradeBit", c.MasqueradeBit,
 		"syncPeriod", c.SyncPeriod, "minSyncPeriod", c.MinSyncPeriod, "syncBusyShare", c.SyncBusyShare, "maxReaderWait", c.MaxReaderWait)
 	logFlagNotes(o)
+	if o.MaxReaderWaitLowered > 0 {
+		klog.InfoS("--max-reader-wait lowered to fit the sync period: /healthz fails when a change stays unapplied for twice the sync period",
+			"default", o.MaxReaderWaitLowered, "maxReaderWait", c.MaxReaderWait, "syncPeriod", c.SyncPeriod)
+	}
 	switch {
 	case len(c.NodePortCIDRs) == 0:
 		klog.InfoS("NodePorts answer on the node's primary IPs (from its Node object)")

@@ -26,10 +26,14 @@
 // ruleset. Every commit makes a dump under way start over, so commits at
 // the pace of a stream of changes would keep `nft list ruleset` (and every
 // other reader) from ever finishing. A sync that follows the last one by
-// less than MaxReaderWait waits while Readers says a read is under way,
-// looking again every ReaderPoll, for at most MaxReaderWait. A change
-// after a quiet spell (the last sync started MaxReaderWait ago or more)
-// goes at once: one commit costs a reader one new start, not its end.
+// less than MaxReaderWait waits while Readers says a read that was under
+// way when the wait began still is, looking again every ReaderPoll, for at
+// most MaxReaderWait (Readers itself bounds what one read may hold:
+// proxier/readers). Three syncs never wait: the first, a repair
+// (TriggerNow: a table someone deleted or changed is an outage, a listing
+// is not), and a change after a quiet spell (the last sync started
+// MaxReaderWait ago or more): one commit costs a reader one new start, not
+// its end. A repair asked for while a sync waits ends the wait.
 //
 // Last, a failed sync is retried at once, whatever its backoff, when
 // RetryNow says that what made it fail may be gone (the process that owned
@@ -74,18 +78,31 @@ type Config struct {
 	// means defaultReaderPoll.
 	ReaderPoll time.Duration
 	// Waited, if set, is called when a sync that waited for readers
-	// starts, with how long it waited and whether the wait was cut at
-	// MaxReaderWait.
-	Waited func(waited time.Duration, cut bool)
+	// starts, with how long it waited and how the wait ended.
+	Waited func(waited time.Duration, end WaitEnd)
 	// Clock is the time source; nil means the real clock.
 	Clock clock.Clock
 }
 
 // Readers tells whether another process is reading the ruleset
-// (readers.Gate).
+// (readers.Gate): whether a read that was under way at since, when the
+// wait began, still is at now.
 type Readers interface {
-	Reading(now time.Time) bool
+	Reading(since, now time.Time) bool
 }
+
+// WaitEnd is how a wait for readers ended.
+type WaitEnd int
+
+const (
+	// WaitEnded: the reads it waited for ended, or stopped holding
+	// commits.
+	WaitEnded WaitEnd = iota
+	// WaitCut: it reached MaxReaderWait.
+	WaitCut
+	// WaitRepair: a repair (TriggerNow) ended it.
+	WaitRepair
+)
 
 // Defaults for Config fields left zero.
 const (
@@ -139,7 +156,8 @@ func (r *Runner) Trigger() { r.send(r.trigger) }
 
 // TriggerNow asks for a sync at once, MinInterval or not (a repair of a
 // table someone else changed), but no more often than one per MinInterval,
-// and not before a retry is due. It never blocks.
+// and not before a retry is due; it does not wait for readers, and ends a
+// wait under way. It never blocks.
 func (r *Runner) TriggerNow() { r.send(r.urgent) }
 
 // RetryNow says that what made the last sync fail may be gone: if it
@@ -225,10 +243,11 @@ func (s *schedule) next(now time.Time) (time.Time, bool) {
 		return now, true // the first sync, at once
 	}
 	if s.failures > 0 {
+		due := s.lastEnd.Add(max(s.backoff(), s.minGap()))
 		if s.retryNow {
-			return latest(s.lastEnd.Add(s.minGap()), s.recheck), true
+			due = s.lastEnd.Add(s.minGap())
 		}
-		return latest(s.lastEnd.Add(max(s.backoff(), s.minGap())), s.recheck), true
+		return s.afterRecheck(due), true
 	}
 	var due time.Time
 	earliest := func(t time.Time) {
@@ -240,23 +259,29 @@ func (s *schedule) next(now time.Time) (time.Time, bool) {
 		earliest(latest(s.lastEnd.Add(s.busyGap()), s.lastUrgent.Add(s.cfg.MinInterval)))
 	}
 	if s.pending {
-		earliest(s.lastEnd.Add(s.minGap()))
+		earliest(s.afterRecheck(s.lastEnd.Add(s.minGap())))
 	}
 	if s.cfg.MaxInterval > 0 {
-		earliest(s.lastEnd.Add(s.cfg.MaxInterval))
+		earliest(s.afterRecheck(s.lastEnd.Add(s.cfg.MaxInterval)))
 	}
-	if due.IsZero() {
-		return due, false
+	return due, !due.IsZero()
+}
+
+// afterRecheck moves a sync due at due to the next look at the readers
+// it waits for, if any. A repair does not wait.
+func (s *schedule) afterRecheck(due time.Time) time.Time {
+	if s.urgent {
+		return due
 	}
-	return latest(due, s.recheck), true
+	return latest(due, s.recheck)
 }
 
 // waitsForReaders reports whether the sync due at now waits for readers;
 // if so, recheck is when to ask again. A wait starts only if the last sync
-// started less than MaxReaderWait ago, and ends at most MaxReaderWait
-// after it started.
+// started less than MaxReaderWait ago and the sync is not a repair, and
+// ends at most MaxReaderWait after it started.
 func (s *schedule) waitsForReaders(now time.Time) bool {
-	if s.cfg.Readers == nil || s.cfg.MaxReaderWait <= 0 {
+	if s.cfg.Readers == nil || s.cfg.MaxReaderWait <= 0 || s.urgent {
 		return false
 	}
 	if s.waitStart.IsZero() && (s.lastStart.IsZero() || now.Sub(s.lastStart) >= s.cfg.MaxReaderWait) {
@@ -266,7 +291,11 @@ func (s *schedule) waitsForReaders(now time.Time) bool {
 	if !s.waitStart.IsZero() && !now.Before(end) {
 		return false // cut
 	}
-	if !s.cfg.Readers.Reading(now) {
+	since := s.waitStart
+	if since.IsZero() {
+		since = now
+	}
+	if !s.cfg.Readers.Reading(since, now) {
 		return false
 	}
 	if s.waitStart.IsZero() {
@@ -323,14 +352,20 @@ func (s *schedule) triggeredNow() { s.urgent = true }
 // far.
 func (s *schedule) started(now time.Time) {
 	s.lastStart = now
+	if !s.waitStart.IsZero() && s.cfg.Waited != nil {
+		waited, end := now.Sub(s.waitStart), WaitEnded
+		switch {
+		case s.urgent:
+			end = WaitRepair
+		case waited >= s.cfg.MaxReaderWait:
+			end = WaitCut
+		}
+		s.cfg.Waited(waited, end)
+	}
 	if s.urgent {
 		s.lastUrgent = now
 	}
 	s.pending, s.urgent, s.retryNow = false, false, false
-	if !s.waitStart.IsZero() && s.cfg.Waited != nil {
-		waited := now.Sub(s.waitStart)
-		s.cfg.Waited(waited, waited >= s.cfg.MaxReaderWait)
-	}
 	s.waitStart, s.recheck = time.Time{}, time.Time{}
 }
 

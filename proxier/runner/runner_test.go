@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,19 +34,25 @@ type world struct {
 	failAt   func(t time.Duration) bool // or whether a sync started at t fails
 	retries  []time.Duration            // RetryNow, sorted
 	reading  func(t time.Duration) bool // whether another process reads at t (Readers)
+	// readingSince, if set, is Readers: whether a read under way at since
+	// still is at t.
+	readingSince func(since, t time.Duration) bool
 	until    time.Duration              // syncs that would start later are not run
 }
 
 // readersFunc is a Readers answering with a function.
-type readersFunc func(now time.Time) bool
+type readersFunc func(since, now time.Time) bool
 
-func (f readersFunc) Reading(now time.Time) bool { return f(now) }
+func (f readersFunc) Reading(since, now time.Time) bool { return f(since, now) }
 
 // simulate runs the schedule through w as Run would, and returns the start
 // times of the syncs.
 func simulate(cfg Config, w world) []time.Duration {
 	if w.reading != nil {
-		cfg.Readers = readersFunc(func(now time.Time) bool { return w.reading(now.Sub(epoch)) })
+		cfg.Readers = readersFunc(func(_, now time.Time) bool { return w.reading(now.Sub(epoch)) })
+	}
+	if w.readingSince != nil {
+		cfg.Readers = readersFunc(func(since, now time.Time) bool { return w.readingSince(since.Sub(epoch), now.Sub(epoch)) })
 	}
 	s := schedule{cfg: cfg, pending: true}
 	var starts []time.Duration
@@ -262,6 +269,44 @@ func TestSchedule(t *testing.T) {
 			want: []time.Duration{0, 5 * s, 10 * s, 11100 * ms},
 		},
 		{
+			name: "a repair does not wait for readers",
+			cfg:  Config{MaxInterval: 30 * s, BusyShare: 0.1, MaxReaderWait: 10 * s},
+			w: world{urgent: []time.Duration{s, 1100 * ms}, takes: ms, until: 3 * s,
+				reading: func(time.Duration) bool { return true }},
+			want: []time.Duration{0, s, 1100 * ms},
+		},
+		{
+			name: "a repair ends a wait under way",
+			cfg:  Config{MaxInterval: 30 * s, BusyShare: 0.1, MaxReaderWait: 10 * s},
+			w: world{triggers: []time.Duration{s, 1100 * ms}, urgent: []time.Duration{1500 * ms}, takes: ms, until: 3 * s,
+				reading: func(time.Duration) bool { return true }},
+			// 1 s follows 0 by less than MaxReaderWait: it waits, until
+			// the repair at 1.5 s.
+			want: []time.Duration{0, 1500 * ms},
+		},
+		{
+			name: "the first sync does not wait for readers",
+			cfg:  Config{MaxInterval: 30 * s, MaxReaderWait: 10 * s},
+			w:    world{until: 3 * s, reading: func(time.Duration) bool { return true }},
+			want: []time.Duration{0},
+		},
+		{
+			// Readers see since: a read that starts during a wait does not
+			// hold it, a read under way when the next wait begins does.
+			name: "each wait is for the reads under way when it began",
+			cfg:  Config{MaxInterval: 30 * s, BusyShare: 0.1, MaxReaderWait: 10 * s},
+			w: world{triggers: every(100*ms, 100*ms, 3*s), takes: ms, until: 3 * s,
+				readingSince: func(since, t time.Duration) bool {
+					// reader A from 500 to 1500; reader B from 1000 to 2000
+					a := since >= 500*ms && since < 1500*ms && t < 1500*ms
+					b := since >= 1000*ms && since < 2000*ms && t < 2000*ms
+					return a || b
+				}},
+			// The wait from 500 ends with A at 1500 (B began during it);
+			// the sync at 1600 waits for B until 2000.
+			want: slices.Concat(every(100*ms, 0, 400*ms), []time.Duration{1500 * ms, 2000 * ms}, every(100*ms, 2100*ms, 3*s)),
+		},
+		{
 			name: "a retry waits for readers too",
 			cfg:  Config{MaxInterval: 30 * s, RetryMin: 100 * ms, MaxReaderWait: 10 * s},
 			w: world{until: 40 * s, fails: func(n int) bool { return n == 1 },
@@ -392,4 +437,109 @@ func TestRunWithoutPeriodicSyncWaitsForATrigger(t *testing.T) {
 	d.waiting(epoch) // MinInterval (0) after the last sync ended: due already
 	d.syncs(epoch.Add(time.Hour), nil)
 	d.waiting(time.Time{})
+}
+
+// fakeReaders is a Readers the test sets; it records the since of every
+// question.
+type fakeReaders struct {
+	mu      sync.Mutex
+	reading bool
+	since   []time.Duration
+}
+
+func (f *fakeReaders) Reading(since, _ time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.since = append(f.since, since.Sub(epoch))
+	return f.reading
+}
+
+func (f *fakeReaders) set(reading bool) {
+	f.mu.Lock()
+	f.reading = reading
+	f.mu.Unlock()
+}
+
+// asked returns the sinces asked about since the last call.
+func (f *fakeReaders) asked() []time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.since
+	f.since = nil
+	return out
+}
+
+// waited is what Config.Waited was told.
+type waited struct {
+	took time.Duration
+	end  WaitEnd
+}
+
+// TestRunWaitsForReaders drives Run's wait for readers on the fake clock:
+// it looks again every ReaderPoll with the same since, lets the sync go
+// when the reads end, cuts the wait at MaxReaderWait, and lets a repair
+// through at once.
+func TestRunWaitsForReaders(t *testing.T) {
+	rd := &fakeReaders{reading: true}
+	waits := make(chan waited, 10)
+	d := newDriver(t, Config{MaxInterval: 30 * time.Second, MaxReaderWait: time.Second, ReaderPoll: 10 * ms,
+		Readers: rd, Waited: func(took time.Duration, end WaitEnd) { waits <- waited{took, end} }})
+	d.waiting(epoch)
+	d.syncs(epoch, nil)
+	if got := rd.asked(); len(got) != 0 {
+		t.Fatalf("the first sync asked the readers (since %v)", got)
+	}
+
+	// A change 100 ms later waits; the runner looks every 10 ms.
+	d.waiting(epoch.Add(30 * time.Second))
+	d.r.Trigger()
+	d.waiting(epoch)
+	for _, at := range []time.Duration{100 * ms, 110 * ms, 120 * ms} {
+		d.clock.SetTime(epoch.Add(at))
+		d.waiting(epoch.Add(at + 10*ms))
+	}
+	rd.set(false)
+	d.syncs(epoch.Add(130*ms), nil)
+	if got, want := rd.asked(), []time.Duration{100 * ms, 100 * ms, 100 * ms, 100 * ms}; !slices.Equal(got, want) {
+		t.Errorf("the wait asked about reads under way at %v, want %v", got, want)
+	}
+	if w := <-waits; w != (waited{30 * ms, WaitEnded}) {
+		t.Errorf("Waited(%v, %v), want 30ms and WaitEnded", w.took, w.end)
+	}
+
+	// A reader that does not end: the wait is cut at MaxReaderWait.
+	rd.set(true)
+	d.waiting(epoch.Add(30130 * ms))
+	d.r.Trigger()
+	d.waiting(epoch.Add(130 * ms))
+	at := 200 * ms
+	d.clock.SetTime(epoch.Add(at))
+	for at < 1200*ms {
+		at += 10 * ms
+		d.waiting(epoch.Add(at))
+		if at < 1200*ms {
+			d.clock.SetTime(epoch.Add(at))
+		}
+	}
+	d.syncs(epoch.Add(1200*ms), nil)
+	if w := <-waits; w != (waited{time.Second, WaitCut}) {
+		t.Errorf("Waited(%v, %v), want 1s and WaitCut", w.took, w.end)
+	}
+	rd.asked()
+
+	// A repair while a change waits: the sync goes at once.
+	d.waiting(epoch.Add(31200 * ms))
+	d.r.Trigger()
+	d.waiting(epoch.Add(1200 * ms))
+	d.clock.SetTime(epoch.Add(1300 * ms))
+	d.waiting(epoch.Add(1310 * ms))
+	d.r.TriggerNow()
+	d.waiting(epoch.Add(1200 * ms)) // due since the last sync ended
+	d.syncs(epoch.Add(1300*ms), nil)
+	if w := <-waits; w != (waited{0, WaitRepair}) {
+		t.Errorf("Waited(%v, %v), want 0s and WaitRepair", w.took, w.end)
+	}
+	if got := rd.asked(); !slices.Equal(got, []time.Duration{1300 * ms}) {
+		t.Errorf("the repair asked the readers: since %v, want only the wait's first look", got)
+	}
 }
