@@ -20,13 +20,17 @@ import (
 
 // TestReadersOnABusyNode: thousands of Services in the API, tens of
 // EndpointSlice updates a second on other Services, nftproxy with its
-// defaults. Every listing of the ruleset by nft, and another process's
-// `nft -f` reload of its own table, finishes within a few times what it
-// takes on the idle node; a change of a Service still reaches the data
-// path, with and without listings running, and its latency is reported
-// beside them. Without the wait for readers (--max-reader-wait=0) the same
-// listing does not finish: the control that shows the bed reproduces the
-// starvation.
+// defaults. With a process listening on a netfilter socket (`nft monitor`)
+// no change waits. With a process stuck in the middle of a dump (it asked
+// for one and stopped reading), changes still reach the data path within a
+// fraction of a second. Every listing of the ruleset by nft, and another
+// process's `nft -f` reload of its own table, finishes within a few times
+// what it takes on the idle node, the stuck reader still there; a change of
+// a Service still reaches the data path meanwhile, and its latency is
+// reported beside them. A table deleted while the stuck reader is there is
+// repaired at once. Without the wait for readers (--max-reader-wait=0) the
+// same listing does not finish: the control that shows the bed reproduces
+// the starvation.
 func TestReadersOnABusyNode(t *testing.T) {
 	c := newCluster(t)
 	n1 := c.nodes[0]
@@ -80,9 +84,36 @@ func TestReadersOnABusyNode(t *testing.T) {
 
 	ch := c.startChurn(svcs, 30)
 	defer ch.stop()
-	time.Sleep(2 * time.Second)
 	mover := &mover{c: c, client: client, addr: addr, pods: []*testbed.Pod{a, b}}
+
+	// A process that listens (nft monitor) holds nothing: no change waits.
+	monitor := n1.Start("nft", "monitor")
+	defer monitor.Stop(5 * time.Second)
+	time.Sleep(2 * time.Second)
+	waits := c.metric(n1, "nftproxy_reader_wait_seconds_count")
 	quiet := mover.times(t, 5)
+	if waited := c.metric(n1, "nftproxy_reader_wait_seconds_count") - waits; waited != 0 {
+		t.Errorf("%v syncs waited for readers with only nft monitor on the node", waited)
+	}
+	if worst := slices.Max(quiet); worst > time.Second {
+		t.Errorf("a change took %v to reach the data path with only nft monitor on the node", worst)
+	}
+
+	// A process stuck in the middle of a dump holds changes once, for the
+	// stall limit, then never again.
+	stuck := n1.Start(c.probe, "stuck-reader", "--family", "ip", "--table", "nftproxy", "--set", "service-ips")
+	defer stuck.Stop(5 * time.Second)
+	if err := stuck.WaitForLog(ctx, "stuck"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	withStuck := mover.times(t, 5)
+	if stalled := c.metric(n1, "nftproxy_readers_ignored_total", "reason=stalled"); stalled < 1 {
+		t.Errorf("nftproxy_readers_ignored_total{reason=\"stalled\"} = %v with a reader stuck in a dump, want 1 or more", stalled)
+	}
+	if p50, worst := medianDuration(withStuck), slices.Max(withStuck); p50 > 250*time.Millisecond || worst > 2*time.Second {
+		t.Errorf("with a reader stuck in a dump, a change reached the data path in p50 %v, max %v: want at most 250ms and 2s", p50, worst)
+	}
 
 	// Listings one after the other, changes timed meanwhile.
 	listing := make(chan struct{})
@@ -112,15 +143,40 @@ func TestReadersOnABusyNode(t *testing.T) {
 		break
 	}
 	wg.Wait()
-	waited := c.metric(n1, "nftproxy_reader_wait_seconds_count")
-	t.Logf("BUSY %d Services, %.0f updates/s: a change reaches the data path in p50 %v, max %v with no reader; p50 %v, max %v (%d changes) while nft lists; %v syncs waited for readers",
+	waited := c.metric(n1, "nftproxy_reader_wait_seconds_count") - waits
+	t.Logf("BUSY %d Services, %.0f updates/s: a change reaches the data path in p50 %v, max %v with nft monitor; p50 %v, max %v with a reader stuck in a dump; p50 %v, max %v (%d changes) while nft lists; %v syncs waited for readers",
 		size, ch.rate(), medianDuration(quiet).Round(time.Millisecond), slices.Max(quiet).Round(time.Millisecond),
+		medianDuration(withStuck).Round(time.Millisecond), slices.Max(withStuck).Round(time.Millisecond),
 		medianDuration(during).Round(time.Millisecond), slices.Max(during).Round(time.Millisecond), len(during), waited)
 	if waited == 0 {
 		t.Error("nftproxy_reader_wait_seconds counts no wait though nft listed under churn")
 	}
 	if worst := slices.Max(during); worst > 10*time.Second+2*time.Second {
 		t.Errorf("a change took %v to reach the data path while nft listed: longer than --max-reader-wait allows", worst)
+	}
+
+	// A table deleted while the stuck reader is there (tables not owned,
+	// as on kernels before 6.9) is repaired at once.
+	c.restartProxy(n1, withArgs(defaults, "--own-tables=false"))
+	if err := waitFamiliesSynced(ctx, c.proxy[n1.Name], 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	deleted := time.Now()
+	n1.MustExec(t, "nft", "delete", "table", "ip", "nftproxy")
+	for {
+		if name, err := mover.ask(); err == nil && name == mover.pods[mover.next].Name {
+			break
+		}
+		if time.Since(deleted) > time.Minute {
+			t.Fatal("busy-web did not answer again in a minute after its table was deleted")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	repaired := time.Since(deleted)
+	t.Logf("BUSY a deleted table, a reader stuck in a dump: busy-web answered again %v later", repaired.Round(time.Millisecond))
+	if repaired > 2*time.Second {
+		t.Errorf("busy-web answered again %v after its table was deleted, with a reader stuck in a dump: want a repair at once", repaired)
 	}
 
 	// The control: commits do not wait, and the listing never ends.

@@ -7,6 +7,7 @@
 //	            [--interval D] [--source-port N]
 //	probe load  --addr HOST:PORT [--rate 100] [--hold N] ...   (load.go)
 //	probe own-table --family ip --table NAME                  (owntable.go)
+//	probe stuck-reader [--family ip] [--table T] [--set S]     (stuck.go)
 //
 // serve answers every TCP connection and UDP datagram with the line "NAME PEER", where PEER
 // is the client address:port the server sees (IPv4-mapped IPv6 printed as plain IPv4). With
@@ -45,6 +46,8 @@ func main() {
 		err = loadMain(os.Args[2:])
 	case "own-table": // see owntable.go
 		err = ownTableMain(os.Args[2:])
+	case "stuck-reader": // see stuck.go
+		err = stuckReaderMain(os.Args[2:])
 	default:
 		usage()
 	}
@@ -60,5 +63,6 @@ func usage() {
 	fmt.Fprintln(os.Stderr, "       probe stream --proto udp|sctp --addr HOST:PORT [--interval 10ms] [--duration D] [--sport N] [--gap 50ms]")
 	fmt.Fprintln(os.Stderr, "       probe load --addr HOST:PORT [--rate 100] [--hold N] [--check 100ms] [--timeout 1s] [--duration D]")
 	fmt.Fprintln(os.Stderr, "       probe own-table --family ip|ip6 --table NAME")
+	fmt.Fprintln(os.Stderr, "       probe stuck-reader [--family ip|ip6] [--table T] [--set S]")
 	os.Exit(2)
 }
