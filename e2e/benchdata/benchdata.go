@@ -47,22 +47,24 @@ type ListFloor struct {
 
 // Config is the bench's flags.
 type Config struct {
-	Services       int      `json:"services"`
-	Endpoints      int      `json:"endpoints"`
-	Changes        int      `json:"changes"`      // idle single changes
-	ChurnChanges   int      `json:"churnChanges"` // single changes under churn
-	ChurnRate      float64  `json:"churnRate"`    // EndpointSlice updates/s asked for
-	MonitorChanges int      `json:"monitorChanges"`
-	NoopUpdates    int      `json:"noopUpdates"`
-	Conns          int      `json:"conns"`
-	Baseline       int      `json:"baseline"`
-	Upstream       bool     `json:"upstream"`
-	MinSyncPeriod  string   `json:"minSyncPeriod,omitempty"` // "": the proxies' default
-	ProxyEnv       []string `json:"proxyEnv,omitempty"`
-	Populate       string   `json:"populate"`
-	Restart        bool     `json:"restart"`
-	ListFloor      bool     `json:"listFloor"`
-	Smoke          bool     `json:"smoke"`
+	Services         int      `json:"services"`
+	Endpoints        int      `json:"endpoints"`
+	Changes          int      `json:"changes"`      // idle single changes
+	ChurnChanges     int      `json:"churnChanges"` // single changes under churn
+	ChurnRate        float64  `json:"churnRate"`    // EndpointSlice updates/s asked for
+	MonitorChanges   int      `json:"monitorChanges"`
+	NoopUpdates      int      `json:"noopUpdates"`
+	Conns            int      `json:"conns"`
+	Baseline         int      `json:"baseline"`
+	Upstream         bool     `json:"upstream"`
+	MinSyncPeriod    string   `json:"minSyncPeriod,omitempty"` // "": the proxies' default
+	ProxyEnv         []string `json:"proxyEnv,omitempty"`
+	Populate         string   `json:"populate"`
+	Restart          bool     `json:"restart"`
+	ListFloor        bool     `json:"listFloor"`
+	Neighbours       bool     `json:"neighbours,omitempty"`
+	NeighbourChanges int      `json:"neighbourChanges,omitempty"`
+	Smoke            bool     `json:"smoke"`
 }
 
 // Proxy is what one proxy's run measured.
@@ -93,6 +95,14 @@ type Proxy struct {
 	ListChurnTimeouts   int       `json:"listChurnTimeouts,omitempty"`
 	ChurnListingSeconds []float64 `json:"churnListingSeconds,omitempty"`
 
+	// Other processes reading the ruleset under churn: `nft list ruleset`
+	// on the idle node, the single changes timed beside each neighbour,
+	// and how long a deleted table took to answer again with a reader
+	// stuck in a dump.
+	RulesetIdleSeconds       float64     `json:"rulesetIdleSeconds,omitempty"`
+	Neighbours               []Neighbour `json:"neighbours,omitempty"`
+	RepairStuckReaderSeconds float64     `json:"repairStuckReaderSeconds,omitempty"`
+
 	SyncHistogram      Histogram `json:"syncHistogram"` // all IPv4 syncs
 	KernelOpsPerChange float64   `json:"kernelOpsPerChange"`
 	NetlinkObjects     float64   `json:"netlinkObjects"`     // kernel notifications per monitored change
@@ -122,6 +132,16 @@ type Proxy struct {
 	RestartPeakRSSBytes int64          `json:"restartPeakRSSBytes"`
 	RestartAttempts     int            `json:"restartAttempts"`
 	RestartFailures     map[string]int `json:"restartFailures,omitempty"`
+}
+
+// Neighbour is one process reading the ruleset beside the churn: the
+// single changes timed meanwhile and, if it lists, its listings (an
+// unfinished one counts as its timeout).
+type Neighbour struct {
+	Name            string    `json:"name"`
+	ChangeSeconds   []float64 `json:"changeSeconds"`
+	ListingSeconds  []float64 `json:"listingSeconds,omitempty"`
+	ListingTimeouts int       `json:"listingTimeouts,omitempty"`
 }
 
 // Histogram is a Prometheus histogram. Buckets holds the finite upper

@@ -19,7 +19,7 @@ func (rep *report) document(commit string, dirty bool) *benchdata.Run {
 			ChurnChanges: c.ChurnChanges, ChurnRate: c.ChurnRate, MonitorChanges: c.MonitorChanges,
 			NoopUpdates: c.NoopUpdates, Conns: c.Conns, Baseline: c.Baseline, Upstream: c.Upstream,
 			MinSyncPeriod: c.MinSyncPeriod, ProxyEnv: c.ProxyEnv, Populate: c.Populate,
-			Restart: c.Restart, ListFloor: c.ListFloor, Smoke: c.Smoke},
+			Restart: c.Restart, ListFloor: c.ListFloor, Neighbours: c.Neighbours, NeighbourChanges: c.NeighbourChanges, Smoke: c.Smoke},
 		BaselineServices: rep.baselineN, LoadStart: rep.loadStart, LoadEnd: rep.loadEnd,
 	}
 	if fl := rep.floor; fl != nil {
@@ -42,6 +42,8 @@ func (r *result) document() benchdata.Proxy {
 		ChurnMissed: r.churnMissed, ChurnCores: r.churnCores,
 		ListIdleSeconds: seconds(r.listIdle), ListChurnSeconds: seconds(r.listChurn), ListChurnTimeouts: r.listTimeouts,
 		ChurnListingSeconds: seconds(r.churnListing),
+		RulesetIdleSeconds:  r.rulesetIdle.Seconds(), Neighbours: neighboursDocument(r.neighbours),
+		RepairStuckReaderSeconds: r.repairStuck.Seconds(),
 
 		SyncHistogram: r.syncHist.document(), KernelOpsPerChange: r.kernelOpsPerChange,
 		NetlinkObjects: r.nlObjects, NetlinkGenerations: r.nlGens, NetlinkLost: r.nlLost,
@@ -60,6 +62,15 @@ func (r *result) document() benchdata.Proxy {
 		RestartPeakRSSBytes: r.restartRSS, RestartAttempts: r.restartAttempts,
 		RestartFailures: r.restartFailures,
 	}
+}
+
+func neighboursDocument(ns []neighbourResult) []benchdata.Neighbour {
+	var out []benchdata.Neighbour
+	for _, n := range ns {
+		out = append(out, benchdata.Neighbour{Name: n.name, ChangeSeconds: seconds(n.changes),
+			ListingSeconds: seconds(n.listings.seconds), ListingTimeouts: n.listings.timeouts})
+	}
+	return out
 }
 
 func (h hist) document() benchdata.Histogram {

@@ -17,7 +17,7 @@ func filledReport() *report {
 	c := config{Services: 10000, Endpoints: 5, Changes: 2, ChurnChanges: 3, ChurnRate: 50,
 		MonitorChanges: 1, NoopUpdates: 100, Conns: 2, Baseline: 1000, Upstream: true,
 		MinSyncPeriod: "0s", ProxyEnv: []string{"GOMEMLIMIT=64MiB"}, LogDir: "logs", Smoke: true,
-		Populate: "api", Restart: true, ListFloor: true, JSON: "out.json"}
+		Populate: "api", Restart: true, ListFloor: true, Neighbours: true, NeighbourChanges: 10, JSON: "out.json"}
 	ms := func(xs ...float64) []time.Duration {
 		var ds []time.Duration
 		for _, x := range xs {
@@ -32,6 +32,10 @@ func filledReport() *report {
 			idle: ms(5.8, 7.54*scale), churn: ms(491, 966, 12.3*scale), idleSync: []float64{0.00103, 0.0021 * scale},
 			idleSyncs: 4, cpuPerChange: 0.0065, churnRate: 49.9, churnMissed: 2, churnCores: 0.03,
 			listIdle: ms(620, 650*scale), listChurn: ms(530, 560*scale), listTimeouts: 1, churnListing: ms(9, 259*scale),
+			rulesetIdle: 880 * time.Millisecond,
+			neighbours: []neighbourResult{{name: "nft monitor", changes: ms(4, 6*scale)},
+				{name: "nft list ruleset every 2 s", changes: ms(5, 30*scale), listings: neighbourListings{seconds: ms(900, 1100), timeouts: 1}}},
+			repairStuck:        time.Duration(420 * scale * float64(time.Millisecond)),
 			syncHist:           hist{count: 46, sum: 0.762, le: []float64{0.001, 0.002, math.Inf(1)}, cum: []float64{10, 40, 46}},
 			kernelOpsPerChange: 2, nlObjects: 4, nlGens: 1, nlLost: 1,
 			cpuTotal: 2.3, wall: 58 * time.Second, rssProc: 84 << 20, rssTree: 85 << 20,
@@ -112,7 +116,7 @@ func reportFromDocument(d *benchdata.Run) *report {
 		ChurnChanges: c.ChurnChanges, ChurnRate: c.ChurnRate, MonitorChanges: c.MonitorChanges,
 		NoopUpdates: c.NoopUpdates, Conns: c.Conns, Baseline: c.Baseline, Upstream: c.Upstream,
 		MinSyncPeriod: c.MinSyncPeriod, ProxyEnv: c.ProxyEnv, Populate: c.Populate,
-		Restart: c.Restart, ListFloor: c.ListFloor, Smoke: c.Smoke},
+		Restart: c.Restart, ListFloor: c.ListFloor, Neighbours: c.Neighbours, NeighbourChanges: c.NeighbourChanges, Smoke: c.Smoke},
 		start: d.Date, baselineN: d.BaselineServices, loadStart: d.LoadStart, loadEnd: d.LoadEnd}
 	if fl := d.ListFloor; fl != nil {
 		rep.floor = &listFloor{wall: duration(fl.Seconds), clientCPU: fl.ClientCPUSeconds, apiCPU: fl.APICPUSeconds, heap: fl.HeapBytes}
@@ -132,7 +136,9 @@ func resultFromDocument(p benchdata.Proxy) *result {
 		churnMissed: p.ChurnMissed, churnCores: p.ChurnCores,
 		listIdle: durations(p.ListIdleSeconds), listChurn: durations(p.ListChurnSeconds), listTimeouts: p.ListChurnTimeouts,
 		churnListing: durations(p.ChurnListingSeconds),
-		syncHist:     histFromDocument(p.SyncHistogram), kernelOpsPerChange: p.KernelOpsPerChange,
+		rulesetIdle:  duration(p.RulesetIdleSeconds), neighbours: neighboursFromDocument(p.Neighbours),
+		repairStuck: duration(p.RepairStuckReaderSeconds),
+		syncHist:    histFromDocument(p.SyncHistogram), kernelOpsPerChange: p.KernelOpsPerChange,
 		nlObjects: p.NetlinkObjects, nlGens: p.NetlinkGenerations, nlLost: p.NetlinkLost,
 		cpuTotal: p.CPUTotalSeconds, wall: duration(p.WallSeconds), rssProc: p.PeakRSSBytes, rssTree: p.PeakRSSTreeBytes,
 		nft: p.NftproxyMetrics, events: p.Events, ruleChanges: p.RuleChanges,
@@ -144,6 +150,15 @@ func resultFromDocument(p benchdata.Proxy) *result {
 		restartReady:  duration(p.RestartReadySeconds), restartOps: p.RestartKernelOps, restartRSS: p.RestartPeakRSSBytes,
 		restartAttempts: p.RestartAttempts, restartFailures: p.RestartFailures,
 	}
+}
+
+func neighboursFromDocument(ns []benchdata.Neighbour) []neighbourResult {
+	var out []neighbourResult
+	for _, n := range ns {
+		out = append(out, neighbourResult{name: n.Name, changes: durations(n.ChangeSeconds),
+			listings: neighbourListings{seconds: durations(n.ListingSeconds), timeouts: n.ListingTimeouts}})
+	}
+	return out
 }
 
 func histFromDocument(d benchdata.Histogram) hist {

@@ -69,6 +69,8 @@ type config struct {
 	Populate            string // "api", "etcd" or "auto" (etcd above etcdAbove Services)
 	ListFloor           bool   // time a bare client's list first (listfloor.go)
 	Restart             bool   // phase 6: restart the proxy with the API state unchanged
+	Neighbours          bool   // processes reading the ruleset beside the churn (neighbours.go)
+	NeighbourChanges    int    // single changes timed beside each of them
 	JSON                string // --json: write every measured value into this file (e2e/benchdata)
 }
 
@@ -82,14 +84,15 @@ func (c config) populateEtcd() bool {
 
 func defaultConfig() config {
 	return config{Services: 1000, Endpoints: 5, Changes: 20, ChurnChanges: -1, ChurnRate: 50,
-		MonitorChanges: 3, NoopUpdates: 100, Conns: 200, Baseline: 1000, Populate: "auto", Restart: true, ListFloor: true}
+		MonitorChanges: 3, NoopUpdates: 100, Conns: 200, Baseline: 1000, Populate: "auto", Restart: true, ListFloor: true,
+		Neighbours: true, NeighbourChanges: 10}
 }
 
 // smokeConfig is --smoke: small and quick, both proxies.
 func smokeConfig() config {
 	c := defaultConfig()
 	c.Services, c.Endpoints, c.Changes, c.ChurnChanges = 50, 2, 3, 3
-	c.MonitorChanges, c.NoopUpdates, c.Conns, c.Baseline = 1, 20, 20, 0
+	c.MonitorChanges, c.NoopUpdates, c.Conns, c.Baseline, c.NeighbourChanges = 1, 20, 20, 0, 2
 	c.Upstream, c.Smoke = true, true
 	return c
 }
@@ -110,6 +113,8 @@ func main() {
 	flag.StringVar(&c.LogDir, "logs", "", "keep the logs of every process in this directory")
 	flag.BoolVar(&c.ListFloor, "list-floor", c.ListFloor, "first time a bare client listing the Services and EndpointSlices (the floor of every proxy's start)")
 	flag.BoolVar(&c.Restart, "restart", c.Restart, "restart each proxy at the end with the API state unchanged, probing its ClusterIP meanwhile")
+	flag.IntVar(&c.NeighbourChanges, "neighbour-changes", c.NeighbourChanges, "single changes timed beside each process reading the ruleset (--neighbours)")
+	flag.BoolVar(&c.Neighbours, "neighbours", c.Neighbours, "time changes under churn beside processes reading the ruleset (nft monitor, nft list ruleset every 2 s and back to back, a reader stuck in a dump), and a deleted table's repair with the stuck reader")
 	flag.Func("populate", fmt.Sprintf("how Services and EndpointSlices are created: api, etcd (written into etcd: creating N Services through the API costs O(N²)) or auto (etcd above %d Services; the default)", etcdAbove),
 		func(v string) error {
 			if v != "api" && v != "etcd" && v != "auto" {
@@ -465,6 +470,9 @@ func (b *bench) measure(kind string) *result {
 	// 2. Single changes under churn, and listings of the proxy's table.
 	if c.ChurnChanges > 0 {
 		b.listIdle(s, r)
+		if c.Neighbours {
+			b.rulesetIdle(s, r)
+		}
 		ch := b.startChurn(c.ChurnRate)
 		time.Sleep(2 * time.Second)
 		cpu1, t1, k0 := s.mon.cpu(), time.Now(), b.counters(s)
@@ -481,6 +489,9 @@ func (b *bench) measure(kind string) *result {
 		r.churnWindow = noopResult{events: k1.events - k0.events, ruleChanges: k1.ruleChanges - k0.ruleChanges,
 			kernelOps: k1.kernelOps - k0.kernelOps, syncs: k1.syncs - k0.syncs, nft: k1.nft}
 		b.listUnderChurn(s, r)
+		if c.Neighbours {
+			b.measureNeighbours(s, r)
+		}
 		var failures int64
 		r.churnRate, failures, r.churnMissed = ch.stop()
 		if failures > 0 {
@@ -504,6 +515,9 @@ func (b *bench) measure(kind string) *result {
 		b.restart(s, r)
 	} else {
 		s.proc.Stop(10 * time.Second)
+	}
+	if c.Neighbours {
+		b.repairWithStuckReader(s, r)
 	}
 	fmt.Printf("%s: CPU %.1fs in %v; peak RSS %.0f MB (with children %.0f MB)\n", kind, r.cpuTotal, r.wall.Round(time.Second),
 		mb(r.rssProc), mb(r.rssTree))

@@ -32,6 +32,14 @@ type result struct {
 	listTimeouts        int
 	churnListing        []time.Duration
 
+	// Other processes reading the ruleset under churn (neighbours.go):
+	// `nft list ruleset` on the idle node, the changes timed beside each
+	// neighbour, and the time a deleted table took to answer again with a
+	// reader stuck in a dump.
+	rulesetIdle time.Duration
+	neighbours  []neighbourResult
+	repairStuck time.Duration
+
 	syncHist           hist    // all syncs, IPv4
 	kernelOpsPerChange float64 // nftproxy_sync_kernel_operations per idle change
 	nlObjects, nlGens  float64 // kernel notifications per monitored change
@@ -205,6 +213,30 @@ func (rep *report) rows() []row {
 		add("nft list table, churn: max", true, func(r *result) cell { return listCell(r, 1) })
 		add("single change, data path, churn while nft lists: p50", true, func(r *result) cell { return durCell(pct(r.churnListing, 0.5)) })
 		add("single change, data path, churn while nft lists: max", true, func(r *result) cell { return durCell(pct(r.churnListing, 1)) })
+	}
+	if c.ChurnChanges > 0 && c.Neighbours {
+		add(fmt.Sprintf("nft list ruleset, idle: median (%d listings)", listings), true, func(r *result) cell { return durCell(r.rulesetIdle) })
+		for i, nb := range neighbours {
+			res := func(r *result) *neighbourResult {
+				if i < len(r.neighbours) {
+					return &r.neighbours[i]
+				}
+				return &neighbourResult{}
+			}
+			add(fmt.Sprintf("single change, churn, with %s: p50 (%d changes)", nb.name, c.NeighbourChanges), true,
+				func(r *result) cell { return durCell(pct(res(r).changes, 0.5)) })
+			add("  max", true, func(r *result) cell { return durCell(pct(res(r).changes, 1)) })
+			add("  nft list ruleset meanwhile: max", false, func(r *result) cell {
+				l := res(r).listings
+				if len(l.seconds) == 0 {
+					return naCell()
+				}
+				c := durCell(pct(l.seconds, 1))
+				c.text = fmt.Sprintf("%s (%d listings, %d unfinished)", c.text, len(l.seconds), l.timeouts)
+				return c
+			})
+		}
+		add("table deleted, churn, a reader stuck in a dump → answers again", true, func(r *result) cell { return durCell(r.repairStuck) })
 	}
 	if c.Changes > 0 {
 		add("sync after an idle change, median (own metric)", true, func(r *result) cell { return secCell(median(r.idleSync)) })
@@ -401,6 +433,17 @@ func (rep *report) validate() []string {
 		}
 		if r.listTimeouts > 0 {
 			bad("%d of %d listings of the table under churn did not finish", r.listTimeouts, len(r.listChurn))
+		}
+		if c.Neighbours {
+			if len(r.neighbours) != len(neighbours) {
+				bad("%d neighbour cases timed, want %d", len(r.neighbours), len(neighbours))
+			}
+			for _, nb := range r.neighbours {
+				if len(nb.changes) != c.NeighbourChanges || nb.listings.timeouts > 0 {
+					bad("with %s: %d changes timed (want %d), %d listings unfinished", nb.name, len(nb.changes), c.NeighbourChanges, nb.listings.timeouts)
+				}
+			}
+			inRange("a deleted table answers again (s)", r.repairStuck.Seconds(), 1e-4, 60)
 		}
 		if len(r.churnListing) == 0 {
 			bad("no change timed while nft listed")
