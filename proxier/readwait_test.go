@@ -10,6 +10,7 @@ import (
 	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/nftproxy/nftproxy/internal/testutil"
 	"github.com/nftproxy/nftproxy/metrics"
@@ -57,18 +58,26 @@ func moveWeb(t *testing.T, h *harness, ip string) {
 	}
 }
 
+// startWithReaders starts a proxier with Service web (10.96.0.10:80 →
+// 10.244.1.1:8080) and more objs, whose syncs wait for the readers socks
+// lists, seen through a gate of cfg, for a minute at most.
+func startWithReaders(t *testing.T, socks *sockets, cfg readers.Config, objs ...runtime.Object) (*harness, trace.Packet) {
+	t.Helper()
+	gate := readers.New(cfg, socks)
+	objs = append(objs, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP),
+		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.1"))
+	h := startWithConfig(t, func(c *Config) { c.MaxReaderWait = time.Minute }, func(d *Deps) { d.Readers = gate }, objs...)
+	web := tcp("10.96.0.10", 80)
+	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080")
+	return h, web
+}
+
 // TestChangesWaitForReaders: while another process dumps the ruleset, a
 // change that follows the last sync waits; once the reader is done, it is
 // programmed, and the wait is counted.
 func TestChangesWaitForReaders(t *testing.T) {
 	socks := &sockets{progress: true}
-	gate := readers.New(readers.Config{Linger: 50 * time.Millisecond, MaxLinger: time.Second}, socks)
-	h := startWithConfig(t, func(c *Config) { c.MaxReaderWait = time.Minute },
-		func(d *Deps) { d.Readers = gate },
-		service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP),
-		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.1"))
-	web := tcp("10.96.0.10", 80)
-	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080")
+	h, web := startWithReaders(t, socks, readers.Config{Linger: 50 * time.Millisecond, MaxLinger: time.Second})
 	ended := promtestutil.ToFloat64(metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitEnded))
 
 	socks.set(nftnl.Socket{Inode: 1, PortID: 4242, Dumping: true})
@@ -87,13 +96,7 @@ func TestChangesWaitForReaders(t *testing.T) {
 // none.
 func TestStalledReaderDoesNotHoldChanges(t *testing.T) {
 	socks := &sockets{}
-	gate := readers.New(readers.Config{Linger: 50 * time.Millisecond, Stall: 200 * time.Millisecond, MaxStall: time.Second}, socks)
-	h := startWithConfig(t, func(c *Config) { c.MaxReaderWait = time.Minute },
-		func(d *Deps) { d.Readers = gate },
-		service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP),
-		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.1"))
-	web := tcp("10.96.0.10", 80)
-	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080")
+	h, web := startWithReaders(t, socks, readers.Config{Linger: 50 * time.Millisecond, Stall: 200 * time.Millisecond, MaxStall: time.Second})
 	stalled := testutil.Value(t, metrics.ReadersIgnoredTotal.WithLabelValues(metrics.ReaderStalled))
 
 	socks.set(nftnl.Socket{Inode: 1, PortID: 4242, Dumping: true})
@@ -114,15 +117,10 @@ func TestStalledReaderDoesNotHoldChanges(t *testing.T) {
 // work, a repair of the table goes at once, with the change.
 func TestRepairDoesNotWaitForReaders(t *testing.T) {
 	socks := &sockets{progress: true}
-	gate := readers.New(readers.Config{Linger: 50 * time.Millisecond}, socks)
-	h := startWithConfig(t, func(c *Config) { c.MaxReaderWait = time.Minute },
-		func(d *Deps) { d.Readers = gate },
-		service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP),
-		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.1"),
+	h, web := startWithReaders(t, socks, readers.Config{Linger: 50 * time.Millisecond},
 		service("default", "db", "10.96.0.20", 5432, v1.ProtocolTCP),
 		slice("default", "db", "db-1", 5432, v1.ProtocolTCP, "10.244.1.9"))
-	web, db := tcp("10.96.0.10", 80), tcp("10.96.0.20", 5432)
-	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080")
+	db := tcp("10.96.0.20", 5432)
 	h.eventually(db, nft.VerdictAccept, "10.244.1.9:5432")
 	repairs := testutil.Value(t, metrics.ReaderWaitsTotal.WithLabelValues(metrics.ReaderWaitRepair))
 
