@@ -41,10 +41,10 @@ var neighbours = []neighbour{
 		return func() neighbourListings { p.Stop(5 * time.Second); return neighbourListings{} }
 	}},
 	{"nft list ruleset every 2 s", func(b *bench, s *started, r *result) func() neighbourListings {
-		return b.lister(s, 2*time.Second, listTimeout(r.rulesetIdle))
+		return b.lister(s, 2*time.Second, r.rulesetIdle)
 	}},
 	{"nft list ruleset back to back", func(b *bench, s *started, r *result) func() neighbourListings {
-		return b.lister(s, 0, listTimeout(r.rulesetIdle))
+		return b.lister(s, 0, r.rulesetIdle)
 	}},
 	{"a reader stuck in the middle of a dump", func(b *bench, s *started, r *result) func() neighbourListings {
 		p := b.stuckReader(s)
@@ -81,36 +81,39 @@ func (b *bench) measureNeighbours(s *started, r *result) {
 }
 
 // lister runs `nft list ruleset` on s's node, every interval (0: one after
-// the other), each for at most limit, until the returned function is
-// called.
-func (b *bench) lister(s *started, interval, limit time.Duration) func() neighbourListings {
+// the other), each for at most listTimeout(idle), until the returned
+// function is called. The listing under way then is stopped, and counted
+// unfinished if it already ran for twice idle.
+func (b *bench) lister(s *started, interval, idle time.Duration) func() neighbourListings {
 	var mu sync.Mutex
 	var out neighbourListings
-	stop := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for {
+		for ctx.Err() == nil {
 			begun := time.Now()
-			ctx, cancel := context.WithTimeout(context.Background(), limit)
-			_, err := s.node.Exec(ctx, "nft", "list", "ruleset")
+			lctx, lcancel := context.WithTimeout(ctx, listTimeout(idle))
+			_, err := s.node.Exec(lctx, "nft", "list", "ruleset")
 			d := time.Since(begun)
-			cancel()
+			lcancel()
 			mu.Lock()
-			out.seconds = append(out.seconds, d)
-			if err != nil {
+			switch {
+			case err == nil:
+				out.seconds = append(out.seconds, d)
+			case ctx.Err() == nil || d >= 2*idle:
+				out.seconds = append(out.seconds, d)
 				out.timeouts++
 			}
 			mu.Unlock()
 			select {
-			case <-stop:
-				return
+			case <-ctx.Done():
 			case <-time.After(max(interval-d, 0)):
 			}
 		}
 	}()
 	return func() neighbourListings {
-		close(stop)
+		cancel()
 		<-done
 		mu.Lock()
 		defer mu.Unlock()
