@@ -106,7 +106,7 @@ func TestReadersOnABusyNode(t *testing.T) {
 	if err := stuck.WaitForLog(ctx, "stuck"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
+	time.Sleep(2 * time.Second) // the stall limit: the stuck reader holds the first wait that meets it
 	withStuck := mover.times(t, 5)
 	if stalled := c.metric(n1, "nftproxy_readers_ignored_total", "reason=stalled"); stalled < 1 {
 		t.Errorf("nftproxy_readers_ignored_total{reason=\"stalled\"} = %v with a reader stuck in a dump, want 1 or more", stalled)

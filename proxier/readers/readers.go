@@ -95,7 +95,7 @@ type Config struct {
 // DefaultConfig is what nftproxy runs with (docs/operations.md, "A busy
 // node"), with Budget set to --max-reader-wait.
 var DefaultConfig = Config{Linger: 250 * time.Millisecond, MaxLinger: 2 * time.Second,
-	Stall: 250 * time.Millisecond, MaxStall: 5 * time.Second, StallMargin: 4, Remember: 10 * time.Minute}
+	Stall: time.Second, MaxStall: 5 * time.Second, StallMargin: 4, Remember: 10 * time.Minute}
 
 // pauseMargin is how much longer than the longest pause seen a socket's
 // linger is: pauses vary, and the runner sees a socket only when it looks.
