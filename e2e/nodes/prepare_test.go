@@ -1,8 +1,14 @@
 package nodes
 
 import (
+	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
 
 func TestPickKernel(t *testing.T) {
@@ -46,4 +52,100 @@ func TestPickKernel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPrepareReleases prepares every release (NFTPROXY_NODES_SUITES) twice
+// and checks the node's initramfs: the second Prepare must download and
+// build nothing.
+func TestPrepareReleases(t *testing.T) {
+	requireNodes(t)
+	for _, r := range suitesFromEnv(t) {
+		t.Run(r.Suite, func(t *testing.T) {
+			n, err := Prepare(t.Context(), r, kubebin.CacheDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s, %d modules\nfirst Prepare: %s", n, n.Modules(), preparation(n.Prepared))
+			checkInitramfs(t, n)
+			again, err := Prepare(t.Context(), r, kubebin.CacheDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("second Prepare: %s", preparation(again.Prepared))
+			if p := again.Prepared; len(p.Downloaded) > 0 || len(p.Built) > 0 {
+				t.Errorf("second Prepare downloaded %v and built %v, want nothing", p.Downloaded, p.Built)
+			}
+		})
+	}
+}
+
+// checkInitramfs reads a node's archive back and looks for what every job
+// needs.
+func checkInitramfs(t *testing.T, n *Node) {
+	t.Helper()
+	if s := n.Release.KernelSeries; s != "" && !strings.HasPrefix(n.Kernel(), s+".") {
+		t.Errorf("kernel %s, want the %s series", n.Kernel(), s)
+	}
+	for _, tool := range []string{"nft", "ip", "conntrack", "busybox", "sh"} {
+		if n.Tool(tool) == "" {
+			t.Errorf("no version for %s", tool)
+		}
+	}
+	b, err := os.ReadFile(n.InitramfsPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := map[string]cpioEntry{}
+	for _, e := range readCPIO(t, b) {
+		entries[e.name] = e
+	}
+	modules := "usr/lib/modules/" + n.Kernel()
+	for name, mode := range map[string]uint32{
+		"init":                           cpioRegular,
+		"bin":                            cpioSymlink,
+		"lib64":                          cpioSymlink,
+		"var/run":                        cpioSymlink,
+		"usr/sbin/nft":                   cpioRegular,
+		"usr/sbin/conntrack":             cpioRegular,
+		"usr/bin/busybox":                cpioRegular,
+		"usr/bin/sh":                     cpioSymlink, // to dash
+		"usr/sbin/modprobe":              cpioSymlink, // to busybox
+		"etc/protocols":                  cpioRegular,
+		"etc/services":                   cpioRegular,
+		"etc/nodes/modules":              cpioRegular,
+		modules + "/modules.dep":         cpioRegular,
+		modules + "/modules.alias":       cpioRegular,
+		"usr/lib64/ld-linux-x86-64.so.2": 0, // a file or a link, as the release ships it
+	} {
+		e, ok := entries[name]
+		if !ok {
+			t.Errorf("no /%s", name)
+		} else if mode != 0 && e.mode&0o170000 != mode {
+			t.Errorf("/%s: mode %o, want type %o", name, e.mode, mode)
+		}
+	}
+	if e := entries["usr/bin/ip"]; e.mode&0o170000 != cpioRegular || strings.Contains(e.data, "BusyBox") {
+		t.Errorf("/usr/bin/ip is not iproute2's")
+	}
+	list := strings.Split(strings.TrimSpace(entries["etc/nodes/modules"].data), "\n")
+	if len(list) != n.Modules() {
+		t.Errorf("/etc/nodes/modules lists %d modules, want %d", len(list), n.Modules())
+	}
+	var nfTables bool
+	for _, line := range list {
+		name, file, _ := strings.Cut(line, " ")
+		if _, ok := entries[strings.TrimPrefix(file, "/")]; !ok {
+			t.Errorf("/etc/nodes/modules: %s is not in the archive", file)
+		}
+		nfTables = nfTables || name == "nf_tables"
+	}
+	if !nfTables {
+		t.Error("nf_tables is not among the modules")
+	}
+}
+
+func preparation(p Preparation) string {
+	return fmt.Sprintf("%v (lists %v%s, download %v of %d packages, unpack %v, initramfs %v; built %v)",
+		p.Total.Round(time.Millisecond), p.Update.Round(time.Millisecond), listsNote(p), p.Download.Round(time.Millisecond),
+		len(p.Downloaded), p.Unpack.Round(time.Millisecond), p.Initramfs.Round(time.Millisecond), p.Built)
 }
