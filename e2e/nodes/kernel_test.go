@@ -119,6 +119,13 @@ func TestKernelTests(t *testing.T) {
 // runKernelTests runs the tests on one release and returns a summary.
 func runKernelTests(t *testing.T, r Release, bin string) string {
 	ctx := t.Context()
+	// Ending the run before go test's -timeout panics lets it kill QEMU
+	// and remove its files itself.
+	if deadline, ok := t.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-10*time.Second))
+		defer cancel()
+	}
 	n, err := Prepare(ctx, r, kubebin.CacheDir())
 	if err != nil {
 		t.Fatalf("prepare %s: %v", r, err)
