@@ -164,6 +164,15 @@ $(PREV_IMAGE_TAR):
 		BUILD_DATE=$$(TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ $(PREV_RELEASE))
 	rm -rf $(BIN)/prev-src
 
+# nft/nftnl's kernel tests on the kernels and userland (nft, ip, conntrack)
+# of Debian's releases, each booted under QEMU's software emulation
+# (docs/nodes.md). NODES_SUITES=bookworm,trixie runs some of bullseye,
+# bookworm, trixie and sid. Not part of `make test`.
+NODES_SUITES ?= $(NFTPROXY_NODES_SUITES)
+.PHONY: nodes
+nodes: deps
+	NFTPROXY_NODES=1 NFTPROXY_NODES_SUITES=$(NODES_SUITES) $(GO) test -count=1 -timeout 3h -v ./e2e/nodes
+
 # A local control plane, a node with two pods, traffic through a Service.
 demo: e2e-tools
 	$(GO) run ./e2e/cmd/demo

@@ -3,7 +3,7 @@
 # fresh Debian machine, as root: the Debian packages the tests run (nft and conntrack
 # to read the kernel back, ip for the namespaces, runc, skopeo and containerd for the
 # image test, `make kubelet-e2e` and `make conformance`, the CNI plugins of the latter's
-# pod network, prometheus and promtool for the monitoring tests)
+# pod network, prometheus and promtool for the monitoring tests, QEMU for `make nodes`)
 # and, if there is no Go, the Go toolchain from the Go module proxy. What is there
 # already is left alone, so a second run costs a few `command -v`.
 #
@@ -30,6 +30,14 @@ declare -A packages=(
 	# iptables-nft: kube-proxy's iptables mode in the migration test, and the
 	# KUBE-* chains the leftovers tests create.
 	[iptables-nft]=iptables
+	# make nodes (e2e/nodes): Debian releases' kernels booted under software
+	# emulation, their packages fetched with apt-get and unpacked with dpkg-deb,
+	# their modules decompressed with xz (or zstd).
+	[qemu-system-x86_64]=qemu-system-x86
+	[apt-get]=apt
+	[dpkg-deb]=dpkg
+	[xz]=xz-utils
+	[zstd]=zstd
 )
 
 # file → Debian package, for packages that put nothing on the PATH
