@@ -137,8 +137,8 @@ func checkSet(t *testing.T, c *nftables.Conn, f nft.Family, s *nftables.Set, our
 	if s.HasTimeout && s.Timeout != ours.Timeout {
 		t.Errorf("set %q: timeout %v, Load %v", s.Name, s.Timeout, ours.Timeout)
 	}
-	if !ours.IsVerdictMap() && s.KeyType.GetNFTMagic() != typeMagic(ours.Key) {
-		t.Errorf("set %q: key type %d, Load %d", s.Name, s.KeyType.GetNFTMagic(), typeMagic(ours.Key))
+	if !ours.IsVerdictMap() && s.KeyType.GetNFTMagic() != setKeyMagic(ours) {
+		t.Errorf("set %q: key type %d, Load %d", s.Name, s.KeyType.GetNFTMagic(), setKeyMagic(ours))
 	}
 	if ours.IsMap() && !ours.IsVerdictMap() && s.DataType.GetNFTMagic() != typeMagic(ours.Data) {
 		t.Errorf("set %q: data type %d, Load %d", s.Name, s.DataType.GetNFTMagic(), typeMagic(ours.Data))

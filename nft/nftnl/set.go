@@ -80,7 +80,7 @@ func (b *batch) newSet(s *nft.Set) error {
 	b.enc.Str(unix.NFTA_SET_TABLE, b.table)
 	b.enc.Str(unix.NFTA_SET_NAME, s.Name)
 	b.enc.BE32(unix.NFTA_SET_FLAGS, flags)
-	b.enc.BE32(unix.NFTA_SET_KEY_TYPE, typeMagic(s.Key))
+	b.enc.BE32(unix.NFTA_SET_KEY_TYPE, setKeyMagic(s))
 	b.enc.BE32(unix.NFTA_SET_KEY_LEN, uint32(tupleLen(s.Key)))
 	if s.IsVerdictMap() {
 		b.enc.BE32(unix.NFTA_SET_DATA_TYPE, unix.NFT_DATA_VERDICT)
@@ -184,6 +184,35 @@ func byteorder(ts []nft.DataType) uint32 {
 		return byteorderHost
 	}
 	return byteorderBig
+}
+
+// setKeyMagic is the key type newSet writes for s (NFTA_SET_KEY_TYPE):
+// typeMagic of its key, except in a pick map, whose numgen field is named
+// mark (4 bytes, host byte order, printed in hex) where nft 1.0.6 writes
+// integer. The kernel keeps the type for userspace and matches on the key's
+// bytes and length alone; nft 1.0.6 and later list a pick map from its
+// typeof userdata, which they check against the key length only (they
+// print and reload it as they always did). nft 0.9.8 (Debian 11) needs the
+// type: it sizes a typeof concatenation from the data types of its fields
+// (src/expression.c concat_expr_parse_udata, concat_type_alloc), and
+// integer has no size, so the typeof key is 8 bytes where the key is 12,
+// and nft falls back to the kernel's key type (src/netlink.c
+// netlink_delinearize_set, set_udata_key_valid). With integer there it
+// splits each element into a zero-length last field and aborts sorting them
+// (src/mergesort.c:24, concat_expr_msort_value: Assertion 'ilen > 0'); with
+// mark it lists the map as `type ipv4_addr . inet_service . mark :
+// ipv4_addr . inet_service`, elements `10.96.0.10 . 80 . 0x00000001 : …`.
+// The cost: the kernel refuses to redeclare an existing set with another
+// key type (nf_tables_newset, nft_set_is_same: EEXIST), so a later nft's
+// listing loads in place of the table (after `delete table`), not on top
+// of it. No key type serves both: a later nft derives it from the typeof,
+// where numgen is integer, and a typeof naming another type changes what
+// the rule's key (numgen's integer) may look up.
+func setKeyMagic(s *nft.Set) uint32 {
+	if s.PickProto == 0 || len(s.Key) != 3 {
+		return typeMagic(s.Key)
+	}
+	return typeMagic([]nft.DataType{s.Key[0], s.Key[1], nft.TypeMark})
 }
 
 // setFlagsKnown are the set flags nftproxy writes (newSet); a set with
@@ -296,7 +325,11 @@ func (a *setAttrs) set(d *nlcodec.Decoder, f nft.Family) *nft.Set {
 }
 
 // pickMap makes s the pick map the attributes describe, if its types and
-// userdata are exactly what newSet writes for one.
+// userdata are exactly what newSet writes for one (setKeyMagic: the key's
+// last field typed mark). A map whose key type names integer there, as nft
+// writes it and earlier nftproxy releases did, is not one: it differs from
+// the pick map wanted, so the next transaction writes the table anew, in
+// the encoding nft 0.9.8 can list.
 func (a *setAttrs) pickMap(f nft.Family, s *nft.Set) {
 	if a.flags != unix.NFT_SET_MAP || len(s.Key) != 3 {
 		return
@@ -316,8 +349,9 @@ func (a *setAttrs) pickMap(f nft.Family, s *nft.Set) {
 	for _, proto := range []uint8{nft.ProtoTCP, nft.ProtoUDP, nft.ProtoSCTP} {
 		want := nft.NewPickMap(f, s.Name, proto, mod)
 		if nft.PickModOK(mod) && bytes.Equal(rest, pickUserdata(f, proto, mod)) &&
-			reflect.DeepEqual(s.Key, want.Key) && reflect.DeepEqual(s.Data, want.Data) {
-			s.PickProto, s.PickMod = proto, mod
+			a.keyType == setKeyMagic(want) && a.keyLen == uint32(tupleLen(want.Key)) &&
+			reflect.DeepEqual(s.Data, want.Data) {
+			s.Key, s.PickProto, s.PickMod = want.Key, proto, mod
 			return
 		}
 	}

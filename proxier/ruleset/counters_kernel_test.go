@@ -27,8 +27,8 @@ import (
 // nodeport-traffic the packets and bytes conntrack's accounting counted
 // for the connections, both ways. NodePorts open on the node's address,
 // or on every local one (the rules that count replies then ask the
-// routing table). The listing with its element counters loads again
-// (`nft -c -f`).
+// routing table). The listing with its element counters loads again in
+// place of the table (`nft -c -f`).
 func TestKernelCountsConnections(t *testing.T) {
 	node := ip("10.10.0.1")
 	for name, npa := range map[string]NodePortAddresses{
@@ -130,7 +130,11 @@ func kernelCountsConnections(t *testing.T, node netip.Addr, npa NodePortAddresse
 	if got := nft.Canonical(listing); got != rs.Dump() {
 		t.Errorf("kernel lists:\n%s\nwant:\n%s", got, rs.Dump())
 	}
-	if out, err := ns.Run(listing, "nft", "-c", "-f", "-"); err != nil {
+	// In place of the table: nft redeclares pick maps with another key
+	// type than nftproxy's (nftnl's setKeyMagic), which the kernel
+	// refuses for an existing set.
+	reload := fmt.Sprintf("delete table ip %s\n%s", nft.TableName, listing)
+	if out, err := ns.Run(reload, "nft", "-c", "-f", "-"); err != nil {
 		t.Errorf("nft -c -f of the listing: %v: %s", err, out)
 	}
 }
