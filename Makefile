@@ -31,12 +31,19 @@ build:
 # archive built by deploy/image, its own module, without a container engine.
 # Its build date is the commit's (unless BUILD_DATE is set on the command line),
 # so that building a commit twice gives the same image.
+# IMAGE_PLATFORMS are the platforms of the image index: a binary each, cross-compiled
+# (deploy/daemonset.yaml schedules only on their architectures; docs/image.md says how
+# each is tested).
 IMAGE_TAR ?= $(BIN)/nftproxy-image.tar
+IMAGE_PLATFORMS := linux/amd64 linux/arm64
 image: BUILD_DATE = $(shell TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || echo 1970-01-01T00:00:00Z)
 image:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(BIN)/nftproxy-static ./cmd/nftproxy
-	cd deploy/image && $(GO) run . build --binary $(abspath $(BIN)/nftproxy-static) --out $(abspath $(IMAGE_TAR)) \
-		--version $(VERSION) --revision $(or $(GIT_COMMIT),unknown) --created $(BUILD_DATE)
+	for p in $(IMAGE_PLATFORMS); do \
+		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -trimpath -ldflags "$(GO_LDFLAGS)" \
+			-o $(BIN)/nftproxy-static-$${p%/*}-$${p#*/} ./cmd/nftproxy || exit 1; \
+	done
+	cd deploy/image && $(GO) run . build $(foreach p,$(IMAGE_PLATFORMS),--binary $(abspath $(BIN)/nftproxy-static-$(subst /,-,$(p)))) \
+		--out $(abspath $(IMAGE_TAR)) --version $(VERSION) --revision $(or $(GIT_COMMIT),unknown) --created $(BUILD_DATE)
 
 # deploy/monitoring's tests are a module of their own (e2e/monitoring/doc.go).
 MONITORING := cd e2e/monitoring && NFTPROXY_E2E=1

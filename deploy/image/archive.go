@@ -10,6 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -29,17 +30,24 @@ type archiveEntry struct {
 	size int64
 }
 
-// WriteArchive writes img as an OCI image layout holding one index entry per ref, plus
-// a Docker manifest.json naming the same blobs with every ref's short name. Entries
-// are in a fixed order with mtime created, owned by root.
-func WriteArchive(w io.Writer, img v1.Image, refs []Ref, created time.Time) error {
-	blobs, err := imageBlobs(img)
+// WriteArchive writes idx as an OCI image layout: its blobs, and an index.json holding
+// one entry per ref for the image index, or, when it holds one image, for that image's
+// manifest (as a single-platform archive always had it). Beside it a Docker
+// manifest.json names the blobs of idx's image for dockerArch (linux), every ref's short
+// name for it: `docker load` reads one image per name. Entries are in a fixed order with
+// mtime created, owned by root.
+func WriteArchive(w io.Writer, idx v1.ImageIndex, refs []Ref, created time.Time, dockerArch string) error {
+	blobs, err := indexBlobs(idx)
 	if err != nil {
 		return err
 	}
-	index, err := indexJSON(img, refs)
+	index, err := indexJSON(idx, refs)
 	if err != nil {
 		return err
+	}
+	img, err := platformImage(idx, v1.Platform{OS: "linux", Architecture: dockerArch})
+	if err != nil {
+		return fmt.Errorf("manifest.json: %w", err)
 	}
 	docker, err := dockerManifest(img, refs)
 	if err != nil {
@@ -85,7 +93,72 @@ func bytesEntry(name string, b []byte) archiveEntry {
 
 func blobPath(h v1.Hash) string { return path.Join("blobs", h.Algorithm, h.Hex) }
 
-// imageBlobs are the image's manifest, config and compressed layers, sorted by name.
+// indexBlobs are the index's manifest (when it holds more than one image) and each
+// image's manifest, config and compressed layers, sorted by name, each once.
+func indexBlobs(idx v1.ImageIndex) ([]archiveEntry, error) {
+	imgs, err := indexImages(idx)
+	if err != nil {
+		return nil, err
+	}
+	var entries []archiveEntry
+	if len(imgs) > 1 {
+		raw, err := idx.RawManifest()
+		if err != nil {
+			return nil, err
+		}
+		entries = append(entries, bytesEntry(blobPath(digestOf(raw)), raw))
+	}
+	for _, img := range imgs {
+		e, err := imageBlobs(img)
+		if err != nil {
+			return nil, err
+		}
+		entries = append(entries, e...)
+	}
+	slices.SortFunc(entries, func(a, b archiveEntry) int { return cmpString(a.name, b.name) })
+	return slices.CompactFunc(entries, func(a, b archiveEntry) bool { return a.name == b.name }), nil
+}
+
+// indexImages are the images of idx, in its order.
+func indexImages(idx v1.ImageIndex) ([]v1.Image, error) {
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return nil, err
+	}
+	var imgs []v1.Image
+	for _, m := range im.Manifests {
+		img, err := idx.Image(m.Digest)
+		if err != nil {
+			return nil, err
+		}
+		imgs = append(imgs, img)
+	}
+	if len(imgs) == 0 {
+		return nil, fmt.Errorf("the image index holds no image")
+	}
+	return imgs, nil
+}
+
+// platformImage is the image of idx for platform.
+func platformImage(idx v1.ImageIndex, platform v1.Platform) (v1.Image, error) {
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return nil, err
+	}
+	var have []string
+	for _, m := range im.Manifests {
+		if m.Platform != nil && m.Platform.OS == platform.OS && m.Platform.Architecture == platform.Architecture &&
+			(platform.Variant == "" || m.Platform.Variant == platform.Variant) {
+			return idx.Image(m.Digest)
+		}
+		if m.Platform != nil {
+			have = append(have, m.Platform.String())
+		}
+	}
+	return nil, fmt.Errorf("no image for %s (the index has %s)", platform.String(), strings.Join(have, ", "))
+}
+
+// imageBlobs are the image's manifest, config and compressed layers.
 func imageBlobs(img v1.Image) ([]archiveEntry, error) {
 	manifest, err := img.RawManifest()
 	if err != nil {
@@ -111,8 +184,7 @@ func imageBlobs(img v1.Image) ([]archiveEntry, error) {
 		}
 		entries = append(entries, archiveEntry{name: blobPath(d), size: size, data: l.Compressed})
 	}
-	slices.SortFunc(entries, func(a, b archiveEntry) int { return cmpString(a.name, b.name) })
-	return slices.CompactFunc(entries, func(a, b archiveEntry) bool { return a.name == b.name }), nil
+	return entries, nil
 }
 
 func cmpString(a, b string) int {
@@ -130,22 +202,37 @@ func digestOf(b []byte) v1.Hash {
 	return h
 }
 
-// indexJSON is the OCI index: the image's manifest once per ref, annotated with the
-// ref's tag (skopeo's oci-archive:FILE:TAG) and full name (ctr images import).
-func indexJSON(img v1.Image, refs []Ref) ([]byte, error) {
-	desc, err := partial.Descriptor(img)
+// indexJSON is the OCI layout's index: once per ref, the image index (or its one
+// image's manifest, with its platform), annotated with the ref's tag (skopeo's
+// oci-archive:FILE:TAG) and full name (ctr images import).
+func indexJSON(idx v1.ImageIndex, refs []Ref) ([]byte, error) {
+	imgs, err := indexImages(idx)
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
+	var desc v1.Descriptor
+	if len(imgs) == 1 {
+		d, err := partial.Descriptor(imgs[0])
+		if err != nil {
+			return nil, err
+		}
+		cfg, err := imgs[0].ConfigFile()
+		if err != nil {
+			return nil, err
+		}
+		desc = *d
+		desc.Platform = &v1.Platform{OS: cfg.OS, Architecture: cfg.Architecture}
+	} else {
+		d, err := partial.Descriptor(idx)
+		if err != nil {
+			return nil, err
+		}
+		desc = *d
 	}
+	desc.ArtifactType = "" // partial.Descriptor fills it in; it is for artifacts, not images
 	index := v1.IndexManifest{SchemaVersion: 2, MediaType: types.OCIImageIndex}
 	for _, r := range refs {
-		d := *desc
-		d.ArtifactType = "" // partial.Descriptor fills it in; it is for artifacts, not images
-		d.Platform = &v1.Platform{OS: cfg.OS, Architecture: cfg.Architecture}
+		d := desc
 		d.Annotations = map[string]string{annotationRefName: r.Tag, annotationImageName: r.Full}
 		index.Manifests = append(index.Manifests, d)
 	}
@@ -179,44 +266,55 @@ func dockerManifest(img v1.Image, refs []Ref) ([]byte, error) {
 // Archive is an image read from an archive WriteArchive wrote.
 type Archive struct {
 	Image v1.Image
+	// Index is the image index the ref names, nil when it names Image.
+	Index v1.ImageIndex
 	dir   string // the OCI layout, extracted
 }
 
 // Close removes the extracted layout; Image cannot be read afterwards.
 func (a *Archive) Close() error { return os.RemoveAll(a.dir) }
 
-// OpenArchive reads the image tagged ref from an archive WriteArchive wrote, through
-// its OCI layout, and checks that the Docker manifest.json describes the same image
-// (config and layers), read by go-containerregistry's tarball reader.
-func OpenArchive(archive, ref string) (*Archive, error) {
+// OpenArchive reads the image tagged ref for platform ("linux/arm64") from an archive
+// WriteArchive wrote, through its OCI layout, and checks that the Docker manifest.json
+// describes the image of the same ref for its own platform (config and layers), read
+// by go-containerregistry's tarball reader.
+func OpenArchive(archive, ref, platform string) (*Archive, error) {
+	p, err := v1.ParsePlatform(platform)
+	if err != nil {
+		return nil, fmt.Errorf("platform %q: %w", platform, err)
+	}
 	dir, err := os.MkdirTemp("", "nftproxy-image-layout-")
 	if err != nil {
 		return nil, err
 	}
 	a := &Archive{dir: dir}
-	if a.Image, err = openArchive(archive, ref, dir); err != nil {
+	if a.Image, a.Index, err = openArchive(archive, ref, *p, dir); err != nil {
 		a.Close()
 		return nil, err
 	}
 	return a, nil
 }
 
-func openArchive(archive, ref, dir string) (v1.Image, error) {
+func openArchive(archive, ref string, platform v1.Platform, dir string) (v1.Image, v1.ImageIndex, error) {
 	if err := extractLayout(archive, dir); err != nil {
-		return nil, err
-	}
-	img, err := layoutImage(dir, ref)
-	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	docker, err := tarball.ImageFromPath(archive, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%s as a docker archive: %w", archive, err)
+		return nil, nil, fmt.Errorf("%s as a docker archive: %w", archive, err)
 	}
-	if err := sameImage(img, docker); err != nil {
-		return nil, fmt.Errorf("%s: the OCI index and manifest.json differ: %w", archive, err)
+	dcfg, err := docker.ConfigFile()
+	if err != nil {
+		return nil, nil, err
 	}
-	return img, nil
+	same, _, err := layoutImage(dir, ref, v1.Platform{OS: dcfg.OS, Architecture: dcfg.Architecture})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := sameImage(same, docker); err != nil {
+		return nil, nil, fmt.Errorf("%s: the OCI index and manifest.json differ: %w", archive, err)
+	}
+	return layoutImage(dir, ref, platform)
 }
 
 // sameImage checks that two images have the same config and layers. Their manifests
@@ -268,22 +366,36 @@ func layerIDs(img v1.Image) ([]v1.Hash, error) {
 	return ids, nil
 }
 
-// layoutImage finds the image named ref in the OCI layout at dir.
-func layoutImage(dir, ref string) (v1.Image, error) {
+// layoutImage finds the image named ref for platform in the OCI layout at dir: the
+// manifest the ref names, or the platform's of the image index it names (returned too).
+func layoutImage(dir, ref string, platform v1.Platform) (v1.Image, v1.ImageIndex, error) {
 	idx, err := layout.ImageIndexFromPath(dir)
 	if err != nil {
-		return nil, fmt.Errorf("OCI layout: %w", err)
+		return nil, nil, fmt.Errorf("OCI layout: %w", err)
 	}
 	im, err := idx.IndexManifest()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, m := range im.Manifests {
-		if m.Annotations[annotationRefName] == ref {
-			return idx.Image(m.Digest)
+		if m.Annotations[annotationRefName] != ref {
+			continue
 		}
+		if m.MediaType.IsIndex() {
+			nested, err := idx.ImageIndex(m.Digest)
+			if err != nil {
+				return nil, nil, err
+			}
+			img, err := platformImage(nested, platform)
+			return img, nested, err
+		}
+		if m.Platform == nil || m.Platform.OS != platform.OS || m.Platform.Architecture != platform.Architecture {
+			return nil, nil, fmt.Errorf("image %q is for %v, not %s", ref, m.Platform, platform.String())
+		}
+		img, err := idx.Image(m.Digest)
+		return img, nil, err
 	}
-	return nil, fmt.Errorf("no image %q in the OCI index", ref)
+	return nil, nil, fmt.Errorf("no image %q in the OCI index", ref)
 }
 
 // extractLayout copies the archive's regular files below dir, refusing names that

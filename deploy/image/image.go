@@ -6,10 +6,12 @@ import (
 	"compress/gzip"
 	"debug/elf"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
@@ -37,8 +40,11 @@ const (
 
 // BuildOptions say what goes into the image.
 type BuildOptions struct {
-	Binary     string // the static nftproxy binary on disk
-	Path       string // its absolute path in the image
+	// Binaries are the static nftproxy binaries on disk, one per
+	// architecture (read from each ELF header): the image index holds an
+	// image of each.
+	Binaries   []string
+	Path       string // the binary's absolute path in each image
 	Repository string // the image's name without a tag ("nftproxy")
 	Version    string // tag, label and annotation
 	Revision   string // the git commit
@@ -77,17 +83,134 @@ func (o BuildOptions) Refs() ([]Ref, error) {
 	return refs, nil
 }
 
-// Build makes the image: one layer holding the binary, an OCI manifest and config
-// carrying the version labels and annotations, every timestamp o.Created.
-func Build(o BuildOptions) (v1.Image, error) {
-	if !path.IsAbs(o.Path) || path.Clean(o.Path) != o.Path {
-		return nil, fmt.Errorf("path %q in the image must be absolute and clean", o.Path)
+// Build makes the image index: an image per binary (buildImage), for
+// linux/<its architecture>, in the order of their platforms, the index
+// carrying the version annotations too. Nodes pull the image of their
+// platform; an architecture without a binary has none.
+func Build(o BuildOptions) (v1.ImageIndex, error) {
+	if len(o.Binaries) == 0 {
+		return nil, fmt.Errorf("no binary")
 	}
-	arch, err := staticBinaryArch(o.Binary)
+	var imgs []v1.Image
+	seen := map[string]string{}
+	for _, bin := range o.Binaries {
+		img, err := buildImage(o, bin)
+		if err != nil {
+			return nil, err
+		}
+		cfg, err := img.ConfigFile()
+		if err != nil {
+			return nil, err
+		}
+		if other, ok := seen[cfg.Architecture]; ok {
+			return nil, fmt.Errorf("%s and %s are both %s binaries", other, bin, cfg.Architecture)
+		}
+		seen[cfg.Architecture] = bin
+		imgs = append(imgs, img)
+	}
+	return NewIndex(imgs, o.labels())
+}
+
+// labels are the labels and annotations of the image and its index.
+func (o BuildOptions) labels() map[string]string {
+	return map[string]string{
+		annotationVersion:  o.Version,
+		annotationRevision: o.Revision,
+		annotationSource:   o.Source,
+		annotationCreated:  o.Created.UTC().Format(time.RFC3339),
+	}
+}
+
+// NewIndex is an OCI image index of imgs, each described with its
+// platform (os/architecture of its configuration), sorted by platform so
+// that the same images give the same index. Its manifest is written the
+// way the OCI image spec's Go types and skopeo write one (fields in their
+// order, no artifactType, which is for artifacts, not images), so that
+// `skopeo copy --all` to a registry keeps its bytes and digest.
+func NewIndex(imgs []v1.Image, annotations map[string]string) (v1.ImageIndex, error) {
+	idx := &index{images: map[v1.Hash]v1.Image{}}
+	m := ociIndex{SchemaVersion: 2, MediaType: string(types.OCIImageIndex), Annotations: annotations}
+	for _, img := range imgs {
+		cfg, err := img.ConfigFile()
+		if err != nil {
+			return nil, err
+		}
+		d, err := partial.Descriptor(img)
+		if err != nil {
+			return nil, err
+		}
+		idx.images[d.Digest] = img
+		m.Manifests = append(m.Manifests, ociDescriptor{MediaType: string(d.MediaType), Digest: d.Digest.String(),
+			Size: d.Size, Platform: &ociPlatform{Architecture: cfg.Architecture, OS: cfg.OS, Variant: cfg.Variant}})
+	}
+	slices.SortFunc(m.Manifests, func(a, b ociDescriptor) int { return strings.Compare(a.Platform.String(), b.Platform.String()) })
+	raw, err := json.Marshal(m)
 	if err != nil {
 		return nil, err
 	}
-	bin, err := os.ReadFile(o.Binary)
+	idx.raw = raw
+	return idx, nil
+}
+
+// ociIndex, ociDescriptor and ociPlatform are the OCI image spec's types
+// (specs-go/v1), field for field in their order.
+type ociIndex struct {
+	SchemaVersion int               `json:"schemaVersion"`
+	MediaType     string            `json:"mediaType,omitempty"`
+	Manifests     []ociDescriptor   `json:"manifests"`
+	Annotations   map[string]string `json:"annotations,omitempty"`
+}
+
+type ociDescriptor struct {
+	MediaType string       `json:"mediaType"`
+	Digest    string       `json:"digest"`
+	Size      int64        `json:"size"`
+	Platform  *ociPlatform `json:"platform,omitempty"`
+}
+
+type ociPlatform struct {
+	Architecture string `json:"architecture"`
+	OS           string `json:"os"`
+	Variant      string `json:"variant,omitempty"`
+}
+
+func (p *ociPlatform) String() string { return p.OS + "/" + p.Architecture + "/" + p.Variant }
+
+// index is an image index of images in memory, with its manifest's bytes.
+type index struct {
+	raw    []byte
+	images map[v1.Hash]v1.Image
+}
+
+func (i *index) MediaType() (types.MediaType, error) { return types.OCIImageIndex, nil }
+func (i *index) Size() (int64, error)                { return int64(len(i.raw)), nil }
+func (i *index) RawManifest() ([]byte, error)        { return i.raw, nil }
+func (i *index) Digest() (v1.Hash, error)            { return digestOf(i.raw), nil }
+
+func (i *index) IndexManifest() (*v1.IndexManifest, error) { return v1.ParseIndexManifest(bytes.NewReader(i.raw)) }
+
+func (i *index) Image(h v1.Hash) (v1.Image, error) {
+	if img, ok := i.images[h]; ok {
+		return img, nil
+	}
+	return nil, fmt.Errorf("no image %s in the index", h)
+}
+
+func (i *index) ImageIndex(h v1.Hash) (v1.ImageIndex, error) {
+	return nil, fmt.Errorf("no image index %s in the index", h)
+}
+
+// buildImage makes the image of one binary: one layer holding it, an OCI manifest
+// and config carrying the version labels and annotations, every timestamp o.Created.
+func buildImage(o BuildOptions, binary string) (v1.Image, error) {
+	if !path.IsAbs(o.Path) || path.Clean(o.Path) != o.Path {
+		return nil, fmt.Errorf("path %q in the image must be absolute and clean", o.Path)
+	}
+	arch, err := staticBinaryArch(binary)
+	if err != nil {
+		return nil, err
+	}
+	bin, err := os.ReadFile(binary)
 	if err != nil {
 		return nil, err
 	}
@@ -101,12 +224,7 @@ func Build(o BuildOptions) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	labels := map[string]string{
-		annotationVersion:  o.Version,
-		annotationRevision: o.Revision,
-		annotationSource:   o.Source,
-		annotationCreated:  o.Created.UTC().Format(time.RFC3339),
-	}
+	labels := o.labels()
 	img, err := ociImage(arch, o.Created, v1.Config{Entrypoint: []string{o.Path}, Labels: labels})
 	if err != nil {
 		return nil, err
@@ -116,7 +234,7 @@ func Build(o BuildOptions) (v1.Image, error) {
 		MediaType: types.OCILayer,
 		History: v1.History{
 			Created:   v1.Time{Time: o.Created.UTC()},
-			CreatedBy: fmt.Sprintf("deploy/image: %s at %s", path.Base(o.Binary), o.Path),
+			CreatedBy: fmt.Sprintf("deploy/image: %s at %s", path.Base(binary), o.Path),
 			Comment:   "static nftproxy " + o.Version,
 		},
 	})

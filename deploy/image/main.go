@@ -1,14 +1,17 @@
 // Command image builds nftproxy's container image without a container engine, and
 // unpacks such an image into a root filesystem (for the e2e test that runs it with runc).
 //
-//	image build  --binary bin/nftproxy-static --out bin/nftproxy-image.tar \
-//	             --version v1.2.3 --revision <commit> --created 2026-11-24T10:00:00Z
-//	image unpack --archive bin/nftproxy-image.tar --rootfs DIR [--ref latest]
+//	image build  --binary bin/nftproxy-linux-amd64 --binary bin/nftproxy-linux-arm64 \
+//	             --out bin/nftproxy-image.tar --version v1.2.3 --revision <commit> \
+//	             --created 2026-11-24T10:00:00Z [--docker-arch amd64]
+//	image unpack --archive bin/nftproxy-image.tar --rootfs DIR [--ref latest] [--platform linux/arm64]
 //	image pack   --layer base.tar.gz --layer top.tar.gz --name registry.k8s.io/pause:3.10.2 \
 //	             [--entrypoint '["/pause"]'] [--cmd '[]'] [--env K=V] [--workdir /] --out pause.tar
 //
-// The image holds one layer: the static binary at /usr/local/bin/nftproxy (the path
-// deploy/daemonset.yaml runs) and its parent directories, nothing else. No shell, no
+// The archive holds an image index with an image per binary, one per architecture (nodes
+// pull the one of their platform). Each image holds one layer: the static binary at
+// /usr/local/bin/nftproxy (the path deploy/daemonset.yaml runs) and its parent
+// directories, nothing else. No shell, no
 // nft, no iptables: nftproxy programs the kernel over netlink and runs no other program.
 // It needs no CA bundle (the kubeconfig names the cluster's CA), no /etc/passwd (it runs
 // as root), no time zone data (logs are in UTC without /etc/localtime) and no
@@ -19,10 +22,11 @@
 // images (e2e/cmd/testimages), which carry Debian's programs and libraries.
 //
 // The archive is an OCI image layout (oci-layout, index.json, blobs/sha256/…) that also
-// carries a Docker manifest.json pointing at the same blobs, as `docker save` writes since
-// Docker 25: `ctr images import` and skopeo's oci-archive: transport read the former,
-// `docker load` and skopeo's docker-archive: transport the latter. Every timestamp in it
-// is --created, so the same binary and flags give the same bytes and digests.
+// carries a Docker manifest.json pointing at the blobs of one of its images
+// (--docker-arch), as `docker save` writes since Docker 25: `ctr images import` (which
+// keeps the node's platform) and skopeo's oci-archive: transport read the former, `docker
+// load` and skopeo's docker-archive: transport the latter. Every timestamp in it is
+// --created, so the same binaries and flags give the same bytes and digests.
 //
 // This is a module of its own so that go-containerregistry stays out of nftproxy's
 // module graph.
@@ -69,25 +73,27 @@ func usage() {
 func buildCmd(args []string) error {
 	fs := flag.NewFlagSet("build", flag.ExitOnError)
 	var o BuildOptions
-	var created, out string
-	fs.StringVar(&o.Binary, "binary", "", "the static nftproxy binary")
+	var binaries stringList
+	var created, out, dockerArch string
+	fs.Var(&binaries, "binary", "a static nftproxy binary (repeatable: one per architecture, read from its ELF header)")
 	fs.StringVar(&o.Path, "path", "/usr/local/bin/nftproxy", "where the binary is in the image")
 	fs.StringVar(&o.Repository, "repository", "nftproxy", "image name, tagged with --version and latest")
 	fs.StringVar(&o.Version, "version", "", "version (label, annotation and tag)")
 	fs.StringVar(&o.Revision, "revision", "", "source revision (git commit)")
 	fs.StringVar(&o.Source, "source", "https://github.com/nftproxy/nftproxy", "source repository URL")
 	fs.StringVar(&created, "created", "", "creation time, RFC 3339 (e.g. the commit's date): every timestamp in the image")
+	fs.StringVar(&dockerArch, "docker-arch", "amd64", "the architecture whose image manifest.json (docker load) names")
 	fs.StringVar(&out, "out", "", "the archive to write")
 	fs.Parse(args)
-	if o.Binary == "" || o.Version == "" || o.Revision == "" || created == "" || out == "" {
+	if len(binaries) == 0 || o.Version == "" || o.Revision == "" || created == "" || out == "" {
 		return fmt.Errorf("--binary, --version, --revision, --created and --out are required")
 	}
 	t, err := time.Parse(time.RFC3339, created)
 	if err != nil {
 		return fmt.Errorf("--created: %w", err)
 	}
-	o.Created = t
-	img, err := Build(o)
+	o.Binaries, o.Created = binaries, t
+	idx, err := Build(o)
 	if err != nil {
 		return err
 	}
@@ -95,14 +101,29 @@ func buildCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := writeArchiveFile(out, img, refs, o.Created); err != nil {
+	if err := writeArchiveFile(out, idx, refs, o.Created, dockerArch); err != nil {
 		return err
 	}
-	digest, err := img.Digest()
+	digest, err := idx.Digest()
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s\n  %s %s\n  %s\n", out, refs[0].Short, refs[1].Short, digest)
+	fmt.Printf("%s\n  %s %s\n  %s (index)\n", out, refs[0].Short, refs[1].Short, digest)
+	imgs, err := indexImages(idx)
+	if err != nil {
+		return err
+	}
+	for _, img := range imgs {
+		cfg, err := img.ConfigFile()
+		if err != nil {
+			return err
+		}
+		d, err := img.Digest()
+		if err != nil {
+			return err
+		}
+		fmt.Printf("  %s %s/%s\n", d, cfg.OS, cfg.Architecture)
+	}
 	return nil
 }
 
@@ -152,7 +173,11 @@ func packCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := writeArchiveFile(out, img, refs, o.Created); err != nil {
+	idx, err := NewIndex([]v1.Image{img}, nil)
+	if err != nil {
+		return err
+	}
+	if err := writeArchiveFile(out, idx, refs, o.Created, o.Arch); err != nil {
 		return err
 	}
 	digest, err := img.Digest()
@@ -165,13 +190,13 @@ func packCmd(args []string) error {
 
 // writeArchiveFile writes the archive next to path and renames it, so that a reader
 // never sees half an archive.
-func writeArchiveFile(path string, img v1.Image, refs []Ref, created time.Time) error {
+func writeArchiveFile(path string, idx v1.ImageIndex, refs []Ref, created time.Time, dockerArch string) error {
 	tmp := fmt.Sprintf("%s.tmp%d", path, os.Getpid())
 	f, err := os.Create(tmp)
 	if err != nil {
 		return err
 	}
-	err = WriteArchive(f, img, refs, created)
+	err = WriteArchive(f, idx, refs, created, dockerArch)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -184,8 +209,10 @@ func writeArchiveFile(path string, img v1.Image, refs []Ref, created time.Time) 
 
 // unpackOutput is what unpack prints: enough for a runtime to run the image.
 type unpackOutput struct {
-	// Digest is the image manifest's digest in the archive's index.
+	// Digest is the image manifest's digest.
 	Digest string `json:"digest"`
+	// Index is the digest of the image index the ref names, when it names one.
+	Index string `json:"index,omitempty"`
 	// Config is the image configuration (entrypoint, env, labels, …).
 	Config json.RawMessage `json:"config"`
 }
@@ -194,12 +221,13 @@ func unpackCmd(args []string) error {
 	fs := flag.NewFlagSet("unpack", flag.ExitOnError)
 	archive := fs.String("archive", "", "the image archive")
 	ref := fs.String("ref", "latest", "which image of the archive: its org.opencontainers.image.ref.name")
+	platform := fs.String("platform", "linux/"+runtime.GOARCH, "which platform's image of an image index")
 	rootfs := fs.String("rootfs", "", "an empty directory to unpack the image's layers into")
 	fs.Parse(args)
 	if *archive == "" || *rootfs == "" {
 		return fmt.Errorf("--archive and --rootfs are required")
 	}
-	a, err := OpenArchive(*archive, *ref)
+	a, err := OpenArchive(*archive, *ref, *platform)
 	if err != nil {
 		return err
 	}
@@ -216,5 +244,13 @@ func unpackCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	return json.NewEncoder(os.Stdout).Encode(unpackOutput{Digest: digest.String(), Config: cfg})
+	out := unpackOutput{Digest: digest.String(), Config: cfg}
+	if a.Index != nil {
+		d, err := a.Index.Digest()
+		if err != nil {
+			return err
+		}
+		out.Index = d.String()
+	}
+	return json.NewEncoder(os.Stdout).Encode(out)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/validate"
 )
@@ -70,8 +71,12 @@ func packArchive(t *testing.T, o PackOptions) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
+	idx, err := NewIndex([]v1.Image{img}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var buf bytes.Buffer
-	if err := WriteArchive(&buf, img, refs, o.Created); err != nil {
+	if err := WriteArchive(&buf, idx, refs, o.Created, o.Arch); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
@@ -95,7 +100,7 @@ func TestPack(t *testing.T) {
 		if ref == "nftproxy-e2e/agnhost:1" {
 			full = "docker.io/" + ref
 		}
-		a, err := OpenArchive(path, full)
+		a, err := OpenArchive(path, full, "linux/"+o.Arch)
 		if err != nil {
 			t.Fatalf("OpenArchive %s: %v", full, err)
 		}

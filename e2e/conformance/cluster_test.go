@@ -228,7 +228,9 @@ func confined(dir string, args ...string) []string {
 
 // pushNftproxy copies an nftproxy image archive to the local registry under
 // each of its tags (but latest, unless withLatest), as library/nftproxy: what
-// docker.io/library/nftproxy resolves to through the nodes' hosts.toml.
+// docker.io/library/nftproxy resolves to through the nodes' hosts.toml. The
+// whole image index goes, as docs/image.md tells users to push it; the nodes'
+// containerd pulls their platform's image of it.
 func (c *cluster) pushNftproxy(archive string, withLatest bool) {
 	c.t.Helper()
 	_, all, err := archiveNames(archive)
@@ -238,7 +240,7 @@ func (c *cluster) pushNftproxy(archive string, withLatest bool) {
 	refs := slices.DeleteFunc(all, func(r string) bool { return r == "latest" && !withLatest })
 	for _, ref := range refs {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		out, err := c.bed.Ctl.Exec(ctx, confined(c.dir, "skopeo", "copy", "--quiet", "--insecure-policy", "--dest-tls-verify=false",
+		out, err := c.bed.Ctl.Exec(ctx, confined(c.dir, "skopeo", "copy", "--all", "--quiet", "--insecure-policy", "--dest-tls-verify=false",
 			"oci-archive:"+archive+":"+ref, "docker://"+registryAddr+"/library/nftproxy:"+ref)...)
 		cancel()
 		if err != nil {

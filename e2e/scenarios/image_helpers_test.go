@@ -85,6 +85,7 @@ func buildImage(t *testing.T, dir string) builtImage {
 // unpacked is what deploy/image's unpack printed.
 type unpacked struct {
 	Digest string `json:"digest"`
+	Index  string `json:"index"`
 	Config struct {
 		Architecture string    `json:"architecture"`
 		OS           string    `json:"os"`
@@ -103,15 +104,15 @@ func (u *unpacked) image() ocispec.Image {
 	return ocispec.Image{Entrypoint: c.Entrypoint, Cmd: c.Cmd, Env: c.Env, WorkingDir: c.WorkingDir, User: c.User}
 }
 
-// unpackImage unpacks the archive's "latest" image into rootfs with deploy/image, which
-// reads it with go-containerregistry (through both the OCI index and manifest.json)
-// and applies the layers' whiteouts.
-func unpackImage(t *testing.T, img builtImage, rootfs string) *unpacked {
+// unpackImage unpacks the archive's "latest" image for linux/arch into rootfs with
+// deploy/image, which reads it with go-containerregistry (through both the OCI index
+// and manifest.json) and applies the layers' whiteouts.
+func unpackImage(t *testing.T, img builtImage, rootfs, arch string) *unpacked {
 	t.Helper()
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(goTool(), "run", ".", "unpack", "--archive", img.archive, "--rootfs", rootfs)
+	cmd := exec.Command(goTool(), "run", ".", "unpack", "--archive", img.archive, "--rootfs", rootfs, "--platform", "linux/"+arch)
 	cmd.Dir = filepath.Join(kubebin.RepoRoot(), "deploy", "image")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -211,9 +212,46 @@ func checkStamp(t *testing.T, binary string, img builtImage) {
 			t.Errorf("%s: %s = %q, want %q", binary, name, got, want)
 		}
 	}
-	if out, err := exec.Command(binary, "--version").Output(); err != nil || !strings.Contains(string(out), img.version) {
-		t.Errorf("%s --version: %q, %v; want %s", binary, out, err, img.version)
+	run := []string{binary}
+	if m := elfMachine[runtime.GOARCH]; f.Machine != m {
+		// Another architecture's: run by qemu-user (e2e/tools/deps.sh installs it).
+		emulator := "qemu-" + qemuArch[f.Machine] + "-static"
+		if _, err := exec.LookPath(emulator); err != nil {
+			t.Errorf("%s is a %v executable and %s is missing: %v", binary, f.Machine, emulator, err)
+			return
+		}
+		run = []string{emulator, binary}
 	}
+	if out, err := exec.Command(run[0], append(run[1:], "--version")...).Output(); err != nil || !strings.Contains(string(out), img.version) {
+		t.Errorf("%s --version: %q, %v; want %s", strings.Join(run, " "), out, err, img.version)
+	}
+}
+
+// elfMachine is the ELF machine of each architecture the image is built for, and
+// qemuArch qemu-user's name of it.
+var (
+	elfMachine = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+	qemuArch   = map[elf.Machine]string{elf.EM_X86_64: "x86_64", elf.EM_AARCH64: "aarch64"}
+)
+
+// affinityArchs are the architectures deploy/daemonset.yaml's pods may run on: the
+// values of its required node affinity on kubernetes.io/arch.
+func affinityArchs(t *testing.T, ds *appsv1.DaemonSet) []string {
+	t.Helper()
+	a := ds.Spec.Template.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		t.Fatal("deploy/daemonset.yaml has no required node affinity: it would land on nodes the image has no build for")
+	}
+	var archs []string
+	for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		for _, e := range term.MatchExpressions {
+			if e.Key == "kubernetes.io/arch" && e.Operator == "In" {
+				archs = append(archs, e.Values...)
+			}
+		}
+	}
+	slices.Sort(archs)
+	return archs
 }
 
 // stringVar reads the initial value of a Go string variable from an executable's
@@ -271,10 +309,23 @@ func checkLabels(t *testing.T, got map[string]string, img builtImage) {
 	}
 }
 
-// checkSkopeo inspects the archive through skopeo's two archive transports.
-func checkSkopeo(t *testing.T, img builtImage, digest string) {
-	for _, ref := range []string{"oci-archive:" + img.archive + ":latest", "oci-archive:" + img.archive + ":" + img.version, "docker-archive:" + img.archive} {
-		out, err := exec.Command("skopeo", "inspect", ref).Output()
+// checkSkopeo inspects the archive through skopeo's two archive transports: the
+// image index (digest index) for this machine's platform and for each of archs, the
+// docker archive's amd64 image; and copies the index whole, as a registry push does,
+// which must keep its digest.
+func checkSkopeo(t *testing.T, img builtImage, index string, archs []string, dir string) {
+	type inspection struct{ ref, arch string }
+	var refs []inspection
+	for _, ref := range []string{"oci-archive:" + img.archive + ":latest", "oci-archive:" + img.archive + ":" + img.version} {
+		refs = append(refs, inspection{ref, runtime.GOARCH})
+	}
+	for _, arch := range archs {
+		refs = append(refs, inspection{"oci-archive:" + img.archive + ":latest", arch})
+	}
+	refs = append(refs, inspection{"docker-archive:" + img.archive, "amd64"})
+	for _, in := range refs {
+		ref := in.ref
+		out, err := exec.Command("skopeo", "inspect", "--override-arch", in.arch, ref).Output()
 		if err != nil {
 			t.Errorf("skopeo inspect %s: %v", ref, exitStderr(err))
 			continue
@@ -288,13 +339,24 @@ func checkSkopeo(t *testing.T, img builtImage, digest string) {
 			t.Fatalf("skopeo inspect %s: %v", ref, err)
 		}
 		checkLabels(t, got.Labels, img)
-		if got.Architecture != runtime.GOARCH || got.Os != "linux" || len(got.Layers) != 1 {
-			t.Errorf("skopeo inspect %s: %s/%s with %d layers", ref, got.Os, got.Architecture, len(got.Layers))
+		if got.Architecture != in.arch || got.Os != "linux" || len(got.Layers) != 1 {
+			t.Errorf("skopeo inspect --override-arch %s %s: %s/%s with %d layers", in.arch, ref, got.Os, got.Architecture, len(got.Layers))
 		}
 		// The docker view's digest is of a Docker manifest skopeo makes up.
-		if strings.HasPrefix(ref, "oci-archive:") && got.Digest != digest {
-			t.Errorf("skopeo inspect %s: digest %s, want %s", ref, got.Digest, digest)
+		if strings.HasPrefix(ref, "oci-archive:") && got.Digest != index {
+			t.Errorf("skopeo inspect %s: digest %s, want the index's %s", ref, got.Digest, index)
 		}
+	}
+	copied := filepath.Join(dir, "copied")
+	if out, err := exec.Command("skopeo", "copy", "--all", "oci-archive:"+img.archive+":latest", "oci:"+copied+":latest").CombinedOutput(); err != nil {
+		t.Fatalf("skopeo copy --all: %v\n%s", err, out)
+	}
+	var layout struct{ Manifests []struct{ Digest string } }
+	if b, err := os.ReadFile(filepath.Join(copied, "index.json")); err != nil || json.Unmarshal(b, &layout) != nil || len(layout.Manifests) != 1 {
+		t.Fatalf("the copy's index.json: %s, %v", b, err)
+	}
+	if got := layout.Manifests[0].Digest; got != index {
+		t.Errorf("skopeo copy --all made the index %s of %s: a registry push would not keep its digest", got, index)
 	}
 	raw, err := exec.Command("skopeo", "inspect", "--raw", "oci-archive:"+img.archive+":latest").Output()
 	if err != nil {
@@ -316,7 +378,7 @@ func exitStderr(err error) error {
 
 // checkCtrImport imports the archive into a throw-away containerd (in the bed's control
 // namespace, with its state in the bed's directory, so the bed removes both) and
-// checks the images it lists.
+// checks the images it lists: the index, complete for this machine's platform.
 func checkCtrImport(t *testing.T, bed *testbed.Bed, img builtImage, digest string) {
 	dir := filepath.Join(bed.Dir, "containerd")
 	sock := filepath.Join(dir, "containerd.sock")

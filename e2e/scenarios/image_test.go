@@ -2,8 +2,10 @@ package scenarios
 
 import (
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -35,8 +37,9 @@ func TestImage(t *testing.T) {
 	work := filepath.Join(bed.Dir, "image")
 	img := buildImage(t, work)
 	rootfs := filepath.Join(work, "rootfs")
-	un := unpackImage(t, img, rootfs)
+	un := unpackImage(t, img, rootfs, runtime.GOARCH)
 	ds := readDaemonSet(t)
+	archs := affinityArchs(t, ds)
 	command := ds.Spec.Template.Spec.Containers[0].Command
 	if len(command) == 0 {
 		t.Fatalf("deploy/daemonset.yaml: the container has no command")
@@ -50,12 +53,42 @@ func TestImage(t *testing.T) {
 			t.Errorf("image config: %s/%s created %v, want linux/%s created %v", un.Config.OS, un.Config.Architecture, un.Config.Created, runtime.GOARCH, img.created)
 		}
 	})
+	t.Run("an image for each architecture the DaemonSet schedules on", func(t *testing.T) {
+		for _, arch := range archs {
+			dir := filepath.Join(work, "rootfs-"+arch)
+			u := unpackImage(t, img, dir, arch)
+			checkRootfs(t, dir, command[0])
+			checkStamp(t, filepath.Join(dir, command[0]), img)
+			f, err := elf.Open(filepath.Join(dir, command[0]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Close(); u.Config.Architecture != arch || f.Machine != elfMachine[arch] || u.Index != un.Index {
+				t.Errorf("linux/%s: config %s, binary %v, index %s (want %s)", arch, u.Config.Architecture, f.Machine, u.Index, un.Index)
+			}
+		}
+		raw, err := exec.Command("skopeo", "inspect", "--raw", "oci-archive:"+img.archive+":latest").Output()
+		if err != nil {
+			t.Fatalf("skopeo inspect --raw: %v", exitStderr(err))
+		}
+		var index struct{ Manifests []struct{ Platform struct{ OS, Architecture string } } }
+		if err := json.Unmarshal(raw, &index); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, m := range index.Manifests {
+			got = append(got, m.Platform.Architecture)
+		}
+		if slices.Sort(got); !slices.Equal(got, archs) {
+			t.Errorf("the index has images for %q; the DaemonSet schedules on %q", got, archs)
+		}
+	})
 	t.Run("skopeo reads the archive as oci-archive and docker-archive", func(t *testing.T) {
-		checkSkopeo(t, img, un.Digest)
+		checkSkopeo(t, img, un.Index, archs, work)
 	})
 
 	t.Run("ctr images import", func(t *testing.T) {
-		checkCtrImport(t, bed, img, un.Digest)
+		checkCtrImport(t, bed, img, un.Index)
 	})
 	t.Run("the DaemonSet's container run by runc proxies a ClusterIP", func(t *testing.T) {
 		runImageProxy(t, bed, ds, un, work)

@@ -38,6 +38,9 @@ declare -A packages=(
 	[dpkg-deb]=dpkg
 	[xz]=xz-utils
 	[zstd]=zstd
+	# the arm64 build of the image: its --version run by qemu-user in the image test,
+	# its unit tests under qemu-user
+	[qemu-aarch64-static]=qemu-user-static
 )
 
 # file → Debian package, for packages that put nothing on the PATH
