@@ -31,17 +31,35 @@ type NS struct {
 }
 
 // Require skips the test unless it runs as root with the tools it names
-// (besides `ip`) on the PATH.
+// (besides `ip`) on the PATH, where the kernel's netfilter netlink sockets
+// can be opened.
 func Require(t testing.TB, tools ...string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("kernel test: needs root")
+	}
+	if err := netfilterSockets(); err != nil {
+		t.Skipf("kernel test: needs NETLINK_NETFILTER sockets: %v", err)
 	}
 	for _, tool := range append([]string{"ip"}, tools...) {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("kernel test: needs %s: %v", tool, err)
 		}
 	}
+}
+
+// netfilterSockets reports whether a NETLINK_NETFILTER socket can be
+// opened. Under qemu-user (a test binary of another architecture, run with
+// go test -exec qemu-aarch64-static) it cannot: qemu translates only the
+// NETLINK_ROUTE, NETLINK_KOBJECT_UEVENT and NETLINK_AUDIT protocols, and
+// refuses the others with EPROTONOSUPPORT. Kernel tests of another
+// architecture run in a VM of it (e2e/nodes).
+func netfilterSockets() error {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return err
+	}
+	return unix.Close(fd)
 }
 
 // New creates a namespace named <prefix>-<pid>-<random>, removed when the
