@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nftproxy/nftproxy/e2e/testbed"
+	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
 
 // TestDeploy proves deploy/ on a bed set up like a kubeadm cluster: kubeadm
@@ -51,6 +53,10 @@ func TestDeploy(t *testing.T) {
 			out := d.mustKubectl(t, "apply", "--dry-run=server", "-k", dir)
 			t.Logf("%s:\n%s", dir, strings.TrimSpace(out))
 		}
+	})
+
+	t.Run("installing.md's patch keeps kube-proxy on the architectures the image lacks", func(t *testing.T) {
+		d.checkArchPatch(t)
 	})
 
 	d.mustKubectl(t, "apply", "-k", d.deploy)
@@ -371,5 +377,41 @@ func (d *dropIn) applyWithoutKubeadm(t *testing.T) {
 	d.mustKubectl(t, "apply", "-k", d.overlayWith(t, comp))
 	if cm := d.configMap(t); !maps.Equal(cm.Data, files) {
 		t.Fatalf("ConfigMap kube-proxy holds %v, want the component's files %v", cm.Data, files)
+	}
+}
+
+// checkArchPatch runs docs/installing.md's `kubectl patch` of kubeadm's
+// kube-proxy DaemonSet (server-side dry-run) and checks that it keeps
+// kube-proxy exactly on the nodes deploy/daemonset.yaml's affinity leaves
+// out: kubernetes.io/arch NotIn the architectures ours runs on.
+func (d *dropIn) checkArchPatch(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join(kubebin.RepoRoot(), "docs", "installing.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("`kubectl -n\\s+kube-system patch daemonset kube-proxy --type merge -p '([^']+)'`").FindSubmatch(doc)
+	if m == nil {
+		t.Fatal("docs/installing.md has no `kubectl -n kube-system patch daemonset kube-proxy --type merge -p '…'`")
+	}
+	out := d.mustKubectl(t, "-n", "kube-system", "patch", "daemonset", "kube-proxy", "--type", "merge", "-p", string(m[1]),
+		"--dry-run=server", "-o", "yaml")
+	var patched appsv1.DaemonSet
+	if err := yaml.Unmarshal([]byte(out), &patched); err != nil {
+		t.Fatal(err)
+	}
+	ours := affinityArchs(t, readDaemonSet(t))
+	a := patched.Spec.Template.Spec.Affinity
+	var got []string
+	if a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			for _, e := range term.MatchExpressions {
+				if e.Key == "kubernetes.io/arch" && e.Operator == "NotIn" {
+					got = append(got, e.Values...)
+				}
+			}
+		}
+	}
+	if slices.Sort(got); !slices.Equal(got, ours) {
+		t.Errorf("the patched kube-proxy DaemonSet avoids %q; nftproxy's runs on %q", got, ours)
 	}
 }
