@@ -37,7 +37,7 @@ type world struct {
 	// readingSince, if set, is Readers: whether a read under way at since
 	// still is at t.
 	readingSince func(since, t time.Duration) bool
-	until    time.Duration              // syncs that would start later are not run
+	until        time.Duration // syncs that would start later are not run
 }
 
 // readersFunc is a Readers answering with a function.
