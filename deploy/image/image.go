@@ -187,7 +187,9 @@ func (i *index) Size() (int64, error)                { return int64(len(i.raw)),
 func (i *index) RawManifest() ([]byte, error)        { return i.raw, nil }
 func (i *index) Digest() (v1.Hash, error)            { return digestOf(i.raw), nil }
 
-func (i *index) IndexManifest() (*v1.IndexManifest, error) { return v1.ParseIndexManifest(bytes.NewReader(i.raw)) }
+func (i *index) IndexManifest() (*v1.IndexManifest, error) {
+	return v1.ParseIndexManifest(bytes.NewReader(i.raw))
+}
 
 func (i *index) Image(h v1.Hash) (v1.Image, error) {
 	if img, ok := i.images[h]; ok {

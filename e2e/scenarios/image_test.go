@@ -71,7 +71,11 @@ func TestImage(t *testing.T) {
 		if err != nil {
 			t.Fatalf("skopeo inspect --raw: %v", exitStderr(err))
 		}
-		var index struct{ Manifests []struct{ Platform struct{ OS, Architecture string } } }
+		var index struct {
+			Manifests []struct {
+				Platform struct{ OS, Architecture string }
+			}
+		}
 		if err := json.Unmarshal(raw, &index); err != nil {
 			t.Fatal(err)
 		}
