@@ -348,12 +348,28 @@ func testNftReadsRuleset(t *testing.T, node *netns.NS) {
 	fresh := netns.New(t, "nftproxy-smokereload", "nft")
 	reload := regexp.MustCompile(`(?m)^\s*flags owner.*\n`).ReplaceAllString(listing, "")
 	if _, err := fresh.Run(reload, "nft", "-f", "-"); err != nil {
+		if lacks := nftLacksNumgenInConcat(fresh); lacks != "" {
+			t.Skipf("nft -f of the listing into a fresh namespace: %s, which nftproxy's pick maps use (%s)", lacks, firstLine(err.Error()))
+		}
 		t.Fatalf("nft -f of the listing into a fresh namespace: %v", err)
 	}
 	again, err := fresh.Run("", "nft", "list", "map", "ip", "nftproxy", "service-ips")
 	if err != nil || !strings.Contains(again, "10.96.0.10 . tcp . 80 ") {
 		t.Errorf("the reloaded table: %v\n%s", err, again)
 	}
+}
+
+// nftLacksNumgenInConcat says, when the nft on the PATH cannot read a
+// map keyed by a concatenation that ends in a numgen expression (Debian
+// 11's 0.9.8 cannot: it lists such a map but cannot load its listing),
+// which nft lacks it; "" when it can.
+func nftLacksNumgenInConcat(ns *netns.NS) string {
+	const pick = "table ip t {\n\tmap m {\n\t\ttypeof ip daddr . tcp dport . numgen random mod 2 : ip daddr . tcp dport\n\t}\n}\n"
+	if _, err := ns.Run(pick, "nft", "-c", "-f", "-"); err == nil {
+		return ""
+	}
+	version, _ := ns.Run("", "nft", "--version")
+	return strings.TrimSpace(version) + " cannot read a numgen expression in a concatenation"
 }
 
 // metricsScrape is the text of one scrape of the proxy's /metrics.
