@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -95,7 +96,9 @@ func TestSmokeNeighbours(t *testing.T) {
 
 	answered(t, "TCP to web's ClusterIP", 64, askTCP(t, c.client.ns, webTCP), allEndpoints...)
 	before := proxy.api.list(t)
-	testAPIChange(t, c, proxy, "ep-b")
+	t.Run("APIChange", func(t *testing.T) {
+		testAPIChange(t, c, proxy, "ep-b")
+	})
 
 	t.Run("diff", func(t *testing.T) {
 		diff := append([]string{"diff", "--from-file", "-"}, proxy.args...)
@@ -179,15 +182,19 @@ func writeNeighbourTable(t *testing.T, ns *netns.NS) {
 }
 
 // listStateless is `nft -s list table`: the table without its counters'
-// and quotas' values, which the test's traffic changes.
+// and quotas' values, which the test's traffic changes. Debian 11's nft
+// 0.9.8 lists them all the same: they are cut out here.
 func listStateless(t *testing.T, ns *netns.NS, table string) string {
 	t.Helper()
 	out, err := ns.Run("", append([]string{"nft", "-s", "list", "table"}, strings.Fields(table)...)...)
 	if err != nil {
 		t.Fatalf("nft -s list table %s: %v", table, err)
 	}
-	return out
+	return countersRE.ReplaceAllString(out, "")
 }
+
+// countersRE matches the values of a counter or a quota in a listing.
+var countersRE = regexp.MustCompile(`\s*packets \d+ bytes \d+| used \d+ [kmg]?bytes`)
 
 func firstLine(s string) string {
 	line, _, _ := strings.Cut(s, "\n")
