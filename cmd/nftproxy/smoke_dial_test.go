@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -208,6 +209,52 @@ func answered(t *testing.T, what string, attempts int, ask asker, want ...string
 		t.Fatalf("%s: %d attempts answered by %v, want every one of %v", what, attempts, got, want)
 	}
 	return got
+}
+
+// sawClient is ask, failing the test unless the endpoint saw the client's
+// own address (no masquerading).
+func sawClient(t *testing.T, ask asker, want netip.Addr) asker {
+	return func() (reply, error) {
+		r, err := ask()
+		if err == nil && r.peer.Addr() != want {
+			t.Fatalf("%s saw the client as %v, want %v (not masqueraded)", r.pod, r.peer.Addr(), want)
+		}
+		return r, err
+	}
+}
+
+// answeredBy asks n times and returns how often each pod answered; it
+// fails the test at the first error or at an answer from a pod not in
+// want.
+func answeredBy(t *testing.T, what string, n int, ask asker, want ...string) map[string]int {
+	t.Helper()
+	got := map[string]int{}
+	for i := range n {
+		r, err := ask()
+		if err != nil {
+			t.Fatalf("%s: attempt %d: %v (answers so far: %v)", what, i+1, err, got)
+		}
+		if !slices.Contains(want, r.pod) {
+			t.Fatalf("%s: answered by %s, want only %v", what, r, want)
+		}
+		got[r.pod]++
+	}
+	return got
+}
+
+// refused fails the test unless ask is refused (a TCP RST, or an ICMP
+// error for UDP): a Service without endpoints rejects, it does not drop.
+func refused(t *testing.T, what string, ask asker) {
+	t.Helper()
+	start := time.Now()
+	r, err := ask()
+	switch {
+	case err == nil:
+		t.Errorf("%s: answered by %s, want the connection refused", what, r)
+	case !errors.Is(err, syscall.ECONNREFUSED):
+		t.Errorf("%s: %v after %v, want the connection refused (a timeout means the packets were dropped)",
+			what, err, time.Since(start).Round(time.Millisecond))
+	}
 }
 
 // eventually calls cond until it returns true, every 50 ms for at most
