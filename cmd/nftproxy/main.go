@@ -42,15 +42,22 @@ func gcPercent(getenv func(string) string) (listing, steady int, ok bool) {
 }
 
 func main() {
+	os.Exit(runMain(context.Background(), os.Args[1:]))
+}
+
+// runMain is the process: nftproxy with the command line args, the
+// process's standard streams and files, until parent is done or a signal
+// ends it; it returns the exit status. The node-level smoke test's
+// processes (smoke_test.go) run it too.
+func runMain(parent context.Context, args []string) int {
 	if p, _, ok := gcPercent(os.Getenv); ok {
 		debug.SetGCPercent(p)
 	}
 	env := environment{readFile: os.ReadFile, hostname: os.Hostname, stdout: os.Stdout, stderr: os.Stderr, stdin: os.Stdin}
 	// SIGTERM is how kubelet stops the pod; both signals end run cleanly.
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := execute(ctx, os.Args[1:], env)
-	stop()
-	os.Exit(code)
+	ctx, stop := signal.NotifyContext(parent, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return execute(ctx, args, env)
 }
 
 // execute runs nftproxy with the command line args and returns the exit

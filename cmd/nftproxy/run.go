@@ -43,6 +43,11 @@ const bindRetryInterval = 5 * time.Second
 // does not open netlink.
 var openNFTBackends = openBackends
 
+// newProxyClient is newClient, the proxy's API client; the node-level
+// smoke test (smoke_test.go) replaces it with a fake API in the proxy
+// process it starts.
+var newProxyClient = newClient
+
 // ipv6SysctlDir exists unless the kernel runs with IPv6 disabled
 // (ipv6.disable=1); a variable for tests.
 var ipv6SysctlDir = "/proc/sys/net/ipv6"
@@ -101,7 +106,7 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Backe
 	if err := publishConfigz(o.Config); err != nil {
 		return err
 	}
-	client, clientConfig, err := newClient(o.Client)
+	client, clientConfig, err := newProxyClient(o.Client)
 	if err != nil {
 		return err
 	}
