@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 )
 
@@ -58,4 +60,44 @@ func apply(t testing.TB, n *Netlink, tx *nft.Transaction) {
 	if err := n.Apply(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// kernelFeatures probes the kernel of the namespace (ProbeKernel).
+func (ns *testNS) kernelFeatures(t testing.TB) KernelFeatures {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k, err := ns.netlink(t).ProbeKernel(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// skipUnless skips the test, naming the feature, unless the kernel has
+// it: e.g. "kernel 6.1.0-56-amd64 lacks NFT_TABLE_F_PERSIST (6.9)".
+func skipUnless(t testing.TB, have bool, feature string) {
+	t.Helper()
+	if !have {
+		t.Skipf("kernel %s lacks %s", kernelRelease(), feature)
+	}
+}
+
+// requireOwnedTables skips a test of owned tables unless the kernel of ns
+// lets nftproxy own its table (NFT_TABLE_F_OWNER and
+// NFT_TABLE_F_PERSIST).
+func (ns *testNS) requireOwnedTables(t testing.TB) {
+	t.Helper()
+	k := ns.kernelFeatures(t)
+	skipUnless(t, k.TableOwner, FeatureTableOwner)
+	skipUnless(t, k.TablePersist, FeatureTablePersist)
+}
+
+// kernelRelease is uname -r.
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "(unknown)"
+	}
+	return unix.ByteSliceToString(u.Release[:])
 }

@@ -354,3 +354,34 @@ func TestNetlinkClearingMatchesNft(t *testing.T) {
 	compareBatches(t, th, ou)
 	t.Logf("%d messages equal:\n%s", len(th), cmds.String())
 }
+
+// TestNetlinkHandoverOfForeignObjects: a table holding what nftproxy never
+// writes (here a named counter another process added) is not cleared in
+// place but handed over, on every kernel: where the kernel lacks
+// NFT_TABLE_F_OWNER (Linux 5.10 refuses the flag with EINVAL) the handover
+// table is an ordinary one. The rewrite succeeds, the counter is gone, no
+// handover table is left; and one left by a handover that died half way
+// (created by hand here, unowned) is deleted by the next rewrite.
+func TestNetlinkHandoverOfForeignObjects(t *testing.T) {
+	ns := newTestNS(t)
+	f := nft.IPv4
+	rs := nfttest.RealisticRuleset(f, nfttest.MakeServices(f, 5, 2))
+	n := ns.netlink(t)
+	apply(t, n, nft.FullRewrite(rs))
+	ns.mustNft(t, "", "add", "counter", "ip", nft.TableName, "intruder")
+	apply(t, n, nft.FullRewrite(rs))
+	if st := n.LastBatch(); st.Batches != 3 {
+		t.Errorf("the rewrite of a table with a named counter sent %d batches, want the handover's 3", st.Batches)
+	}
+	if out := ns.mustNft(t, "", "list", "ruleset"); strings.Contains(out, "intruder") || strings.Contains(out, handoverTable) {
+		t.Errorf("after the handover:\n%s", out)
+	}
+	ns.mustNft(t, "", "add", "table", "ip", handoverTable)
+	apply(t, n, nft.FullRewrite(rs))
+	if out := ns.mustNft(t, "", "list", "tables"); strings.Contains(out, handoverTable) {
+		t.Errorf("an unowned handover table left over survives a rewrite:\n%s", out)
+	}
+	if tx := nft.Diff(loadOn(t, n, f), rs); !tx.Empty() {
+		t.Errorf("the table read back differs from the one applied: %s", nfttest.OpCounts(tx))
+	}
+}
