@@ -2,6 +2,7 @@ package nftnl
 
 import (
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nfttest"
 
 	"context"
 	"testing"
@@ -100,4 +101,44 @@ func kernelRelease() string {
 		return "(unknown)"
 	}
 	return unix.ByteSliceToString(u.Release[:])
+}
+
+// nftLanguage returns what the nft on the PATH reads of nftproxy's tables.
+func (ns *testNS) nftLanguage(t testing.TB) nfttest.NftLanguage {
+	t.Helper()
+	return nfttest.SystemNft(t, ns.nft)
+}
+
+// listed returns the nft listing of the family's table in Canonical form.
+func (ns *testNS) listed(t testing.TB, f nft.Family) string {
+	t.Helper()
+	return nft.Canonical(ns.list(t, f))
+}
+
+// dumped returns rs's Dump as the nft on the PATH lists it
+// (nfttest.NftLanguage.Listing): what listed returns when the kernel
+// holds rs.
+func (ns *testNS) dumped(t testing.TB, rs *nft.Ruleset) string {
+	t.Helper()
+	return ns.nftLanguage(t).Listing(rs.Dump())
+}
+
+// requireNftReads skips the test unless the nft on the PATH reads text,
+// naming what it lacks.
+func (ns *testNS) requireNftReads(t testing.TB, text string) {
+	t.Helper()
+	if why := ns.nftLanguage(t).CannotReadReason(text); why != "" {
+		t.Skip(why)
+	}
+}
+
+// nftReads runs check in a subtest, "nft reads it", skipped (naming what
+// it lacks) unless the nft on the PATH reads text: the rest of the test
+// runs either way.
+func (ns *testNS) nftReads(t *testing.T, text string, check func(t *testing.T)) {
+	t.Helper()
+	t.Run("nft reads it", func(t *testing.T) {
+		ns.requireNftReads(t, text)
+		check(t)
+	})
 }

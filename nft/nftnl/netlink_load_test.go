@@ -134,7 +134,7 @@ func TestNetlinkRestart(t *testing.T) {
 			}
 		}
 		apply(t, ns.netlink(t), tx)
-		if got := nft.Canonical(ns.list(t, f)); got != want.Dump() {
+		if got := ns.listed(t, f); got != ns.dumped(t, want) {
 			t.Fatalf("after the restart transaction (%s) the kernel differs from the desired ruleset", nfttest.OpCounts(tx))
 		}
 		if again := nft.Diff(load(t, ns, f), want); !again.Empty() {
