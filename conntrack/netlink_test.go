@@ -36,7 +36,7 @@ func TestReconcile100k(t *testing.T) {
 	flows, previous, current := bigTable(n, stale)
 	start := time.Now()
 	ns.load(t, flows)
-	t.Logf("loaded %d flows with conntrack -R in %v", n, time.Since(start))
+	t.Logf("loaded %d flows with conntrack in %v", n, time.Since(start))
 	nl := ns.netlink(t)
 
 	res, err := nl.Reconcile(reconcileCtx(t), IPv4, previous, Fixed(current), nil)
@@ -257,7 +257,7 @@ func TestReconcileRealFlows(t *testing.T) {
 			// had no endpoints), 40004 goes to a second ClusterIP,
 			// 40005 straight to endpoint 2.
 			ns.run(t, fmt.Sprintf(`table %[1]s ct-test {
-	chain out {
+	chain nat-output {
 		type nat hook output priority -100; policy accept;
 		udp sport 40001 dnat to %[2]s
 		udp sport 40002 dnat to %[3]s
