@@ -75,8 +75,8 @@ func (n *Node) InitramfsPath() string { return n.initramfs }
 
 // String is e.g. "bookworm (12): kernel 6.1.0-41-amd64, nft 1.0.6-2+deb12u2".
 func (n *Node) String() string {
-	return fmt.Sprintf("%s: kernel %s, nft %s, ip %s, conntrack %s, busybox %s", n.Release,
-		n.abi, n.Tool("nft"), n.Tool("ip"), n.Tool("conntrack"), n.Tool("busybox"))
+	return fmt.Sprintf("%s: kernel %s, nft %s, ip %s, conntrack %s, iptables %s, busybox %s", n.Release,
+		n.abi, n.Tool("nft"), n.Tool("ip"), n.Tool("conntrack"), n.Tool("iptables"), n.Tool("busybox"))
 }
 
 // Dir is where Prepare keeps a release's files: cache/nodes/<suite>.
