@@ -77,14 +77,14 @@ var ownerFlagsRE = regexp.MustCompile(`(?m)^\s*flags .*\bowner\b.*\n`)
 // the nft of each Debian release (NFTPROXY_NODES_SUITES), run here with
 // its own libraries (PrepareUserland). No release may fail or abort
 // (bullseye's 0.9.8 aborted on the pick maps while their key type named
-// integer, nftnl's setKeyMagic). An nft that reads a numgen expression in
-// a typeof lists a pick map by it, as nftproxy's own dump writes it; one
-// that does not (0.9.8) by its key type (`type ipv4_addr . inet_service .
-// mark : …`). Each nft then prints the tables as JSON (`nft -j`) and
-// reloads its listing (without the owner flag) into another namespace,
-// which it lists the same, unless it lacks something of the language the
-// listing uses (nfttest.NftLanguage): the test says what and skips that
-// part.
+// integer, nftnl's setKeyMagic), nor fail to load another table beside
+// them. An nft that reads a numgen expression in a typeof lists a pick map
+// by it, as nftproxy's own dump writes it; one that does not (0.9.8) by
+// its key type (`type ipv4_addr . inet_service . mark : …`). Each nft then
+// prints the tables as JSON (`nft -j`) and reloads its listing (without
+// the owner flag) into another namespace, which it lists the same, unless
+// it lacks something of the language the listing uses
+// (nfttest.NftLanguage): the test says what and skips that part.
 func TestNftReleasesListOurTable(t *testing.T) {
 	requireUserlands(t)
 	rulesets := map[nft.Family]*nft.Ruleset{}
@@ -130,6 +130,16 @@ func TestNftReleasesListOurTable(t *testing.T) {
 			}
 			if picks == 0 {
 				t.Fatal("no pick map in the ruleset")
+			}
+			// nft before 1.0.1 reads the whole ruleset for any `nft -f`
+			// (kube-proxy requires 5.13 to keep such an nft off its
+			// nodes, kubernetes#124152): another program's ruleset must
+			// load beside ours.
+			other := "table inet nodes-other {\n\tchain input {\n\t\ttype filter hook input priority 0; policy accept;\n\t}\n}\n"
+			if _, err := n.run(ns, other, "-f", "-"); err != nil {
+				t.Errorf("%s nft -f of another table beside ours: %v", r.Suite, err)
+			} else if _, err := n.run(ns, "", "delete", "table", "inet", "nodes-other"); err != nil {
+				t.Errorf("%s nft delete table beside ours: %v", r.Suite, err)
 			}
 			out, err := n.run(ns, "", "-j", "list", "ruleset")
 			if err != nil {
