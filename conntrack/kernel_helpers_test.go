@@ -239,3 +239,12 @@ func reconcileCtx(t testing.TB) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// kernelRelease is uname -r.
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "(unknown)"
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}

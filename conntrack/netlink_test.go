@@ -158,10 +158,20 @@ func TestReconcileKernel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := slices.DeleteFunc(slices.Clone(f.all), func(fl Flow) bool { return fl.Proto != ProtoTCP || !fl.Unanswered })
-		if diff := flowDiff(withoutIDs(tcp), want); diff != "" || len(want) == 0 {
-			t.Fatalf("%s TCP dump vs the unanswered TCP flows loaded (%d):%s", f.family, len(want), diff)
-		}
+		t.Run(f.family.String()+" TCP dump filtered by status", func(t *testing.T) {
+			want := slices.DeleteFunc(slices.Clone(f.all), func(fl Flow) bool { return fl.Proto != ProtoTCP || !fl.Unanswered })
+			allTCP := slices.DeleteFunc(slices.Clone(f.all), func(fl Flow) bool { return fl.Proto != ProtoTCP })
+			if len(want) == 0 || len(want) == len(allTCP) {
+				t.Fatalf("%d unanswered TCP flows of %d: the test shows nothing", len(want), len(allTCP))
+			}
+			if flowDiff(withoutIDs(tcp), allTCP) == "" {
+				// Stale, not the kernel, decides then (appendDump).
+				t.Skipf("kernel %s lacks a dump's status filter (CTA_STATUS_MASK, 5.19): the TCP dump holds every TCP flow", kernelRelease())
+			}
+			if diff := flowDiff(withoutIDs(tcp), want); diff != "" {
+				t.Fatalf("%s TCP dump vs the unanswered TCP flows loaded (%d):%s", f.family, len(want), diff)
+			}
+		})
 	}
 
 	res, err := nl.Reconcile(reconcileCtx(t), IPv4, prev4, Fixed(cur4), w4.isNodePortAddr)
