@@ -80,6 +80,13 @@ func TestNetlinkRewriteRefusesNothing(t *testing.T) {
 				if has, err := kernelHasSymbol(rbtreeCommit); err == nil && !has {
 					t.Skipf("kernel %s lacks %s (the rbtree set's commit step): add, delete, add opens no window there", kernelRelease(), rbtreeCommit)
 				}
+				// The window opens inside a commit: a connection falls
+				// in it only if its packets are processed while the
+				// commit runs, which one CPU does only if the kernel
+				// preempts the commit (Debian's 7.2 did, 6.12 did not).
+				if runtime.NumCPU() == 1 {
+					t.Skipf("one CPU, and kernel %s ran no packet during the commits: add, delete, add refused none of %d connections", kernelRelease(), res.ok)
+				}
 				t.Errorf("add, delete, add refused no connection: the test no longer shows the window it guards against")
 			}
 		})

@@ -166,6 +166,13 @@ func startMonitor(t *testing.T, ns *testNS) Socket {
 	return Socket{}
 }
 
+// sameSockets says whether socks is the one socket want, whatever either
+// says of a dump: nft monitor reads the ruleset when it starts, a dump
+// a listing may or may not catch (under emulation, it did).
+func sameSockets(socks []Socket, want Socket) bool {
+	return len(socks) == 1 && socks[0].Inode == want.Inode && socks[0].PortID == want.PortID
+}
+
 // TestSocketListerSkipsStaleReplies: a reply to an earlier request left in
 // the socket is not taken for the answer to the next one.
 func TestSocketListerSkipsStaleReplies(t *testing.T) {
@@ -192,7 +199,7 @@ func TestSocketListerSkipsStaleReplies(t *testing.T) {
 		t.Logf("the kernel refused a second dump on the socket: %v", err)
 		socks, err = l.Sockets()
 	}
-	if err != nil || !slices.Equal(socks, []Socket{want}) {
+	if err != nil || !sameSockets(socks, want) {
 		t.Fatalf("Sockets after a stale reply = %v, %v; want %v", socks, err, []Socket{want})
 	}
 }
@@ -213,7 +220,7 @@ func TestSocketListerReopens(t *testing.T) {
 	if socks, err := l.Sockets(); err == nil {
 		t.Fatalf("Sockets on a closed socket = %v, want an error", socks)
 	}
-	if socks, err := l.Sockets(); err != nil || !slices.Equal(socks, []Socket{want}) || l.Source() != SourceSockDiag {
+	if socks, err := l.Sockets(); err != nil || !sameSockets(socks, want) || l.Source() != SourceSockDiag {
 		t.Fatalf("Sockets after a failure = %v, %v (from %s); want %v from a new sock_diag socket", socks, err, l.Source(), want)
 	}
 }
@@ -236,7 +243,7 @@ func TestSocketListerProcFallback(t *testing.T) {
 		l.dial = func() (*netlink.Conn, error) { return nil, errors.New("sock_diag refused") }
 		l.mu.Unlock()
 		socks, err := l.Sockets()
-		if err != nil || !slices.Equal(socks, []Socket{want}) || l.Source() != SourceProcFS {
+		if err != nil || !sameSockets(socks, want) || l.Source() != SourceProcFS {
 			t.Fatalf("Sockets without sock_diag = %v, %v (from %s); want %v from procfs", socks, err, l.Source(), want)
 		}
 	})
