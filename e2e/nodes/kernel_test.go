@@ -219,7 +219,7 @@ func runKernelTests(t *testing.T, r Release, bins []testBinary) string {
 		t.Fatalf("the job's output lacks %q (exit status %d):\n%s", testsStart, res.ExitCode, tail(res.Output, 30))
 	}
 	t.Logf("in the guest:\n%s", strings.TrimSpace(header))
-	rr := releaseResults{
+	rr := ReleaseResults{
 		Suite: r.Suite, Version: r.Version, Kernel: n.Kernel(), Date: time.Now().UTC().Format(time.RFC3339),
 		Tools: map[string]string{}, Boot: res.Boot.Seconds(), Setup: res.Setup.Seconds(), Duration: res.Duration.Seconds(),
 	}
@@ -247,7 +247,7 @@ func runKernelTests(t *testing.T, r Release, bins []testBinary) string {
 	if err := writeJSON(filepath.Join(dir, "results.json"), rr); err != nil {
 		t.Error(err)
 	}
-	summary := rr.summary()
+	summary := rr.Summary()
 	t.Logf("%s", summary)
 	os.WriteFile(filepath.Join(dir, "results.txt"), []byte(summary), 0o644)
 	return summary
@@ -255,14 +255,22 @@ func runKernelTests(t *testing.T, r Release, bins []testBinary) string {
 
 // checkPackage fails the test for each of a package's tests that failed,
 // never ended, or never ran on the release.
-func checkPackage(t *testing.T, r Release, pr packageResults, output string) {
+func checkPackage(t *testing.T, r Release, pr PackageResults, output string) {
 	t.Helper()
 	for _, tr := range pr.Tests {
 		switch tr.Action {
 		case "fail":
-			if !strings.Contains(tr.Name, "/") {
-				t.Errorf("%s, %s: %s failed:\n%s", r.Suite, pr.Package, tr.Name, tail(tr.Output, 20))
+			if strings.Contains(tr.Name, "/") {
+				continue
 			}
+			// Its failed subtests' output, which holds the reasons.
+			out := tr.Output
+			for _, sub := range pr.Tests {
+				if sub.Action == "fail" && strings.HasPrefix(sub.Name, tr.Name+"/") {
+					out = sub.Output + out
+				}
+			}
+			t.Errorf("%s, %s: %s failed:\n%s", r.Suite, pr.Package, tr.Name, tail(out, 20))
 		case "incomplete":
 			t.Errorf("%s, %s: %s started but never ended (the binary crashed or timed out; exit status %d):\n%s",
 				r.Suite, pr.Package, tr.Name, pr.ExitCode, tail(output, 30))
@@ -309,43 +317,6 @@ func listsNote(p Preparation) string {
 	return ""
 }
 
-// releaseResults are a release's results, as results.json holds them.
-type releaseResults struct {
-	Suite, Version string
-	Kernel         string            // uname -r
-	Tools          map[string]string // tool → its package's Debian version
-	Date           string            // of the run, RFC 3339, UTC
-	// Boot, Setup and Duration are the run's, in seconds (Result).
-	Boot, Setup, Duration float64
-	Packages              []packageResults
-}
-
-// packageResults are a package's results on a release.
-type packageResults struct {
-	Package  string   // "nft/nftnl"
-	Selected []string // the kernel tests run (-test.run)
-	ExitCode int      // the test binary's
-	Elapsed  float64  // the binary's run, in seconds (the guest's uptime)
-	// Pass, Fail, Skip and Incomplete count the top-level tests.
-	Pass, Fail, Skip, Incomplete int
-	// Missing are selected tests that never started.
-	Missing []string `json:",omitempty"`
-	// Tests are every test's result, subtests included, in the order
-	// they ended.
-	Tests []testResult
-}
-
-// testResult is a test's or subtest's result.
-type testResult struct {
-	Name    string  // "TestNetlinkOwnedTable" or "TestNetlinkOwnedTable/ip"
-	Action  string  // "pass", "fail", "skip", "incomplete" (started, never ended)
-	Elapsed float64 // seconds
-	// Reason is a skip's message (t.Skip's, without file and line).
-	Reason string `json:",omitempty"`
-	// Output is what a failed or incomplete test printed.
-	Output string `json:",omitempty"`
-}
-
 // testEvent is a line of go tool test2json's output.
 type testEvent struct {
 	Action  string
@@ -357,8 +328,8 @@ type testEvent struct {
 // packageResultsOf converts a package's -test.v=test2json output (its
 // section of the job's output, ending with its exit status line) to
 // test2json's events and reads each test's outcome.
-func packageResultsOf(ctx context.Context, b testBinary, sec section) (packageResults, []byte, error) {
-	pr := packageResults{Package: b.pkg, Selected: b.tests, ExitCode: -1}
+func packageResultsOf(ctx context.Context, b testBinary, sec section) (PackageResults, []byte, error) {
+	pr := PackageResults{Package: b.pkg, Selected: b.tests, ExitCode: -1}
 	body, status, found := cutLast(sec.body, "\n"+packageExit)
 	if found {
 		var end float64
@@ -393,7 +364,7 @@ func packageResultsOf(ctx context.Context, b testBinary, sec section) (packageRe
 				o.WriteString(e.Output)
 			}
 		case "pass", "fail", "skip":
-			tr := testResult{Name: e.Test, Action: e.Action, Elapsed: e.Elapsed}
+			tr := TestResult{Name: e.Test, Action: e.Action, Elapsed: e.Elapsed}
 			out := outputs[e.Test].String()
 			switch e.Action {
 			case "skip":
@@ -414,7 +385,7 @@ func packageResultsOf(ctx context.Context, b testBinary, sec section) (packageRe
 	}
 	slices.Sort(incomplete)
 	for _, name := range incomplete {
-		pr.Tests = append(pr.Tests, testResult{Name: name, Action: "incomplete", Output: outputs[name].String()})
+		pr.Tests = append(pr.Tests, TestResult{Name: name, Action: "incomplete", Output: outputs[name].String()})
 	}
 	seen := map[string]bool{}
 	for _, tr := range pr.Tests {
@@ -470,34 +441,6 @@ func skipReason(output string) string {
 	return ""
 }
 
-// summary is e.g. "bookworm (12), kernel 6.1.0-56-amd64, nft
-// 1.0.6-2+deb12u2: boot 6.1s, modules 4.5s, whole run 5m13s" followed by
-// a line per package with its counts and the tests that did not pass.
-func (rr releaseResults) summary() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s (%s), kernel %s, nft %s: boot %.1fs, modules %.1fs, whole run %v\n", rr.Suite, rr.Version,
-		rr.Kernel, rr.Tools["nft"], rr.Boot, rr.Setup, time.Duration(rr.Duration*float64(time.Second)).Round(time.Second))
-	for _, pr := range rr.Packages {
-		fmt.Fprintf(&b, "  %s: %d passed, %d failed, %d skipped", pr.Package, pr.Pass, pr.Fail, pr.Skip)
-		if pr.Incomplete > 0 {
-			fmt.Fprintf(&b, ", %d incomplete", pr.Incomplete)
-		}
-		if len(pr.Missing) > 0 {
-			fmt.Fprintf(&b, ", %d never ran", len(pr.Missing))
-		}
-		fmt.Fprintf(&b, " in %.0fs (exit status %d)\n", pr.Elapsed, pr.ExitCode)
-		for _, tr := range pr.Tests {
-			switch tr.Action {
-			case "fail", "incomplete":
-				fmt.Fprintf(&b, "    %s %s (%.1fs)\n", tr.Action, tr.Name, tr.Elapsed)
-			case "skip":
-				fmt.Fprintf(&b, "    skip %s: %s\n", tr.Name, tr.Reason)
-			}
-		}
-	}
-	return b.String()
-}
-
 // TestPackageResults reads a package's part of a job's output: each test's
 // outcome, a skip's reason, a failure's output, the tests that never ran,
 // the binary's exit status and how long it ran.
@@ -528,7 +471,7 @@ FAIL
 	if pr.Pass != 1 || pr.Skip != 1 || pr.Fail != 1 || pr.ExitCode != 1 || pr.Elapsed != 12.5 || !slices.Equal(pr.Missing, []string{"TestD"}) {
 		t.Errorf("results %+v", pr)
 	}
-	byName := map[string]testResult{}
+	byName := map[string]TestResult{}
 	for _, tr := range pr.Tests {
 		byName[tr.Name] = tr
 	}
