@@ -177,14 +177,20 @@ $(PREV_IMAGE_TAR):
 		BUILD_DATE=$$(TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ $(PREV_RELEASE))
 	rm -rf $(BIN)/prev-src
 
-# nft/nftnl's kernel tests on the kernels and userland (nft, ip, conntrack)
-# of Debian's releases, each booted under QEMU's software emulation
-# (docs/nodes.md). NODES_SUITES=bookworm,trixie runs some of bullseye,
-# bookworm, trixie and sid. Not part of `make test`.
+# The kernel tests of nft/nftnl, conntrack, proxier, proxier/ruleset,
+# proxier/localnodeport, proxier/leftovers and cmd/nftproxy on the kernels
+# and userland (nft, ip, conntrack, iptables) of Debian's releases, each
+# booted under QEMU's software emulation (docs/nodes.md); each release's
+# results go to bin/nodes/<suite>/results.json, and `make nodes-table`
+# prints their tables (docs/nodes.md's). NODES_SUITES=bookworm,trixie runs
+# some of bullseye, bookworm, trixie and sid. Not part of `make test`.
 NODES_SUITES ?= $(NFTPROXY_NODES_SUITES)
-.PHONY: nodes
+.PHONY: nodes nodes-table
 nodes: deps
 	NFTPROXY_NODES=1 NFTPROXY_NODES_SUITES=$(NODES_SUITES) $(GO) test -count=1 -timeout 3h -v ./e2e/nodes
+
+nodes-table:
+	$(GO) run ./e2e/cmd/nodes-table --results $(BIN)/nodes
 
 # A local control plane, a node with two pods, traffic through a Service.
 demo: e2e-tools

@@ -36,7 +36,7 @@ func TestReconcile100k(t *testing.T) {
 	flows, previous, current := bigTable(n, stale)
 	start := time.Now()
 	ns.load(t, flows)
-	t.Logf("loaded %d flows with conntrack -R in %v", n, time.Since(start))
+	t.Logf("loaded %d flows with conntrack in %v", n, time.Since(start))
 	nl := ns.netlink(t)
 
 	res, err := nl.Reconcile(reconcileCtx(t), IPv4, previous, Fixed(current), nil)
@@ -158,10 +158,20 @@ func TestReconcileKernel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := slices.DeleteFunc(slices.Clone(f.all), func(fl Flow) bool { return fl.Proto != ProtoTCP || !fl.Unanswered })
-		if diff := flowDiff(withoutIDs(tcp), want); diff != "" || len(want) == 0 {
-			t.Fatalf("%s TCP dump vs the unanswered TCP flows loaded (%d):%s", f.family, len(want), diff)
-		}
+		t.Run(f.family.String()+" TCP dump filtered by status", func(t *testing.T) {
+			want := slices.DeleteFunc(slices.Clone(f.all), func(fl Flow) bool { return fl.Proto != ProtoTCP || !fl.Unanswered })
+			allTCP := slices.DeleteFunc(slices.Clone(f.all), func(fl Flow) bool { return fl.Proto != ProtoTCP })
+			if len(want) == 0 || len(want) == len(allTCP) {
+				t.Fatalf("%d unanswered TCP flows of %d: the test shows nothing", len(want), len(allTCP))
+			}
+			if flowDiff(withoutIDs(tcp), allTCP) == "" {
+				// Stale, not the kernel, decides then (appendDump).
+				t.Skipf("kernel %s lacks a dump's status filter (CTA_STATUS_MASK, 5.19): the TCP dump holds every TCP flow", kernelRelease())
+			}
+			if diff := flowDiff(withoutIDs(tcp), want); diff != "" {
+				t.Fatalf("%s TCP dump vs the unanswered TCP flows loaded (%d):%s", f.family, len(want), diff)
+			}
+		})
 	}
 
 	res, err := nl.Reconcile(reconcileCtx(t), IPv4, prev4, Fixed(cur4), w4.isNodePortAddr)
@@ -257,7 +267,7 @@ func TestReconcileRealFlows(t *testing.T) {
 			// had no endpoints), 40004 goes to a second ClusterIP,
 			// 40005 straight to endpoint 2.
 			ns.run(t, fmt.Sprintf(`table %[1]s ct-test {
-	chain out {
+	chain nat-output {
 		type nat hook output priority -100; policy accept;
 		udp sport 40001 dnat to %[2]s
 		udp sport 40002 dnat to %[3]s

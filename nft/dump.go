@@ -115,6 +115,7 @@ func (r *Ruleset) dumpChain(c *Chain) string {
 
 // PriorityText is a base chain priority as nft 1.0.6 prints it: a standard
 // name (± up to 10) where that name is defined for the hook, else a number.
+// (nft 1.1 names dstnat and srcnat on every hook: Canonical reads both.)
 func PriorityText(h Hook, prio int32) string {
 	type std struct {
 		name string
@@ -164,7 +165,9 @@ func DurationText(d time.Duration) string {
 // sorted by name, set elements sorted one per line. Rule order is kept. It
 // understands the subset of nft syntax nftproxy writes. The table's flags
 // and its owner's name (`flags owner`, `# progname nftproxy`) say who may
-// change the table, not what it holds, and are left out.
+// change the table, not what it holds, and are left out. A base chain's
+// priority is written as PriorityText writes it, by name or number as
+// nft 1.0.6 does, whichever way the listing's nft wrote it.
 func Canonical(listing string) string {
 	lines := strings.Split(strings.TrimRight(listing, "\n"), "\n")
 	if len(lines) < 2 {
@@ -208,6 +211,47 @@ func Canonical(listing string) string {
 	return header + "\n" + strings.Join(append(sets, chains...), "\n") + "}\n"
 }
 
+// priorityNames are the standard priorities nft prints by name, on any
+// hook (nft 1.1 names dstnat on the output hook, where nft 1.0.6 prints
+// -100).
+var priorityNames = map[string]int32{"raw": -300, "mangle": -150, "dstnat": PriorityDstNAT,
+	"filter": PriorityFilter, "security": 50, "srcnat": PrioritySrcNAT}
+
+// baseChainRE matches a base chain's declaration in a listing.
+var baseChainRE = regexp.MustCompile(`^(\t\ttype \S+ hook (\S+) priority )([^;]+)(;.*)$`)
+
+// canonicalPriority writes a base chain's priority as PriorityText does,
+// whichever way the listing's nft wrote it ("dstnat - 10" or "-110").
+func canonicalPriority(line string) string {
+	m := baseChainRE.FindStringSubmatch(line)
+	if m == nil {
+		return line
+	}
+	var prio int32
+	f := strings.Fields(m[3])
+	base, ok := priorityNames[f[0]]
+	switch {
+	case ok && len(f) == 1:
+		prio = base
+	case ok && len(f) == 3 && (f[1] == "+" || f[1] == "-"):
+		var off int32
+		if _, err := fmt.Sscan(f[2], &off); err != nil {
+			return line
+		}
+		if f[1] == "-" {
+			off = -off
+		}
+		prio = base + off
+	case !ok && len(f) == 1:
+		if _, err := fmt.Sscan(f[0], &prio); err != nil {
+			return line
+		}
+	default:
+		return line
+	}
+	return m[1] + PriorityText(Hook(m[2]), prio) + m[4]
+}
+
 func blockName(block string) string {
 	f := strings.Fields(block)
 	if len(f) < 2 {
@@ -227,7 +271,7 @@ func canonicalBlock(lines []string) string {
 	for i := 0; i < len(lines); i++ {
 		l := lines[i]
 		if !strings.HasPrefix(strings.TrimSpace(l), "elements = {") {
-			b.WriteString(l)
+			b.WriteString(canonicalPriority(l))
 			b.WriteString("\n")
 			continue
 		}

@@ -46,3 +46,40 @@ func BenchmarkCanonical10k(b *testing.B) {
 		nft.Canonical(d)
 	}
 }
+
+// TestCanonicalPriorities: a base chain's priority reads the same however
+// the listing's nft wrote it: nft 1.1 names dstnat on the output hook
+// ("dstnat - 10") where nft 1.0.6 prints a number (-110).
+func TestCanonicalPriorities(t *testing.T) {
+	rs := nft.NewRuleset(nft.IPv4)
+	for _, c := range []struct {
+		name string
+		typ  nft.ChainType
+		hook nft.Hook
+		prio int32
+	}{
+		{"nat-output", nft.ChainNAT, nft.HookOutput, nft.PriorityDstNAT},
+		{"filter-output-pre-dnat", nft.ChainFilter, nft.HookOutput, nft.PriorityPreDstNATFilter},
+		{"nat-prerouting", nft.ChainNAT, nft.HookPrerouting, nft.PriorityDstNAT},
+		{"nat-postrouting", nft.ChainNAT, nft.HookPostrouting, nft.PrioritySrcNAT},
+		{"filter-input", nft.ChainFilter, nft.HookInput, nft.PriorityFilter},
+		{"odd", nft.ChainFilter, nft.HookInput, -42},
+	} {
+		rs.AddChain(&nft.Chain{Name: c.name, Base: &nft.BaseChain{Type: c.typ, Hook: c.hook, Priority: c.prio}})
+	}
+	want := rs.Dump()
+	if got := nft.Canonical(want); got != want {
+		t.Errorf("Canonical(Dump) =\n%s\nwant\n%s", got, want)
+	}
+	nft11 := strings.NewReplacer(
+		"type nat hook output priority -100;", "type nat hook output priority dstnat;",
+		"type filter hook output priority -110;", "type filter hook output priority dstnat - 10;",
+		"type filter hook input priority filter;", "type filter hook input priority 0;",
+	).Replace(want)
+	if nft11 == want {
+		t.Fatal("the replacements changed nothing")
+	}
+	if got := nft.Canonical(nft11); got != want {
+		t.Errorf("Canonical of nft 1.1's listing =\n%s\nwant\n%s", got, want)
+	}
+}

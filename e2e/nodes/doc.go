@@ -35,6 +35,16 @@
 // (a panic, the timeout, a canceled context, Ctrl-C) kills QEMU and
 // removes the run's files.
 //
-// TestKernelTests (NFTPROXY_NODES=1, make nodes) runs nft/nftnl's kernel
-// tests on every release; docs/nodes.md says what they find.
+// PrepareUserland fetches and unpacks a release's userland alone, and
+// Userland.Command runs one of its tools on this machine with the
+// release's own loader and libraries: a release's nft against this
+// machine's kernel, without booting anything.
+//
+// TestKernelTests (NFTPROXY_NODES=1, make nodes) runs the kernel tests of
+// nft/nftnl, conntrack, proxier, proxier/ruleset, proxier/localnodeport,
+// proxier/leftovers and cmd/nftproxy on every release and writes each
+// test's result to bin/nodes/<suite>/results.json; docs/nodes.md says
+// what they find. TestNftReleasesListOurTable and
+// TestNftReleasesListRewrittenPickMaps (NFTPROXY_E2E=1, make e2e) list
+// nftproxy's tables with each release's nft on this machine's kernel.
 package nodes

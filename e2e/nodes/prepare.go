@@ -75,8 +75,8 @@ func (n *Node) InitramfsPath() string { return n.initramfs }
 
 // String is e.g. "bookworm (12): kernel 6.1.0-41-amd64, nft 1.0.6-2+deb12u2".
 func (n *Node) String() string {
-	return fmt.Sprintf("%s: kernel %s, nft %s, ip %s, conntrack %s, busybox %s", n.Release,
-		n.abi, n.Tool("nft"), n.Tool("ip"), n.Tool("conntrack"), n.Tool("busybox"))
+	return fmt.Sprintf("%s: kernel %s, nft %s, ip %s, conntrack %s, iptables %s, busybox %s", n.Release,
+		n.abi, n.Tool("nft"), n.Tool("ip"), n.Tool("conntrack"), n.Tool("iptables"), n.Tool("busybox"))
 }
 
 // Dir is where Prepare keeps a release's files: cache/nodes/<suite>.
@@ -88,7 +88,7 @@ func Dir(cache string, r Release) string { return filepath.Join(cache, "nodes", 
 // Dir(cache, r). What the cache holds already is reused: a second Prepare
 // downloads nothing unless the suite's packages changed, and refreshes the
 // package lists at most once a day. Processes preparing the same release
-// wait for each other.
+// (a Node or its Userland) wait for each other.
 func Prepare(ctx context.Context, r Release, cache string) (*Node, error) {
 	start := time.Now()
 	dir := Dir(cache, r)
@@ -100,22 +100,13 @@ func Prepare(ctx context.Context, r Release, cache string) (*Node, error) {
 		return nil, err
 	}
 	defer unlock()
-	n := &Node{Release: r, cache: cache, packages: map[string]string{}}
+	n := &Node{Release: r, cache: cache}
 	p := &n.Prepared
 
-	apt, err := newPrivateApt(filepath.Join(dir, "apt"), r)
+	apt, err := openApt(ctx, dir, r, p)
 	if err != nil {
 		return nil, err
 	}
-	t := time.Now()
-	p.ListsUpdated, err = apt.update(ctx, listsMaxAge)
-	if err != nil {
-		if _, serr := os.Stat(apt.updatedStamp()); serr != nil || ctx.Err() != nil {
-			return nil, fmt.Errorf("%s: %w", r.Suite, err)
-		}
-		p.ListsError = err
-	}
-	p.Update = time.Since(t)
 	userland, err := apt.resolve(ctx, toolPackages...)
 	if err != nil {
 		return nil, err
@@ -129,25 +120,19 @@ func Prepare(ctx context.Context, r Release, cache string) (*Node, error) {
 		return nil, err
 	}
 	n.abi = abi
-	for _, pkg := range append(slices.Clone(userland), kernel...) {
-		n.packages[pkg.Name] = pkg.Version
-	}
+	n.packages = versions(append(slices.Clone(userland), kernel...))
 
-	t = time.Now()
 	debs := filepath.Join(dir, "debs")
-	fetched, err := apt.download(ctx, debs, append(slices.Clone(userland), kernel...))
-	if err != nil {
+	if err := fetch(ctx, apt, debs, append(slices.Clone(userland), kernel...), p); err != nil {
 		return nil, err
 	}
-	for _, pkg := range fetched {
-		p.Downloaded = append(p.Downloaded, pkg.Name+"_"+pkg.Version)
-	}
-	if err := pruneDir(debs, append(slices.Clone(userland), kernel...)); err != nil {
+	if err := pruneDir(debs, func(file string) bool {
+		return slices.ContainsFunc(append(slices.Clone(userland), kernel...), func(p debPackage) bool { return p.File() == file })
+	}); err != nil {
 		return nil, err
 	}
-	p.Download = time.Since(t)
 
-	t = time.Now()
+	t := time.Now()
 	user, built, err := prepareUserland(ctx, dir, debs, userland)
 	if err != nil {
 		return nil, err
@@ -179,6 +164,49 @@ func Prepare(ctx context.Context, r Release, cache string) (*Node, error) {
 	return n, nil
 }
 
+// openApt writes the release's private apt configuration under dir and
+// refreshes its package lists if they are a day old (Preparation.Update):
+// a failed refresh goes on with the lists it has, if any.
+func openApt(ctx context.Context, dir string, r Release, p *Preparation) (*privateApt, error) {
+	apt, err := newPrivateApt(filepath.Join(dir, "apt"), r)
+	if err != nil {
+		return nil, err
+	}
+	t := time.Now()
+	p.ListsUpdated, err = apt.update(ctx, listsMaxAge)
+	if err != nil {
+		if _, serr := os.Stat(apt.updatedStamp()); serr != nil || ctx.Err() != nil {
+			return nil, fmt.Errorf("%s: %w", r.Suite, err)
+		}
+		p.ListsError = err
+	}
+	p.Update = time.Since(t)
+	return apt, nil
+}
+
+// fetch downloads the packages debs lacks (Preparation.Download).
+func fetch(ctx context.Context, apt *privateApt, debs string, pkgs []debPackage, p *Preparation) error {
+	t := time.Now()
+	fetched, err := apt.download(ctx, debs, pkgs)
+	if err != nil {
+		return err
+	}
+	for _, pkg := range fetched {
+		p.Downloaded = append(p.Downloaded, pkg.Name+"_"+pkg.Version)
+	}
+	p.Download = time.Since(t)
+	return nil
+}
+
+// versions maps the packages' names to their versions.
+func versions(pkgs []debPackage) map[string]string {
+	m := make(map[string]string, len(pkgs))
+	for _, pkg := range pkgs {
+		m[pkg.Name] = pkg.Version
+	}
+	return m
+}
+
 // pickKernel picks, of what installing linux-image-amd64 installs, the
 // packages that hold the kernel and its modules: linux-image-<abi>, which
 // holds them all up to trixie, and the packages sid (November 2026) split
@@ -208,19 +236,15 @@ func pickKernel(pkgs []debPackage, r Release) (string, []debPackage, error) {
 	return abi, kernel, nil
 }
 
-// pruneDir removes the .deb files of dir that are not in keep: the cache
-// holds the current packages only.
-func pruneDir(dir string, keep []debPackage) error {
-	want := map[string]bool{}
-	for _, p := range keep {
-		want[p.File()] = true
-	}
+// pruneDir removes the .deb files of dir that keep does not want: the
+// cache holds the current packages only.
+func pruneDir(dir string, keep func(file string) bool) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
-		if strings.HasSuffix(e.Name(), ".deb") && !want[e.Name()] {
+		if strings.HasSuffix(e.Name(), ".deb") && !keep(e.Name()) {
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
 				return err
 			}

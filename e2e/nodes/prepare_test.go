@@ -86,7 +86,7 @@ func checkInitramfs(t *testing.T, n *Node) {
 	if s := n.Release.KernelSeries; s != "" && !strings.HasPrefix(n.Kernel(), s+".") {
 		t.Errorf("kernel %s, want the %s series", n.Kernel(), s)
 	}
-	for _, tool := range []string{"nft", "ip", "conntrack", "busybox", "sh"} {
+	for _, tool := range []string{"nft", "ip", "conntrack", "iptables", "busybox", "sh"} {
 		if n.Tool(tool) == "" {
 			t.Errorf("no version for %s", tool)
 		}
@@ -107,6 +107,7 @@ func checkInitramfs(t *testing.T, n *Node) {
 		"var/run":                        cpioSymlink,
 		"usr/sbin/nft":                   cpioRegular,
 		"usr/sbin/conntrack":             cpioRegular,
+		"usr/sbin/iptables-nft":          cpioSymlink, // to xtables-nft-multi
 		"usr/bin/busybox":                cpioRegular,
 		"usr/bin/sh":                     cpioSymlink, // to dash
 		"usr/sbin/modprobe":              cpioSymlink, // to busybox

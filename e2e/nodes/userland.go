@@ -16,20 +16,23 @@ import (
 )
 
 // toolPackages are the packages of a release whose programs a node runs,
-// with every file they ship but documentation. dash is /bin/sh, as on any
-// Debian machine: Debian's busybox-static is built to prefer its own
-// applets to the PATH (FEATURE_SH_STANDALONE), so its sh would run
-// busybox's ip for "ip netns add" in a script; busybox provides the rest
-// (mount, insmod, modprobe, stty, poweroff, ...). apt resolves their
-// dependencies; of those, a node holds the shared libraries the programs
-// load (libraries), nothing else.
-var toolPackages = []string{"nftables", "iproute2", "conntrack", "busybox-static", "netbase", "dash"}
+// with every file they ship but documentation: nft, ip and conntrack read
+// back what nftproxy programs; iptables-nft writes the chains of
+// kube-proxy's iptables mode that proxier/leftovers finds. dash is
+// /bin/sh, as on any Debian machine: Debian's busybox-static is built to
+// prefer its own applets to the PATH (FEATURE_SH_STANDALONE), so its sh
+// would run busybox's ip for "ip netns add" in a script; busybox provides
+// the rest (mount, insmod, modprobe, stty, poweroff, sysctl, ...). apt
+// resolves their dependencies; of those, a node holds the shared
+// libraries the programs load (libraries), nothing else.
+var toolPackages = []string{"nftables", "iproute2", "conntrack", "iptables", "busybox-static", "netbase", "dash"}
 
 // tools maps the programs Node.Tool knows to the packages that ship them.
 var tools = map[string]string{
 	"nft":       "nftables",
 	"ip":        "iproute2",
 	"conntrack": "conntrack",
+	"iptables":  "iptables",
 	"busybox":   "busybox-static",
 	"sh":        "dash",
 }

@@ -64,7 +64,7 @@ func TestNetlinkEndpointsChanges(t *testing.T) {
 					}
 				}
 				apply(t, n, tx)
-				if got, wantDump := nft.Canonical(ns.list(t, f)), want.Dump(); got != wantDump {
+				if got, wantDump := ns.listed(t, f), ns.dumped(t, want); got != wantDump {
 					t.Fatalf("step %d: nft list differs from Dump: %s", i, nfttest.FirstDiff(got, wantDump))
 				}
 				if loaded := load(t, ns, f); nft.Diff(loaded, want).Changes() != 0 {

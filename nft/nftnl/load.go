@@ -179,6 +179,7 @@ func (n *Netlink) Claim(ctx context.Context, f nft.Family) error {
 // between the reading and the transaction diffed against it. A table owned
 // by a running process is refused (EPERM).
 func (n *Netlink) claimExisting(ctx context.Context, f nft.Family) error {
+	n.decideOwnership()
 	if !n.owning || n.claimed {
 		return nil
 	}

@@ -54,8 +54,10 @@ type Netlink struct {
 	// owning: the table is to be owned by this socket (opts.OwnTable, until
 	// the kernel turned out not to support it); claimed: it is.
 	owning, claimed bool
-	// ownErr is why the table is not owned though opts.OwnTable asked.
+	// ownErr is why the table is not owned though opts.OwnTable asked;
+	// probed: decideOwnership asked the kernel.
 	ownErr error
+	probed bool
 	// recreate makes a rewrite delete and recreate the table in its one
 	// batch (add; delete; add), as it did before rewrite: tests set it to
 	// show what that shape refuses.
@@ -176,7 +178,8 @@ func (n *Netlink) PortID() uint32 {
 
 // Owning reports whether the table is owned by this socket (or will be
 // from the next transaction on), and if NetlinkOptions.OwnTable asked for
-// it but the kernel refused, why not.
+// it but the kernel lacks what it takes (KernelFeatures; known from the
+// first Load or Apply on), why not.
 func (n *Netlink) Owning() (bool, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -241,12 +244,21 @@ func (n *Netlink) Apply(ctx context.Context, tx *nft.Transaction) error {
 	if n.conn == nil {
 		return wrap(errors.New("netlink socket closed"))
 	}
+	if n.owning && !n.probed {
+		stop, err := nlcodec.Deadline(ctx, n.conn, nlcodec.Until(ctx, replyTimeout))
+		if err != nil {
+			return wrap(err)
+		}
+		n.decideOwnership()
+		stop()
+	}
 
 	err := n.apply(ctx, tx)
 	if err != nil && n.owning && errors.Is(err, errOwnedRefused) {
-		// A kernel without NFT_TABLE_F_PERSIST (before 6.9) refuses the
-		// flags. An owned table that is not persistent would die with
-		// the process, and traffic with it: do without.
+		// A kernel without NFT_TABLE_F_PERSIST (before 6.9), or
+		// without NFT_TABLE_F_OWNER (before 5.12), refuses the flags
+		// (KernelFeatures). An owned table that is not persistent would
+		// die with the process, and traffic with it: do without.
 		n.owning, n.ownErr = false, fmt.Errorf("the kernel refused an owned persistent table: %w", err)
 		err = n.apply(ctx, tx)
 	}
@@ -361,7 +373,7 @@ func batchError(tx *nft.Transaction, b *batch, res replies, opts batchOptions) e
 		err = fmt.Errorf("%w (more lost: receive buffer overflow)", err)
 	}
 	switch first := res.errs[0]; {
-	case first.Errno == unix.EOPNOTSUPP && setsTableFlags(tx, b.owners[first.index]) && opts.tableFlags != 0:
+	case refusesTableFlags(first.Errno) && setsTableFlags(tx, b.owners[first.index]) && opts.tableFlags != 0:
 		err = fmt.Errorf("%w: %w", errOwnedRefused, err)
 	case first.Errno == unix.ERESTART && first.index == 0 && opts.genID != 0:
 		err = fmt.Errorf("%w: %w", errGenerationMoved, err)
@@ -371,6 +383,14 @@ func batchError(tx *nft.Transaction, b *batch, res replies, opts batchOptions) e
 
 // errOwnedRefused: the kernel refused the flags of an owned table.
 var errOwnedRefused = errors.New("owned table refused")
+
+// refusesTableFlags says whether errno is a kernel's answer to table
+// flags it does not know: EOPNOTSUPP from Linux 5.12 on (6.1 refuses
+// NFT_TABLE_F_PERSIST so), EINVAL before (5.10 refuses
+// NFT_TABLE_F_OWNER so).
+func refusesTableFlags(errno unix.Errno) bool {
+	return errno == unix.EOPNOTSUPP || errno == unix.EINVAL
+}
 
 // setsTableFlags reports whether the message of owner (an index into
 // tx.Ops, or opClaim) is one that sets the table's flags.

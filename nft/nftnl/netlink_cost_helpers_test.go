@@ -6,7 +6,6 @@ import (
 
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -30,8 +29,9 @@ const (
 )
 
 // costRaw sends one batch whose messages fill writes, exactly as Apply sends
-// a transaction (one sendmsg, BATCH_END ACKed, GETGEN sentinel), and returns
-// the kernel time: from sendmsg to the sentinel's reply.
+// a transaction (one sendmsg, BATCH_END ACKed where the kernel ACKs it,
+// GETGEN sentinel), and returns the kernel time: from sendmsg to the
+// sentinel's reply.
 func costRaw(n *Netlink, f nft.Family, fill func(b *batch) error) (time.Duration, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -65,7 +65,10 @@ func costRaw(n *Netlink, f nft.Family, fill func(b *batch) error) (time.Duration
 		return took, fmt.Errorf("message %d of %d: %w (kernel: %q; %d errors)", e.index, len(b.owners), e.Errno, e.Msg, len(res.errs))
 	}
 	if !res.confirmed {
-		return took, errors.New("BATCH_END was not ACKed")
+		// Kernels before 6.10 ACK no BATCH_END: no error is success.
+		if k, err := n.probeKernel(); err != nil || k.BatchEndACK {
+			return took, fmt.Errorf("BATCH_END was not ACKed (kernel: %s, %v)", k, err)
+		}
 	}
 	return took, nil
 }

@@ -140,6 +140,7 @@ func TestNetlinkDeleteTables(t *testing.T) {
 // deleted, and the table before it in the same batch stays.
 func TestNetlinkDeleteTablesError(t *testing.T) {
 	ns := newTestNS(t)
+	skipUnless(t, ns.kernelFeatures(t).TableOwner, FeatureTableOwner)
 	ns.mustNft(t, foreignRuleset, "-f", "-")
 	owner := ns.netlink(t)
 	// A table owned by owner's socket (NFT_TABLE_F_OWNER, Linux ≥ 5.12).

@@ -134,7 +134,7 @@ func TestNetlinkRestart(t *testing.T) {
 			}
 		}
 		apply(t, ns.netlink(t), tx)
-		if got := nft.Canonical(ns.list(t, f)); got != want.Dump() {
+		if got := ns.listed(t, f); got != ns.dumped(t, want) {
 			t.Fatalf("after the restart transaction (%s) the kernel differs from the desired ruleset", nfttest.OpCounts(tx))
 		}
 		if again := nft.Diff(load(t, ns, f), want); !again.Empty() {
@@ -271,4 +271,55 @@ func sameElements(a, b *nft.Elements) bool {
 		}
 	}
 	return true
+}
+
+// TestNetlinkPickMapKeyTypeRewritten: a pick map whose key type names
+// integer for its numgen field, as nft writes it (here from nftproxy's own
+// dump) and nftproxy did before setKeyMagic, loads as a map that is not
+// the pick map wanted, so the next transaction writes it anew, and a
+// restart finds nothing to do. (e2e/nodes' TestNftReleasesListRewrittenPickMaps
+// lists the rewritten maps with every Debian release's nft.)
+func TestNetlinkPickMapKeyTypeRewritten(t *testing.T) {
+	f := nft.IPv4
+	ns := newTestNS(t)
+	// The pick maps and their chain of every phrase: Load reads back a
+	// table that nft wrote only if it has no endpoints map (nft opens
+	// those with an interval end Load refuses).
+	every := nfttest.EveryPhraseRuleset(f)
+	rs := nft.NewRuleset(f)
+	rs.AddChain(every.Chains["pick"])
+	for _, s := range every.Sets {
+		if s.PickProto != 0 {
+			rs.AddSet(s)
+		}
+	}
+	ns.requireNftReads(t, rs.Dump())
+	ns.mustNft(t, rs.Dump(), "-f", "-")
+	loaded := load(t, ns, f)
+	if loaded == nil {
+		t.Fatal("Load found no table")
+	}
+	picks := 0
+	for name, want := range rs.Sets {
+		if want.PickProto == 0 {
+			continue
+		}
+		picks++
+		if have := loaded.Sets[name]; have == nil || nft.SameSetDefinition(have, want) || have.PickProto != 0 {
+			t.Errorf("pick map %s written by nft (key type integer) loaded as %+v: want a set that is not the pick map", name, have)
+		}
+	}
+	if picks == 0 {
+		t.Fatal("no pick map in the ruleset")
+	}
+	apply(t, ns.netlink(t), nft.Diff(loaded, rs))
+	got := load(t, ns, f)
+	for name, want := range rs.Sets {
+		if have := got.Sets[name]; want.PickProto != 0 && (have == nil || !nft.SameSetDefinition(have, want) || !sameElements(&have.Elements, &want.Elements)) {
+			t.Errorf("pick map %s rewritten: loaded %+v, want %+v", name, have, want)
+		}
+	}
+	if tx := nft.Diff(got, rs); !tx.Empty() {
+		t.Errorf("restart after the rewrite: %s", nfttest.OpCounts(tx))
+	}
 }

@@ -40,6 +40,7 @@ func loadOn(t testing.TB, n *Netlink, f nft.Family) *nft.Ruleset {
 // first lives.
 func TestNetlinkOwnedTable(t *testing.T) {
 	ns := newTestNS(t)
+	ns.requireOwnedTables(t)
 	f := nft.IPv4
 	svcs := nfttest.MakeServices(f, 20, 2)
 	desired := nfttest.RealisticRuleset(f, svcs)
@@ -47,7 +48,7 @@ func TestNetlinkOwnedTable(t *testing.T) {
 	first := ns.ownedNetlink(t)
 	apply(t, first, nft.FullRewrite(desired))
 	if owning, err := first.Owning(); !owning {
-		t.Fatalf("not owning the table on this kernel: %v", err)
+		t.Fatalf("not owning the table: %v", err)
 	}
 	listing := ns.list(t, f)
 	if !strings.Contains(listing, "flags owner") {
@@ -58,14 +59,14 @@ func TestNetlinkOwnedTable(t *testing.T) {
 		t.Fatalf("another process added a chain to the owned table: %v %s", err, out)
 	}
 	ns.mustNft(t, "", "flush", "ruleset")
-	if got := nft.Canonical(ns.list(t, f)); got != desired.Dump() {
+	if got := ns.listed(t, f); got != ns.dumped(t, desired) {
 		t.Fatalf("nft flush ruleset changed the owned table:\n%s", got)
 	}
 
 	// The owner goes (kill -9 closes its socket just the same): the table
 	// stays, and serves, ownerless.
 	first.Close()
-	if got := nft.Canonical(ns.list(t, f)); got != desired.Dump() {
+	if got := ns.listed(t, f); got != ns.dumped(t, desired) {
 		t.Fatalf("the table changed when its owner's socket closed:\n%s", got)
 	}
 
@@ -84,7 +85,7 @@ func TestNetlinkOwnedTable(t *testing.T) {
 		}
 	}
 	apply(t, second, tx)
-	if got := nft.Canonical(ns.list(t, f)); got != next.Dump() {
+	if got := ns.listed(t, f); got != ns.dumped(t, next) {
 		t.Fatalf("after the claim the kernel differs from the desired ruleset:\n%s", got)
 	}
 	if _, err := ns.nft("", "add", "chain", "ip", nft.TableName, "intruder"); err == nil {
@@ -108,7 +109,7 @@ func TestNetlinkOwnedTable(t *testing.T) {
 	if err := cleanup.Apply(context.Background(), &nft.Transaction{Family: f, Ops: []nft.Op{{Kind: nft.OpDeleteTable}}}); !errors.Is(err, unix.EPERM) {
 		t.Fatalf("deleting the table of a running owner: %v, want EPERM", err)
 	}
-	if got := nft.Canonical(ns.list(t, f)); got != next.Dump() {
+	if got := ns.listed(t, f); got != ns.dumped(t, next) {
 		t.Fatalf("refused transactions changed the table:\n%s", got)
 	}
 
@@ -127,6 +128,7 @@ func TestNetlinkOwnedTable(t *testing.T) {
 // drops the persistence of a table that exists.
 func TestNetlinkOwnershipChanges(t *testing.T) {
 	ns := newTestNS(t)
+	ns.requireOwnedTables(t)
 	f := nft.IPv6
 	desired := nfttest.RealisticRuleset(f, nfttest.MakeServices(f, 5, 2))
 
@@ -161,6 +163,7 @@ func TestNetlinkOwnershipChanges(t *testing.T) {
 // never turned into an error (the proxier would rewrite the table).
 func TestNetlinkClaimsRaceNothing(t *testing.T) {
 	ns := newTestNS(t)
+	ns.requireOwnedTables(t)
 	for _, f := range []nft.Family{nft.IPv4, nft.IPv6} {
 		n := ns.ownedNetlink(t)
 		apply(t, n, nft.FullRewrite(nfttest.RealisticRuleset(f, nfttest.MakeServices(f, 200, 2))))
@@ -227,6 +230,7 @@ func TestNetlinkReadOnly(t *testing.T) {
 // (which Load makes when nothing was claimed) makes it stale.
 func TestNetlinkClaimThenRead(t *testing.T) {
 	ns := newTestNS(t)
+	ns.requireOwnedTables(t)
 	ctx := context.Background()
 	for _, f := range []nft.Family{nft.IPv4, nft.IPv6} {
 		first := ns.ownedNetlink(t)

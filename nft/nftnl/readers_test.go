@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 )
 
 func TestDecodeDiagMsg(t *testing.T) {
@@ -165,6 +166,13 @@ func startMonitor(t *testing.T, ns *testNS) Socket {
 	return Socket{}
 }
 
+// sameSockets says whether socks is the one socket want, whatever either
+// says of a dump: nft monitor reads the ruleset when it starts, a dump
+// a listing may or may not catch (under emulation, it did).
+func sameSockets(socks []Socket, want Socket) bool {
+	return len(socks) == 1 && socks[0].Inode == want.Inode && socks[0].PortID == want.PortID
+}
+
 // TestSocketListerSkipsStaleReplies: a reply to an earlier request left in
 // the socket is not taken for the answer to the next one.
 func TestSocketListerSkipsStaleReplies(t *testing.T) {
@@ -183,7 +191,15 @@ func TestSocketListerSkipsStaleReplies(t *testing.T) {
 	l.mu.Unlock()
 	want := startMonitor(t, ns)
 	socks, err := l.Sockets()
-	if err != nil || !slices.Equal(socks, []Socket{want}) {
+	if errors.Is(err, unix.EBUSY) {
+		// A kernel that keeps a dump running until its reply is read
+		// (Debian's 6.1 and 5.10 do, for one that fits a datagram;
+		// 6.12 ends it at once) refuses a second dump on the socket:
+		// the listing fails, and the next one opens a new socket.
+		t.Logf("the kernel refused a second dump on the socket: %v", err)
+		socks, err = l.Sockets()
+	}
+	if err != nil || !sameSockets(socks, want) {
 		t.Fatalf("Sockets after a stale reply = %v, %v; want %v", socks, err, []Socket{want})
 	}
 }
@@ -204,7 +220,7 @@ func TestSocketListerReopens(t *testing.T) {
 	if socks, err := l.Sockets(); err == nil {
 		t.Fatalf("Sockets on a closed socket = %v, want an error", socks)
 	}
-	if socks, err := l.Sockets(); err != nil || !slices.Equal(socks, []Socket{want}) || l.Source() != SourceSockDiag {
+	if socks, err := l.Sockets(); err != nil || !sameSockets(socks, want) || l.Source() != SourceSockDiag {
 		t.Fatalf("Sockets after a failure = %v, %v (from %s); want %v from a new sock_diag socket", socks, err, l.Source(), want)
 	}
 }
@@ -227,7 +243,7 @@ func TestSocketListerProcFallback(t *testing.T) {
 		l.dial = func() (*netlink.Conn, error) { return nil, errors.New("sock_diag refused") }
 		l.mu.Unlock()
 		socks, err := l.Sockets()
-		if err != nil || !slices.Equal(socks, []Socket{want}) || l.Source() != SourceProcFS {
+		if err != nil || !sameSockets(socks, want) || l.Source() != SourceProcFS {
 			t.Fatalf("Sockets without sock_diag = %v, %v (from %s); want %v from procfs", socks, err, l.Source(), want)
 		}
 	})

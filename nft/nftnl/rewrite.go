@@ -18,7 +18,8 @@ import (
 // handoverTable is the table that carries the traffic while table
 // nftproxy is deleted and created again (handover). It is owned by the
 // socket that writes it, so the kernel deletes it if nftproxy dies
-// before it does.
+// before it does (from Linux 5.12 on, NFT_TABLE_F_OWNER; before, the next
+// rewrite deletes it).
 const handoverTable = "nftproxy-handover"
 
 // rewriteAttempts bounds the listings of a rewrite that raced with
@@ -46,8 +47,9 @@ type tableListing struct {
 	// could not have written); anonymous counts the anonymous ones.
 	sets      map[string]*nft.Set
 	anonymous int
-	// handover: a handover table this socket owns is left over (its
-	// deletion failed).
+	// handover: a handover table this socket owns, or an unowned one, is
+	// left over (its deletion failed, or nftproxy died during a handover
+	// on a kernel without NFT_TABLE_F_OWNER).
 	handover bool
 }
 
@@ -69,7 +71,10 @@ func (n *Netlink) listTable(f nft.Family) (*tableListing, error) {
 		case nft.TableName:
 			l.found, l.flags, l.use, l.owner = true, t.flags, t.use, t.owner
 		case handoverTable:
-			l.handover = t.owner == port
+			// Ours, or left by an nftproxy that died on a kernel
+			// without NFT_TABLE_F_OWNER: no other handover table is
+			// unowned.
+			l.handover = t.owner == port || t.flags&tableOwner == 0
 		}
 	}
 	if !l.found {
@@ -249,6 +254,14 @@ func (n *Netlink) handover(ctx context.Context, tx *nft.Transaction, opts batchO
 	temp.table, temp.tableFlags = handoverTable, tableOwner
 	err := n.commit(ctx, tx, temp)
 	total.add(n.last)
+	if errors.Is(err, errOwnedRefused) {
+		// A kernel without NFT_TABLE_F_OWNER (Linux 5.10): an ordinary
+		// table, which the next rewrite deletes if nftproxy dies before
+		// it does (tableListing.handover).
+		temp.tableFlags = 0
+		err = n.commit(ctx, tx, temp)
+		total.add(n.last)
+	}
 	if err != nil {
 		return fmt.Errorf("write table %s: %w", handoverTable, err)
 	}

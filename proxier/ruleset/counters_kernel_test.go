@@ -127,13 +127,16 @@ func kernelCountsConnections(t *testing.T, node netip.Addr, npa NodePortAddresse
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := nft.Canonical(listing); got != rs.Dump() {
-		t.Errorf("kernel lists:\n%s\nwant:\n%s", got, rs.Dump())
+	if got, want := nft.Canonical(listing), nftListing(t, ns, rs); got != want {
+		t.Errorf("kernel lists:\n%s\nwant:\n%s", got, want)
 	}
 	// In place of the table: nft redeclares pick maps with another key
 	// type than nftproxy's (nftnl's setKeyMagic), which the kernel
 	// refuses for an existing set.
 	reload := fmt.Sprintf("delete table ip %s\n%s", nft.TableName, listing)
+	if why := systemNft(t, ns).CannotReadReason(reload); why != "" {
+		t.Skipf("the counters are the kernel's and conntrack's, the listing as Dump says; not reloaded: %s", why)
+	}
 	if out, err := ns.Run(reload, "nft", "-c", "-f", "-"); err != nil {
 		t.Errorf("nft -c -f of the listing: %v: %s", err, out)
 	}

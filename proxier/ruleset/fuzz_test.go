@@ -84,6 +84,9 @@ func FuzzBuild(f *testing.F) {
 type kernelTable interface {
 	nft.Interface
 	Listing(t *testing.T, f nft.Family) string
+	// AsListed is a Dump as the listing's nft lists it, in Canonical
+	// form (nfttest.NftLanguage.Listing).
+	AsListed(t *testing.T, dump string) string
 }
 
 // checkIncremental builds the table the proxier's way: one fragment per
@@ -115,7 +118,7 @@ func checkIncremental(t *testing.T, st fuzzstate.State, f nft.Family, kernel ker
 			if err := kernel.Apply(context.Background(), tx); err != nil {
 				t.Fatalf("%s, %s: the kernel: %v", f, what, err)
 			}
-			if got, want := nft.Canonical(kernel.Listing(t, f)), fk.Ruleset(f).Dump(); got != want {
+			if got, want := nft.Canonical(kernel.Listing(t, f)), kernel.AsListed(t, fk.Ruleset(f).Dump()); got != want {
 				t.Fatalf("%s, %s: the kernel's table is\n%s\nthe Fake's\n%s", f, what, got, want)
 			}
 		}

@@ -17,6 +17,12 @@ type nsTable struct {
 	ns *netns.NS
 }
 
+// AsListed is a dump as the nft on the PATH lists it.
+func (k nsTable) AsListed(t *testing.T, dump string) string {
+	t.Helper()
+	return systemNft(t, k.ns).Listing(dump)
+}
+
 func (k nsTable) Listing(t *testing.T, f nft.Family) string {
 	t.Helper()
 	out, err := k.ns.Run("", "nft", "list", "table", f.String(), nft.TableName)

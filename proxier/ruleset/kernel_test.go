@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nftproxy/nftproxy/nft/nftnl"
+	"github.com/nftproxy/nftproxy/nft/nfttest"
 
 	"github.com/nftproxy/nftproxy/internal/testutil/netns"
 	"github.com/nftproxy/nftproxy/nft"
@@ -43,8 +44,8 @@ func TestKernelListsGoldens(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := nft.Canonical(out); got != rs.Dump() {
-				t.Errorf("kernel lists:\n%s\nwant:\n%s", got, rs.Dump())
+			if got, want := nft.Canonical(out), nftListing(t, ns, rs); got != want {
+				t.Errorf("kernel lists:\n%s\nwant:\n%s", got, want)
 			}
 		})
 	}
@@ -71,6 +72,7 @@ func TestKernelListsHostileNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nl.Close()
+	var unread string // why nft could not reload a listing
 	for name, ports := range states {
 		for _, f := range families {
 			rs := Build(fuzzConfig(f), f, ports(f))
@@ -81,12 +83,14 @@ func TestKernelListsHostileNames(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s, %s: %v", name, f, err)
 			}
-			if got := nft.Canonical(listing); got != rs.Dump() {
-				t.Fatalf("%s, %s: kernel lists:\n%s\nwant:\n%s", name, f, got, rs.Dump())
+			if got, want := nft.Canonical(listing), nftListing(t, ns, rs); got != want {
+				t.Fatalf("%s, %s: kernel lists:\n%s\nwant:\n%s", name, f, got, want)
 			}
 			// One batch: the table goes, and comes back from its listing.
 			reload := fmt.Sprintf("delete table %s %s\n%s", f, nft.TableName, listing)
-			if _, err := ns.Run(reload, "nft", "-f", "-"); err != nil {
+			if why := systemNft(t, ns).CannotReadReason(reload); why != "" {
+				unread = why
+			} else if _, err := ns.Run(reload, "nft", "-f", "-"); err != nil {
 				t.Fatalf("%s, %s: the listing does not load: %v", name, f, err)
 			}
 			if err := nl.Apply(context.Background(), &nft.Transaction{Family: f, Ops: []nft.Op{{Kind: nft.OpDeleteTable}}}); err != nil {
@@ -94,6 +98,26 @@ func TestKernelListsHostileNames(t *testing.T) {
 			}
 		}
 	}
+	if unread != "" {
+		t.Skipf("every listing is as Dump says; not every one reloaded: %s", unread)
+	}
+}
+
+// systemNft returns what the nft on the PATH reads of nftproxy's tables
+// (nfttest.ProbeNft), probed in ns.
+func systemNft(t *testing.T, ns *netns.NS) nfttest.NftLanguage {
+	t.Helper()
+	return nfttest.SystemNft(t, func(stdin string, args ...string) (string, error) {
+		return ns.Run(stdin, append([]string{"nft"}, args...)...)
+	})
+}
+
+// nftListing is rs's Dump as the nft on the PATH lists it, in Canonical
+// form (nfttest.NftLanguage.Listing): nft 0.9.8 lists pick maps by key
+// type and `dnat ip addr . port to`.
+func nftListing(t *testing.T, ns *netns.NS, rs *nft.Ruleset) string {
+	t.Helper()
+	return systemNft(t, ns).Listing(rs.Dump())
 }
 
 // hostilePorts are service ports whose names try to end a comment or an

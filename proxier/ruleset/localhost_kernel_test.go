@@ -97,15 +97,19 @@ func TestKernelLocalhostNodePorts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := nft.Canonical(listing); got != rs.Dump() {
-				t.Errorf("kernel lists:\n%s\nwant:\n%s", got, rs.Dump())
+			wantListing := nftListing(t, ns, rs)
+			if got := nft.Canonical(listing); got != wantListing {
+				t.Errorf("kernel lists:\n%s\nwant:\n%s", got, wantListing)
 			}
 			reload := fmt.Sprintf("delete table %s %s\n%s", tc.f, nft.TableName, listing)
+			if why := systemNft(t, ns).CannotReadReason(reload); why != "" {
+				t.Skipf("refusals and counts as wanted, the listing as Dump says; not reloaded: %s", why)
+			}
 			if out, err := ns.Run(reload, "nft", "-f", "-"); err != nil {
 				t.Errorf("the listing does not load: %v: %s", err, out)
 			}
-			if again, err := ns.Run("", "nft", "list", "table", tc.f.String(), nft.TableName); err != nil || nft.Canonical(again) != rs.Dump() {
-				t.Errorf("reloaded table lists:\n%s\nwant:\n%s (%v)", nft.Canonical(again), rs.Dump(), err)
+			if again, err := ns.Run("", "nft", "list", "table", tc.f.String(), nft.TableName); err != nil || nft.Canonical(again) != wantListing {
+				t.Errorf("reloaded table lists:\n%s\nwant:\n%s (%v)", nft.Canonical(again), wantListing, err)
 			}
 		})
 	}

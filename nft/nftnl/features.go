@@ -1,0 +1,178 @@
+package nftnl
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nft"
+)
+
+// KernelFeatures are what nf_tables in the running kernel accepts, of what
+// nftproxy uses where the kernel has it. ProbeKernel detects them by
+// asking the kernel, never from its version: distributions backport.
+type KernelFeatures struct {
+	// TableOwner: NEWTABLE accepts NFT_TABLE_F_OWNER (Linux 5.12). Linux
+	// 5.10 refuses the flag with EINVAL.
+	TableOwner bool
+	// TablePersist: NEWTABLE accepts NFT_TABLE_F_PERSIST (Linux 6.9), which
+	// lets an owned table outlive its owner; nftproxy owns its table only
+	// with it (NetlinkOptions.OwnTable). Linux 6.1 refuses the flag with
+	// EOPNOTSUPP.
+	TablePersist bool
+	// BatchEndACK: the kernel ACKs a BATCH_END that asks for it, once the
+	// batch committed (Linux 6.10, "netfilter: nfnetlink: handle ACK flags
+	// for batch messages"). Older kernels ignore the flag: a batch's
+	// success is then the absence of errors (BatchStats.Confirmed).
+	BatchEndACK bool
+}
+
+// The features' names, with the Linux release that added each, as
+// Missing and the tests' skip messages name them.
+const (
+	FeatureTableOwner   = "NFT_TABLE_F_OWNER (5.12)"
+	FeatureTablePersist = "NFT_TABLE_F_PERSIST (6.9)"
+	FeatureBatchEndACK  = "the ACK of NFNL_MSG_BATCH_END (6.10)"
+)
+
+// Missing names the features the kernel lacks (FeatureTableOwner, ...).
+func (k KernelFeatures) Missing() []string {
+	var m []string
+	for _, f := range []struct {
+		have bool
+		name string
+	}{
+		{k.TableOwner, FeatureTableOwner},
+		{k.TablePersist, FeatureTablePersist},
+		{k.BatchEndACK, FeatureBatchEndACK},
+	} {
+		if !f.have {
+			m = append(m, f.name)
+		}
+	}
+	return m
+}
+
+// String lists the features the kernel has and lacks.
+func (k KernelFeatures) String() string {
+	if m := k.Missing(); len(m) > 0 {
+		return "lacks " + strings.Join(m, ", ")
+	}
+	return "has every feature probed"
+}
+
+// probeTable names the tables a probe asks the kernel to create; it never
+// commits them.
+const probeTable = "nftproxy-probe"
+
+// ProbeKernel asks the kernel of the socket's namespace which
+// KernelFeatures it has, and changes nothing there: the table flags are
+// tried in a batch that fails on purpose (it deletes a table that does not
+// exist, so the kernel reports every message's error and commits none),
+// the ACK with an empty batch (which commits nothing, and moves no
+// generation). It works on a socket opened ReadOnly too.
+func (n *Netlink) ProbeKernel(ctx context.Context) (KernelFeatures, error) {
+	var k KernelFeatures
+	wrap := func(err error) error { return fmt.Errorf("probe nf_tables: %w", err) }
+	err := n.locked(ctx, wrap, func() error {
+		var err error
+		k, err = n.probeKernel()
+		return err
+	})
+	return k, err
+}
+
+// probeKernel is ProbeKernel on the locked socket, its deadline set.
+func (n *Netlink) probeKernel() (KernelFeatures, error) {
+	var k KernelFeatures
+	err := func() error {
+		// BATCH_BEGIN; NEWTABLE owner; NEWTABLE owner|persist; DELTABLE
+		// of a table that does not exist; BATCH_END.
+		const owner, persist, absent = 1, 2, 3
+		res, err := n.probeBatch(func(b *batch) {
+			b.table = probeTable + "-owner"
+			b.newTable(tableOwner)
+			b.table = probeTable + "-persist"
+			b.newTable(ownedFlags)
+			b.table = probeTable + "-absent"
+			b.deleteTable()
+		}, 0)
+		if err != nil {
+			return err
+		}
+		errno := map[int]unix.Errno{}
+		for _, e := range res.errs {
+			errno[e.index] = e.Errno
+		}
+		if errno[absent] != unix.ENOENT {
+			return fmt.Errorf("deleting a table that does not exist: errno %d (%v), want ENOENT: the probe may have committed", errno[absent], errno[absent])
+		}
+		for _, m := range []int{owner, persist} {
+			switch errno[m] {
+			case 0, unix.EINVAL, unix.EOPNOTSUPP:
+			default:
+				return fmt.Errorf("table flags: %w", errno[m])
+			}
+		}
+		k.TableOwner, k.TablePersist = errno[owner] == 0, errno[persist] == 0
+		if res, err = n.probeBatch(func(*batch) {}, flagAck); err != nil {
+			return err
+		}
+		if len(res.errs) > 0 {
+			return fmt.Errorf("an empty batch: %w", res.errs[0].Errno)
+		}
+		k.BatchEndACK = res.confirmed
+		return nil
+	}()
+	return k, err
+}
+
+// decideOwnership asks the kernel, once, whether it can keep an owned
+// table (NFT_TABLE_F_OWNER and NFT_TABLE_F_PERSIST), before the first
+// reading or transaction of a Netlink asked to own its table. Where it
+// cannot, the table is not to be owned from the start: a restart then
+// reads back the table its predecessor wrote without flags (buildsOn)
+// instead of rewriting it whole. A probe that fails decides nothing: the
+// kernel's refusal of the flags does it then (Apply). The socket is
+// locked, its deadline set.
+func (n *Netlink) decideOwnership() {
+	if !n.owning || n.probed {
+		return
+	}
+	n.probed = true
+	k, err := n.probeKernel()
+	if err != nil {
+		return
+	}
+	var missing []string
+	if !k.TableOwner {
+		missing = append(missing, FeatureTableOwner)
+	}
+	if !k.TablePersist {
+		missing = append(missing, FeatureTablePersist)
+	}
+	if len(missing) > 0 {
+		n.owning, n.ownErr = false, fmt.Errorf("the kernel lacks %s", strings.Join(missing, " and "))
+	}
+}
+
+// probeBatch sends a batch of the messages fill writes between BATCH_BEGIN
+// and BATCH_END (with endFlags), and reads the replies.
+func (n *Netlink) probeBatch(fill func(b *batch), endFlags uint16) (replies, error) {
+	b := newBatch(&nft.Transaction{Family: nft.IPv4}, batchOptions{firstSeq: n.seq.Next(0)})
+	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0, 0)
+	b.op = opClaim
+	fill(b)
+	b.op = opControl
+	b.control(unix.NFNL_MSG_BATCH_END, endFlags, 0)
+	n.seq.Next(len(b.owners))
+	if b.enc.Err() != nil {
+		return replies{}, b.enc.Err()
+	}
+	if _, err := n.send(b.enc.Buf); err != nil {
+		return replies{}, fmt.Errorf("send: %w", err)
+	}
+	return n.readReplies(b)
+}
