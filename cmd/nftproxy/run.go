@@ -10,11 +10,11 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"time"
 
-	"github.com/nftproxy/nftproxy/nft/nftnl"
-
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -24,6 +24,7 @@ import (
 	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nftnl"
 	"github.com/nftproxy/nftproxy/proxier"
 	"github.com/nftproxy/nftproxy/proxier/leftovers"
 	"github.com/nftproxy/nftproxy/proxier/localnodeport"
@@ -85,7 +86,48 @@ func run(ctx context.Context, o *options) error {
 		klog.InfoS("Deleting nftproxy's nftables tables (--cleanup)")
 		return proxier.DeleteTables(ctx, backends)
 	}
+	if err := checkKernel(ctx, backends); err != nil {
+		return err
+	}
 	return runProxy(ctx, o, backends)
+}
+
+// expressionProber is what checkKernel asks of a backend
+// (nftnl.Netlink.MissingExpressions).
+type expressionProber interface {
+	MissingExpressions(ctx context.Context, f nft.Family) ([]string, error)
+}
+
+// checkKernel refuses to start on a kernel whose nf_tables lacks an
+// expression type nftproxy's rules of a family use (a kernel older than
+// the expression, or built without its module): every sync would fail.
+// A probe that fails itself decides nothing: the syncs will say.
+func checkKernel(ctx context.Context, backends map[nft.Family]nft.Backend) error {
+	var errs []error
+	for f, b := range backends {
+		p, ok := b.(expressionProber)
+		if !ok {
+			continue
+		}
+		missing, err := p.MissingExpressions(ctx, f)
+		switch {
+		case err != nil:
+			klog.ErrorS(err, "Cannot ask the kernel which nf_tables expressions it has", "ipFamily", f.IPFamily())
+		case len(missing) > 0:
+			errs = append(errs, fmt.Errorf("this kernel (%s) cannot run nftproxy's %s rules: nf_tables lacks %s",
+				kernelRelease(), f.IPFamily(), strings.Join(missing, ", ")))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// kernelRelease is uname -r, for messages.
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "unknown"
+	}
+	return unix.ByteSliceToString(u.Release[:])
 }
 
 // runProxy applies the startup settings, creates the proxier and runs it

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/conntrack"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/nftfake"
 	"github.com/nftproxy/nftproxy/proxier"
 )
 
@@ -248,5 +249,42 @@ func TestGCPercent(t *testing.T) {
 		if _, _, ok := gcPercent(env(v)); ok {
 			t.Errorf("GOGC=%s: overridden", v)
 		}
+	}
+}
+
+// noFib is a backend whose kernel has no fib expression for IPv6.
+type noFib struct{ *nftfake.Fake }
+
+func (noFib) MissingExpressions(_ context.Context, f nft.Family) ([]string, error) {
+	if f == nft.IPv6 {
+		return []string{"the fib expression (Linux 4.10)"}, nil
+	}
+	return nil, nil
+}
+
+// TestRunRefusesAKernelWithoutAnExpression: on a kernel whose nf_tables
+// lacks an expression type nftproxy's rules use, the proxy refuses to
+// start, naming the expression and the family, before it contacts the API
+// server; --cleanup still works there.
+func TestRunRefusesAKernelWithoutAnExpression(t *testing.T) {
+	fk := nftfake.New()
+	oldOpen := openNFTBackends
+	openNFTBackends = func(cfg proxier.Config, _ bool) (map[nft.Family]nft.Backend, func(), error) {
+		return map[nft.Family]nft.Backend{nft.IPv4: noFib{fk}, nft.IPv6: noFib{fk}}, func() {}, nil
+	}
+	defer func() { openNFTBackends = oldOpen }()
+	o, err := parseOptions([]string{"--hostname-override=n1", "--kubeconfig=" + filepath.Join(t.TempDir(), "none")}, testEnv(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Proxier.IPv6 = true // whatever this machine's kernel says
+	err = run(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), "IPv6 rules: nf_tables lacks the fib expression (Linux 4.10)") ||
+		strings.Contains(err.Error(), "IPv4") {
+		t.Fatalf("run = %v, want a refusal naming IPv6's missing fib expression", err)
+	}
+	o.Cleanup = true
+	if err := run(context.Background(), o); err != nil {
+		t.Fatalf("run --cleanup = %v", err)
 	}
 }

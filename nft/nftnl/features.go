@@ -161,7 +161,12 @@ func (n *Netlink) decideOwnership() {
 // probeBatch sends a batch of the messages fill writes between BATCH_BEGIN
 // and BATCH_END (with endFlags), and reads the replies.
 func (n *Netlink) probeBatch(fill func(b *batch), endFlags uint16) (replies, error) {
-	b := newBatch(&nft.Transaction{Family: nft.IPv4}, batchOptions{firstSeq: n.seq.Next(0)})
+	return n.probeBatchFamily(nft.IPv4, fill, endFlags)
+}
+
+// probeBatchFamily is probeBatch for family f's tables.
+func (n *Netlink) probeBatchFamily(f nft.Family, fill func(b *batch), endFlags uint16) (replies, error) {
+	b := newBatch(&nft.Transaction{Family: f}, batchOptions{firstSeq: n.seq.Next(0)})
 	b.control(unix.NFNL_MSG_BATCH_BEGIN, 0, 0)
 	b.op = opClaim
 	fill(b)
@@ -175,4 +180,89 @@ func (n *Netlink) probeBatch(fill func(b *batch), endFlags uint16) (replies, err
 		return replies{}, fmt.Errorf("send: %w", err)
 	}
 	return n.readReplies(b)
+}
+
+// RuleExpression is an nf_tables expression type nftproxy's rules or sets
+// use, with the Linux release that added it.
+type RuleExpression struct{ Name, Since string }
+
+// RuleExpressions are the expression types the batches of nftproxy write
+// (lower.go, and the counter of a set's declaration: setCounter).
+// TestRuleExpressionsCoverTheEncoder keeps the list whole.
+var RuleExpressions = []RuleExpression{
+	{"payload", "3.13"}, {"cmp", "3.13"}, {"meta", "3.13"}, {"lookup", "3.13"}, {"immediate", "3.13"},
+	{"bitwise", "3.13"}, {"byteorder", "3.13"}, {"counter", "3.13"}, {"ct", "3.13"}, {"nat", "3.13"},
+	{"reject", "3.13"}, {"masq", "3.18"}, {"dynset", "4.3"}, {"numgen", "4.9"}, {"fib", "4.10"},
+}
+
+// MissingExpressions asks the kernel which of RuleExpressions it has no
+// type for in family f: one rule per type in a probe table, in a batch
+// that fails on purpose, so nothing is committed. A type the kernel knows
+// (or loads: it asks modprobe for nft_<name> and replays the batch) refuses
+// a rule without the expression's attributes with EINVAL or accepts it;
+// one it cannot find is refused with ENOENT (nf_tables_expr_parse). Some
+// types are per family (fib, masq, reject, nat: nft_fib_ipv6 for ip6): a
+// kernel built without one cannot program that family's rules.
+func (n *Netlink) MissingExpressions(ctx context.Context, f nft.Family) ([]string, error) {
+	var missing []string
+	wrap := func(err error) error { return fmt.Errorf("probe nf_tables expressions for %s: %w", f, err) }
+	err := n.locked(ctx, wrap, func() error {
+		var res replies
+		var first int
+		var err error
+		res, err = n.probeBatchFamily(f, func(b *batch) {
+			b.table = probeTable + "-expressions"
+			b.ensureTable()
+			m := b.begin(unix.NFT_MSG_NEWCHAIN, flagCreate)
+			b.enc.Str(unix.NFTA_CHAIN_TABLE, b.table)
+			b.enc.Str(unix.NFTA_CHAIN_NAME, "probe")
+			b.end(m)
+			first = len(b.owners)
+			for _, x := range RuleExpressions {
+				m := b.begin(unix.NFT_MSG_NEWRULE, flagCreate|flagAppend)
+				b.enc.Str(unix.NFTA_RULE_TABLE, b.table)
+				b.enc.Str(unix.NFTA_RULE_CHAIN, "probe")
+				list := b.enc.Nest(unix.NFTA_RULE_EXPRESSIONS)
+				elem := b.enc.Nest(unix.NFTA_LIST_ELEM)
+				b.enc.Str(unix.NFTA_EXPR_NAME, x.Name)
+				b.enc.EndNest(elem)
+				b.enc.EndNest(list)
+				b.end(m)
+			}
+			b.table = probeTable + "-absent"
+			b.deleteTable()
+		}, 0)
+		if err != nil {
+			return err
+		}
+		errno := map[int]unix.Errno{}
+		for _, e := range res.errs {
+			errno[e.index] = e.Errno
+		}
+		missing, err = missingExpressions(errno, first, len(RuleExpressions))
+		return err
+	})
+	return missing, err
+}
+
+// missingExpressions reads the probe's errors, by message index: the rules
+// of RuleExpressions start at message first, and the batch's last message
+// but BATCH_END, deleting a table that does not exist, must have been
+// refused with ENOENT (else the probe may have committed).
+func missingExpressions(errno map[int]unix.Errno, first, n int) ([]string, error) {
+	if errno[first+n] != unix.ENOENT {
+		return nil, fmt.Errorf("deleting a table that does not exist: errno %d (%v), want ENOENT: the probe may have committed",
+			errno[first+n], errno[first+n])
+	}
+	var missing []string
+	for i, x := range RuleExpressions[:n] {
+		switch e := errno[first+i]; e {
+		case unix.ENOENT:
+			missing = append(missing, fmt.Sprintf("the %s expression (Linux %s)", x.Name, x.Since))
+		case 0, unix.EINVAL, unix.EOPNOTSUPP, unix.ERANGE:
+		default:
+			return nil, fmt.Errorf("a rule of the %s expression: %w", x.Name, e)
+		}
+	}
+	return missing, nil
 }
