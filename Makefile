@@ -180,17 +180,20 @@ $(PREV_IMAGE_TAR):
 # The kernel tests of nft/nftnl, conntrack, proxier, proxier/ruleset,
 # proxier/localnodeport, proxier/leftovers and cmd/nftproxy on the kernels
 # and userland (nft, ip, conntrack, iptables) of Debian's releases, each
-# booted under QEMU's software emulation (docs/nodes.md); each release's
-# results go to bin/nodes/<suite>/results.json, and `make nodes-table`
-# prints their tables (docs/nodes.md's). NODES_SUITES=bookworm,trixie runs
-# some of bullseye, bookworm, trixie and sid. Not part of `make test`.
+# booted under QEMU's software emulation (docs/nodes.md), amd64 and Debian
+# 13 on arm64; each release's results go to bin/nodes/<name>/results.json,
+# from which docs/nodes.md's tables are written (make nodes-table).
+# NODES_SUITES=bookworm,trixie-arm64 runs some of bullseye, bookworm,
+# trixie, sid and trixie-arm64. Not part of `make test`.
 NODES_SUITES ?= $(NFTPROXY_NODES_SUITES)
 .PHONY: nodes nodes-table
 nodes: deps
-	NFTPROXY_NODES=1 NFTPROXY_NODES_SUITES=$(NODES_SUITES) $(GO) test -count=1 -timeout 3h -v ./e2e/nodes
+	NFTPROXY_NODES=1 NFTPROXY_NODES_SUITES=$(NODES_SUITES) $(GO) test -count=1 -timeout 3h -v ./e2e/nodes; \
+		status=$$?; $(MAKE) --no-print-directory nodes-table; exit $$status
 
+# docs/nodes.md's tables, from the results each release's run left in bin/nodes.
 nodes-table:
-	$(GO) run ./e2e/cmd/nodes-table --results $(BIN)/nodes
+	$(GO) run ./e2e/cmd/nodes-table --results $(BIN)/nodes --doc docs/nodes.md
 
 # A local control plane, a node with two pods, traffic through a Service.
 demo: e2e-tools

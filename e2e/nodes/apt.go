@@ -57,8 +57,8 @@ Dir::Etc::Preferences "%[1]s/etc/preferences";
 Dir::Etc::PreferencesParts "%[1]s/etc/preferences.d";
 Dir::Etc::Trusted "%[1]s/etc/trusted.gpg";
 Dir::Etc::TrustedParts "%[1]s/etc/trusted.gpg.d";
-APT::Architecture "amd64";
-APT::Architectures { "amd64"; };
+APT::Architecture "%[2]s";
+APT::Architectures { "%[2]s"; };
 APT::Install-Recommends "false";
 APT::Install-Suggests "false";
 APT::Sandbox::User "root";
@@ -67,7 +67,7 @@ Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled "false";
 // The archive this machine reaches may serve Release files a few weeks
 // old (a snapshot): their signatures are still checked.
 Acquire::Check-Valid-Until "false";
-`, dir)
+`, dir, r.arch().Debian)
 	files := map[string]string{
 		"apt.conf":         conf,
 		"etc/sources.list": sources.String(),

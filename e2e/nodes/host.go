@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -74,7 +75,7 @@ func PrepareUserland(ctx context.Context, r Release, cache string) (*Userland, e
 	}
 	p.Unpack = time.Since(t)
 	u.root = unpacked.Root
-	_, loader, err := resolveIn(u.root, "usr/lib64/ld-linux-x86-64.so.2")
+	_, loader, err := resolveIn(u.root, r.arch().Loader)
 	if err != nil {
 		return nil, fmt.Errorf("%s: the loader: %w", r.Suite, err)
 	}
@@ -122,6 +123,9 @@ func (u *Userland) Command(tool string, args ...string) (*exec.Cmd, error) {
 	}
 	if program == "" {
 		return nil, fmt.Errorf("%s's userland has no program %s", u.Release.Suite, tool)
+	}
+	if a := u.Release.arch(); a.GOARCH != runtime.GOARCH {
+		return nil, fmt.Errorf("%s's %s is for %s: it runs in a node, not on this %s machine", u.Release.Name(), tool, a.Debian, runtime.GOARCH)
 	}
 	libs := make([]string, len(libraryDirs))
 	for i, d := range libraryDirs {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -39,6 +40,12 @@ func suitesFromEnv(t *testing.T) []Release {
 	return rs
 }
 
+// hostReleases are the releases of suitesFromEnv whose programs run on this
+// machine: those of its architecture.
+func hostReleases(t *testing.T) []Release {
+	return slices.DeleteFunc(suitesFromEnv(t), func(r Release) bool { return r.arch().GOARCH != runtime.GOARCH })
+}
+
 // requireNodes skips the test unless NFTPROXY_NODES=1 (it boots a VM per
 // release, minutes each), and installs QEMU when it is missing.
 func requireNodes(t *testing.T) {
@@ -46,10 +53,12 @@ func requireNodes(t *testing.T) {
 	if os.Getenv("NFTPROXY_NODES") != "1" {
 		t.Skip("boots Debian releases under QEMU for minutes each: set NFTPROXY_NODES=1 (make nodes)")
 	}
-	if _, err := exec.LookPath(qemu); err != nil {
-		deps := filepath.Join(kubebin.RepoRoot(), "e2e", "tools", "deps.sh")
-		if out, err := exec.Command(deps).CombinedOutput(); err != nil {
-			t.Fatalf("%s (for %s): %v\n%s", deps, qemu, err, out)
+	for _, a := range archs {
+		if _, err := exec.LookPath(a.QEMU); err != nil {
+			deps := filepath.Join(kubebin.RepoRoot(), "e2e", "tools", "deps.sh")
+			if out, err := exec.Command(deps).CombinedOutput(); err != nil {
+				t.Fatalf("%s (for %s): %v\n%s", deps, a.QEMU, err, out)
+			}
 		}
 	}
 }
@@ -88,7 +97,7 @@ func (b testBinary) guestBin() string {
 // buildTestBinaries builds each package's tests as a static binary (no
 // cgo: the guest has the release's glibc, not the host's) and finds its
 // kernel tests and testdata.
-func buildTestBinaries(t *testing.T, pkgs []string) []testBinary {
+func buildTestBinaries(t *testing.T, pkgs []string, goarch string) []testBinary {
 	t.Helper()
 	// Not t.TempDir: Ctrl-C would leave it behind.
 	dir, remove, err := TempDir(kubebin.CacheDir())
@@ -99,12 +108,12 @@ func buildTestBinaries(t *testing.T, pkgs []string) []testBinary {
 	root := kubebin.RepoRoot()
 	var bins []testBinary
 	for _, pkg := range pkgs {
-		b := testBinary{pkg: pkg, bin: filepath.Join(dir, strings.ReplaceAll(pkg, "/", "-")+".test"), files: map[string]string{}}
+		b := testBinary{pkg: pkg, bin: filepath.Join(dir, strings.ReplaceAll(pkg, "/", "-")+"-"+goarch+".test"), files: map[string]string{}}
 		cmd := exec.Command("go", "test", "-c", "-vet=off", "-o", b.bin, "./"+pkg)
 		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go test -c ./%s: %v\n%s", pkg, err, out)
+			t.Fatalf("GOARCH=%s go test -c ./%s: %v\n%s", goarch, pkg, err, out)
 		}
 		if b.tests, err = kernelTests(filepath.Join(root, pkg)); err != nil {
 			t.Fatal(err)
@@ -170,11 +179,15 @@ const packageTimeout = 30 * time.Minute
 func TestKernelTests(t *testing.T) {
 	requireNodes(t)
 	releases := suitesFromEnv(t)
-	bins := buildTestBinaries(t, kernelPackages)
+	bins := map[string][]testBinary{} // by GOARCH
 	var summaries []string
 	for _, r := range releases {
-		t.Run(r.Suite, func(t *testing.T) {
-			s := runKernelTests(t, r, bins)
+		goarch := r.arch().GOARCH
+		if bins[goarch] == nil {
+			bins[goarch] = buildTestBinaries(t, kernelPackages, goarch)
+		}
+		t.Run(r.Name(), func(t *testing.T) {
+			s := runKernelTests(t, r, bins[goarch])
 			summaries = append(summaries, s)
 		})
 	}
@@ -208,7 +221,7 @@ func runKernelTests(t *testing.T, r Release, bins []testBinary) string {
 		Timeout:   time.Duration(len(bins)) * packageTimeout,
 		MemoryMiB: 2048,
 	})
-	dir := outDir(t, r.Suite)
+	dir := outDir(t, r.Name())
 	os.WriteFile(filepath.Join(dir, "console.txt"), []byte(res.Console), 0o644)
 	os.WriteFile(filepath.Join(dir, "output.txt"), []byte(res.Output), 0o644)
 	if err != nil {
@@ -220,7 +233,7 @@ func runKernelTests(t *testing.T, r Release, bins []testBinary) string {
 	}
 	t.Logf("in the guest:\n%s", strings.TrimSpace(header))
 	rr := ReleaseResults{
-		Suite: r.Suite, Version: r.Version, Kernel: n.Kernel(), Date: time.Now().UTC().Format(time.RFC3339),
+		Suite: r.Suite, Version: r.Version, Arch: r.Arch, Kernel: n.Kernel(), Date: time.Now().UTC().Format(time.RFC3339),
 		Tools: map[string]string{}, Boot: res.Boot.Seconds(), Setup: res.Setup.Seconds(), Duration: res.Duration.Seconds(),
 	}
 	for _, tool := range []string{"nft", "ip", "conntrack", "iptables"} {
@@ -231,13 +244,13 @@ func runKernelTests(t *testing.T, r Release, bins []testBinary) string {
 	for _, b := range bins {
 		sec, ok := sections[b.pkg]
 		if !ok {
-			t.Errorf("%s: no output of %s's tests:\n%s", r.Suite, b.pkg, tail(output, 30))
+			t.Errorf("%s: no output of %s's tests:\n%s", r.Name(), b.pkg, tail(output, 30))
 			continue
 		}
 		pr, ev, err := packageResultsOf(ctx, b, sec)
 		events = append(events, ev...)
 		if err != nil {
-			t.Errorf("%s, %s: %v", r.Suite, b.pkg, err)
+			t.Errorf("%s, %s: %v", r.Name(), b.pkg, err)
 			continue
 		}
 		rr.Packages = append(rr.Packages, pr)
@@ -270,20 +283,20 @@ func checkPackage(t *testing.T, r Release, pr PackageResults, output string) {
 					out = sub.Output + out
 				}
 			}
-			t.Errorf("%s, %s: %s failed:\n%s", r.Suite, pr.Package, tr.Name, tail(out, 20))
+			t.Errorf("%s, %s: %s failed:\n%s", r.Name(), pr.Package, tr.Name, tail(out, 20))
 		case "incomplete":
 			t.Errorf("%s, %s: %s started but never ended (the binary crashed or timed out; exit status %d):\n%s",
-				r.Suite, pr.Package, tr.Name, pr.ExitCode, tail(output, 30))
+				r.Name(), pr.Package, tr.Name, pr.ExitCode, tail(output, 30))
 		}
 	}
 	if len(pr.Missing) > 0 {
-		t.Errorf("%s, %s: tests never ran: %v (exit status %d):\n%s", r.Suite, pr.Package, pr.Missing, pr.ExitCode, tail(output, 30))
+		t.Errorf("%s, %s: tests never ran: %v (exit status %d):\n%s", r.Name(), pr.Package, pr.Missing, pr.ExitCode, tail(output, 30))
 	}
 	if pr.Fail == 0 && pr.Incomplete == 0 && pr.ExitCode != 0 {
-		t.Errorf("%s, %s: exit status %d, yet no test failed:\n%s", r.Suite, pr.Package, pr.ExitCode, tail(output, 30))
+		t.Errorf("%s, %s: exit status %d, yet no test failed:\n%s", r.Name(), pr.Package, pr.ExitCode, tail(output, 30))
 	}
 	if pr.Fail > 0 && pr.ExitCode == 0 {
-		t.Errorf("%s, %s: tests failed, but the test binary exited 0", r.Suite, pr.Package)
+		t.Errorf("%s, %s: tests failed, but the test binary exited 0", r.Name(), pr.Package)
 	}
 }
 

@@ -72,7 +72,7 @@ type kernelModule struct {
 // stage (a merged root too: stage/usr/lib/modules/<abi>), runs busybox's
 // depmod there for modprobe, and returns the modules in the order to load
 // them: every module after those it depends on.
-func stageModules(ctx context.Context, extracted, abi, stage, busybox string) ([]kernelModule, error) {
+func stageModules(ctx context.Context, extracted, abi, stage string, busybox []string) ([]kernelModule, error) {
 	rel := path.Join("usr/lib/modules", abi)
 	src := filepath.Join(extracted, rel)
 	files := map[string]string{} // name → path under src
@@ -150,7 +150,7 @@ func stageModules(ctx context.Context, extracted, abi, stage, busybox string) ([
 		}
 	}
 	// busybox depmod -b BASE reads BASE/lib/modules/<abi>.
-	cmd := exec.CommandContext(ctx, busybox, "depmod", "-b", filepath.Join(stage, "usr"), abi)
+	cmd := exec.CommandContext(ctx, busybox[0], append(busybox[1:], "depmod", "-b", filepath.Join(stage, "usr"), abi)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("busybox depmod for %s: %w: %s", abi, err, out)
 	}

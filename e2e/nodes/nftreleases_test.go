@@ -91,7 +91,7 @@ func TestNftReleasesListOurTable(t *testing.T) {
 	for _, f := range []nft.Family{nft.IPv4, nft.IPv6} {
 		rulesets[f] = nfttest.EveryPhraseRuleset(f)
 	}
-	for _, r := range suitesFromEnv(t) {
+	for _, r := range hostReleases(t) {
 		t.Run(r.Suite, func(t *testing.T) {
 			n := prepareNft(t, r)
 			ns := netns.New(t, "nftproxy-rel")
@@ -217,7 +217,7 @@ func TestNftReleasesListRewrittenPickMaps(t *testing.T) {
 	if err := nl.Apply(t.Context(), tx); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range suitesFromEnv(t) {
+	for _, r := range hostReleases(t) {
 		t.Run(r.Suite, func(t *testing.T) {
 			n := prepareNft(t, r)
 			if _, err := n.run(ns, "", "list", "ruleset"); err != nil {

@@ -80,7 +80,7 @@ func (n *Node) String() string {
 }
 
 // Dir is where Prepare keeps a release's files: cache/nodes/<suite>.
-func Dir(cache string, r Release) string { return filepath.Join(cache, "nodes", r.Suite) }
+func Dir(cache string, r Release) string { return filepath.Join(cache, "nodes", r.Name()) }
 
 // Prepare fetches a release's kernel and userland with apt-get (a private
 // configuration under the cache: the machine's apt state is never read nor
@@ -111,7 +111,7 @@ func Prepare(ctx context.Context, r Release, cache string) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	kernelDeps, err := apt.resolve(ctx, "linux-image-amd64")
+	kernelDeps, err := apt.resolve(ctx, "linux-image-"+r.arch().Debian)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +140,7 @@ func Prepare(ctx context.Context, r Release, cache string) (*Node, error) {
 	if built {
 		p.Built = append(p.Built, "userland")
 	}
-	kern, built, err := prepareKernel(ctx, dir, debs, abi, kernel, filepath.Join(user.Root, "usr/bin/busybox"))
+	kern, built, err := prepareKernel(ctx, dir, debs, abi, kernel, r.arch().hostCommand(filepath.Join(user.Root, "usr/bin/busybox")))
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +152,7 @@ func Prepare(ctx context.Context, r Release, cache string) (*Node, error) {
 	p.Unpack = time.Since(t)
 
 	t = time.Now()
-	n.initramfs, built, err = prepareInitramfs(ctx, dir, user, kern)
+	n.initramfs, built, err = prepareInitramfs(ctx, dir, user, kern, r.arch())
 	if err != nil {
 		return nil, err
 	}
@@ -215,15 +215,16 @@ func versions(pkgs []debPackage) map[string]string {
 func pickKernel(pkgs []debPackage, r Release) (string, []debPackage, error) {
 	var abi string
 	for _, p := range pkgs {
-		if v, ok := strings.CutPrefix(p.Name, "linux-image-"); ok && v != "amd64" && strings.HasSuffix(v, "-amd64") {
+		arch := r.arch().Debian
+		if v, ok := strings.CutPrefix(p.Name, "linux-image-"); ok && v != arch && strings.HasSuffix(v, "-"+arch) {
 			abi = v
 		}
 	}
 	if abi == "" {
-		return "", nil, fmt.Errorf("%s: linux-image-amd64 installs no linux-image-*-amd64", r.Suite)
+		return "", nil, fmt.Errorf("%s: linux-image-%s installs no linux-image-*-%s", r.Name(), r.arch().Debian, r.arch().Debian)
 	}
 	if r.KernelSeries != "" && !strings.HasPrefix(abi, r.KernelSeries+".") {
-		return "", nil, fmt.Errorf("%s: linux-image-amd64 installs kernel %s, not of the %s series", r.Suite, abi, r.KernelSeries)
+		return "", nil, fmt.Errorf("%s: linux-image-%s installs kernel %s, not of the %s series", r.Name(), r.arch().Debian, abi, r.KernelSeries)
 	}
 	var kernel []debPackage
 	for _, p := range pkgs {
@@ -302,7 +303,7 @@ type stagedKernel struct {
 // (stageModules) into dir/kernel/<abi>, unless it holds those packages'
 // already, and says whether it did. Of the unpacked packages (400 MB and
 // more) it keeps the image and the staged modules only.
-func prepareKernel(ctx context.Context, dir, debs, abi string, pkgs []debPackage, busybox string) (*stagedKernel, bool, error) {
+func prepareKernel(ctx context.Context, dir, debs, abi string, pkgs []debPackage, busybox []string) (*stagedKernel, bool, error) {
 	kdir := filepath.Join(dir, "kernel", abi)
 	manifest := filepath.Join(kdir, "kernel.json")
 	want := debFiles(pkgs)
@@ -354,7 +355,7 @@ const initramfsFormat = "1"
 // prepareInitramfs builds the node's base archive, dir/initramfs-<key>.cpio
 // (key: a hash of the packages, the modules and /init), unless it exists,
 // and says whether it built it.
-func prepareInitramfs(ctx context.Context, dir string, u *unpackedUserland, k *stagedKernel) (string, bool, error) {
+func prepareInitramfs(ctx context.Context, dir string, u *unpackedUserland, k *stagedKernel, a archSpec) (string, bool, error) {
 	h := sha256.New()
 	json.NewEncoder(h).Encode([]any{initramfsFormat, u.Debs, k.Debs, k.Modules, initScript, etcFiles})
 	key := hex.EncodeToString(h.Sum(nil))[:16]
@@ -366,7 +367,7 @@ func prepareInitramfs(ctx context.Context, dir string, u *unpackedUserland, k *s
 	if err != nil {
 		return "", false, err
 	}
-	applets, err := busyboxApplets(ctx, u.Root, paths)
+	applets, err := busyboxApplets(ctx, u.Root, paths, a)
 	if err != nil {
 		return "", false, err
 	}

@@ -7,9 +7,9 @@ import (
 
 func TestLookup(t *testing.T) {
 	for _, r := range Releases {
-		got, err := Lookup(r.Suite)
-		if err != nil || got.Suite != r.Suite {
-			t.Errorf("Lookup(%s) = %v, %v", r.Suite, got, err)
+		got, err := Lookup(r.Name())
+		if err != nil || got.Name() != r.Name() || got.Arch != r.Arch {
+			t.Errorf("Lookup(%s) = %v, %v", r.Name(), got, err)
 		}
 	}
 	if _, err := Lookup("potato"); err == nil || !strings.Contains(err.Error(), "bookworm") {

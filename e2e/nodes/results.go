@@ -15,6 +15,7 @@ import (
 // ReleaseResults are a release's results, as results.json holds them.
 type ReleaseResults struct {
 	Suite, Version string
+	Arch           string `json:",omitempty"` // Release.Arch
 	Kernel         string            // uname -r
 	Tools          map[string]string // tool → its package's Debian version
 	Date           string            // of the run, RFC 3339, UTC
@@ -49,12 +50,17 @@ type TestResult struct {
 	Output string `json:",omitempty"`
 }
 
+// Name is the release's Name: "bookworm", "trixie-arm64".
+func (rr ReleaseResults) Name() string {
+	return Release{Suite: rr.Suite, Arch: rr.Arch}.Name()
+}
+
 // Summary is e.g. "bookworm (12), kernel 6.1.0-56-amd64, nft
 // 1.0.6-2+deb12u2: boot 6.1s, modules 4.5s, whole run 5m13s" followed by
 // a line per package with its counts and the tests that did not pass.
 func (rr ReleaseResults) Summary() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s (%s), kernel %s, nft %s: boot %.1fs, modules %.1fs, whole run %v\n", rr.Suite, rr.Version,
+	fmt.Fprintf(&b, "%s (%s), kernel %s, nft %s: boot %.1fs, modules %.1fs, whole run %v\n", rr.Name(), rr.Version,
 		rr.Kernel, rr.Tools["nft"], rr.Boot, rr.Setup, time.Duration(rr.Duration*float64(time.Second)).Round(time.Second))
 	for _, pr := range rr.Packages {
 		fmt.Fprintf(&b, "  %s: %d passed, %d failed, %d skipped", pr.Package, pr.Pass, pr.Fail, pr.Skip)
@@ -83,12 +89,12 @@ func ReadResults(dir string) ([]ReleaseResults, error) {
 	var out []ReleaseResults
 	for _, r := range Releases {
 		var rr ReleaseResults
-		err := readJSON(filepath.Join(dir, r.Suite, "results.json"), &rr)
+		err := readJSON(filepath.Join(dir, r.Name(), "results.json"), &rr)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", r.Suite, err)
+			return nil, fmt.Errorf("%s: %w", r.Name(), err)
 		}
 		out = append(out, rr)
 	}

@@ -58,10 +58,6 @@ type Result struct {
 	Duration, Boot, Setup time.Duration
 }
 
-// QEMU runs every guest with one emulated CPU: KVM does not work on the
-// machines we test on (they are VMs themselves; docs/nodes.md).
-const qemu = "qemu-system-x86_64"
-
 const (
 	defaultTimeout   = 30 * time.Minute
 	defaultMemoryMiB = 1024
@@ -112,7 +108,7 @@ func (n *Node) Run(ctx context.Context, job Job) (Result, error) {
 	cmd.Stderr = &stderr
 	start := time.Now()
 	if err := startTracked(cmd); err != nil {
-		return Result{}, fmt.Errorf("start %s: %w", qemu, err)
+		return Result{}, fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
 	defer untrack(cmd)
 	// A guest that reported its exit status but does not power off is
@@ -150,16 +146,19 @@ func (n *Node) Run(ctx context.Context, job Job) (Result, error) {
 const powerOffGrace = 30 * time.Second
 
 // qemuCommand is the QEMU that boots the node with initrd, its console
-// on standard output and the job's output written to output.
+// on standard output and the job's output written to output. Every guest
+// has one emulated CPU: KVM does not work on the machines we test on (they
+// are VMs themselves; docs/nodes.md).
 func (n *Node) qemuCommand(ctx context.Context, job Job, initrd, output string) (*exec.Cmd, error) {
-	path, err := exec.LookPath(qemu)
+	a := n.Release.arch()
+	path, err := exec.LookPath(a.QEMU)
 	if err != nil {
-		return nil, fmt.Errorf("%w (e2e/tools/deps.sh installs qemu-system-x86)", err)
+		return nil, fmt.Errorf("%w (e2e/tools/deps.sh installs %s)", err, a.QEMUPackage)
 	}
-	cmd := exec.CommandContext(ctx, path,
-		"-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", strconv.Itoa(job.MemoryMiB),
+	args := append([]string{"-accel", "tcg"}, a.Machine...)
+	args = append(args, "-smp", "1", "-m", strconv.Itoa(job.MemoryMiB),
 		"-kernel", n.vmlinuz, "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 quiet",
+		"-append", "console="+a.Console+" panic=-1 quiet",
 		"-nographic", "-no-reboot", "-nodefaults", "-no-user-config",
 		"-serial", "stdio",
 		// The job's output: a serial port of virtio's, which took 50 MB in
@@ -168,6 +167,7 @@ func (n *Node) qemuCommand(ctx context.Context, job Job, initrd, output string) 
 		"-device", "virtio-serial-pci,id=vser",
 		"-chardev", "file,id=output,path="+output,
 		"-device", "virtserialport,bus=vser.0,chardev=output,name=nodes.output")
+	cmd := exec.CommandContext(ctx, path, args...)
 	// Its own process group, so that Ctrl-C reaches this process only,
 	// which kills QEMU (onSignal); killed too when this process dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

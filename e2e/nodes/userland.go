@@ -43,8 +43,9 @@ var skippedDirs = []string{"usr/share/doc/", "usr/share/man/", "usr/share/info/"
 	"usr/lib/systemd/", "etc/init.d/", "etc/systemd/"}
 
 // libraryDirs are where a Debian system's loader finds libraries without an
-// ld.so.cache (glibc's built-in search path on amd64), merged.
-var libraryDirs = []string{"usr/lib/x86_64-linux-gnu", "usr/lib"}
+// ld.so.cache (glibc's built-in search path), merged, for each of archs: a
+// root holds one architecture's.
+var libraryDirs = []string{"usr/lib/" + archs["amd64"].Triplet, "usr/lib/" + archs["arm64"].Triplet, "usr/lib"}
 
 // optionalLibraries are loaded with dlopen, so no program names them:
 // glibc before 2.34 (bullseye) reads /etc/protocols and /etc/services, for
@@ -193,8 +194,9 @@ func elfDeps(file string) (interp string, needed []string, err error) {
 // busyboxApplets returns the paths (merged, without leading slash) busybox
 // installs its applets at, less those whose name a tool package's program
 // has: a node's ip, nft and ss are the release's, never busybox's.
-func busyboxApplets(ctx context.Context, root string, selected []string) ([]string, error) {
-	out, err := exec.CommandContext(ctx, filepath.Join(root, "usr/bin/busybox"), "--list-full").Output()
+func busyboxApplets(ctx context.Context, root string, selected []string, a archSpec) ([]string, error) {
+	busybox := a.hostCommand(filepath.Join(root, "usr/bin/busybox"))
+	out, err := exec.CommandContext(ctx, busybox[0], append(busybox[1:], "--list-full")...).Output()
 	if err != nil {
 		return nil, fmt.Errorf("busybox --list-full: %w", err)
 	}

@@ -34,6 +34,7 @@ declare -A packages=(
 	# emulation, their packages fetched with apt-get and unpacked with dpkg-deb,
 	# their modules decompressed with xz (or zstd).
 	[qemu-system-x86_64]=qemu-system-x86
+	[qemu-system-aarch64]=qemu-system-arm
 	[apt-get]=apt
 	[dpkg-deb]=dpkg
 	[xz]=xz-utils

@@ -67,7 +67,7 @@ func markdown(rs []nodes.ReleaseResults) string {
 	fmt.Fprintf(&b, "Run of %s (UTC). Top-level tests passed / failed / skipped:\n\n", dates(rs))
 	b.WriteString("| Package |")
 	for _, r := range rs {
-		fmt.Fprintf(&b, " %s (%s, nft %s) |", r.Suite, short(r.Kernel), short(r.Tools["nft"]))
+		fmt.Fprintf(&b, " %s (%s, nft %s) |", r.Name(), short(r.Kernel), short(r.Tools["nft"]))
 	}
 	b.WriteString("\n|---|")
 	for range rs {
@@ -93,7 +93,7 @@ func markdown(rs []nodes.ReleaseResults) string {
 
 	b.WriteString("\nTimes (the guest's, under software emulation, one CPU):\n\n| |")
 	for _, r := range rs {
-		fmt.Fprintf(&b, " %s |", r.Suite)
+		fmt.Fprintf(&b, " %s |", r.Name())
 	}
 	b.WriteString("\n|---|")
 	for range rs {
@@ -142,7 +142,7 @@ func markdown(rs []nodes.ReleaseResults) string {
 				lines = append(lines, fmt.Sprintf("  - %s: %s — %s", p.Package, strings.Join(byReason[reason], ", "), reason))
 			}
 		}
-		fmt.Fprintf(&b, "- **%s**", r.Suite)
+		fmt.Fprintf(&b, "- **%s**", r.Name())
 		if len(lines) == 0 {
 			b.WriteString(": none\n")
 			continue
@@ -154,7 +154,7 @@ func markdown(rs []nodes.ReleaseResults) string {
 		for _, p := range r.Packages {
 			for _, t := range p.Tests {
 				if t.Action == "fail" || t.Action == "incomplete" {
-					failed = append(failed, fmt.Sprintf("%s, %s: %s %s", r.Suite, p.Package, t.Name, t.Action))
+					failed = append(failed, fmt.Sprintf("%s, %s: %s %s", r.Name(), p.Package, t.Name, t.Action))
 				}
 			}
 		}
