@@ -15,7 +15,7 @@ import (
 // ReleaseResults are a release's results, as results.json holds them.
 type ReleaseResults struct {
 	Suite, Version string
-	Arch           string `json:",omitempty"` // Release.Arch
+	Arch           string            `json:",omitempty"` // Release.Arch
 	Kernel         string            // uname -r
 	Tools          map[string]string // tool → its package's Debian version
 	Date           string            // of the run, RFC 3339, UTC
