@@ -259,9 +259,11 @@ func TestReconcileRealFlows(t *testing.T) {
 			// Every address is local (on lo): the datagrams are
 			// delivered to closed ports, and the flows stay.
 			ns.run(t, "", "ip", "link", "set", "lo", "up")
-			for _, a := range []netip.Addr{local, w.cip(1), w.cip(2), w.ep(1).Addr(), w.ep(2).Addr()} {
+			addrs := []netip.Addr{local, w.cip(1), w.cip(2), w.ep(1).Addr(), w.ep(2).Addr()}
+			for _, a := range addrs {
 				ns.run(t, "", "ip", "addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo", "nodad")
 			}
+			ns.WaitLocalRoutes(t, addrs...)
 			// Client port 40001 is DNAT'd to endpoint 1, 40002 to
 			// endpoint 2, 40003 is not DNAT'd (sent while the Service
 			// had no endpoints), 40004 goes to a second ClusterIP,

@@ -79,6 +79,7 @@ func TestKernelProxy(t *testing.T) {
 					t.Fatalf("%v: %v: %s", cmd, err, out)
 				}
 			}
+			ns.WaitLocalRoutes(t, ep.Addr())
 			hn := nsNetwork{t: t, ns: ns, h: hostNetwork{family: f}, failed: &failedDials{}}
 			backend, err := hn.Listen(ep)
 			if err != nil {

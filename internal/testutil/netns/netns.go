@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -20,6 +21,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -194,4 +196,27 @@ func (ns *NS) Do(t testing.TB, fn func()) {
 		t.Fatalf("return to the original namespace: %v", err)
 	}
 	runtime.UnlockOSThread()
+}
+
+// WaitLocalRoutes waits until the kernel routes each of addrs, addresses
+// of the namespace's own interfaces, as local. An IPv6 address can be
+// bound as soon as it is added, but its local route is installed from a
+// workqueue (addrconf's DAD work, nodad or not): until then a packet or a
+// connection to it fails with "network is unreachable", which a loaded
+// machine showed.
+func (ns *NS) WaitLocalRoutes(t testing.TB, addrs ...netip.Addr) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, a := range addrs {
+		for {
+			out, err := ns.Run("", "ip", "route", "get", a.String())
+			if err == nil && strings.HasPrefix(out, "local ") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s has no local route in %s after 10 s: %q, %v", a, ns.Name, out, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 }
