@@ -35,21 +35,13 @@ type Userland struct {
 // later finds the userland unpacked.
 func PrepareUserland(ctx context.Context, r Release, cache string) (*Userland, error) {
 	start := time.Now()
-	dir := Dir(cache, r)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	unlock, err := lockFile(ctx, filepath.Join(dir, ".lock"))
+	u := &Userland{Release: r}
+	p := &u.Prepared
+	dir, apt, unlock, err := openRelease(ctx, r, cache, p)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	u := &Userland{Release: r}
-	p := &u.Prepared
-	apt, err := openApt(ctx, dir, r, p)
-	if err != nil {
-		return nil, err
-	}
 	pkgs, err := apt.resolve(ctx, toolPackages...)
 	if err != nil {
 		return nil, err

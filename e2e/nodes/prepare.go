@@ -91,22 +91,13 @@ func Dir(cache string, r Release) string { return filepath.Join(cache, "nodes", 
 // (a Node or its Userland) wait for each other.
 func Prepare(ctx context.Context, r Release, cache string) (*Node, error) {
 	start := time.Now()
-	dir := Dir(cache, r)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	unlock, err := lockFile(ctx, filepath.Join(dir, ".lock"))
+	n := &Node{Release: r, cache: cache}
+	p := &n.Prepared
+	dir, apt, unlock, err := openRelease(ctx, r, cache, p)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	n := &Node{Release: r, cache: cache}
-	p := &n.Prepared
-
-	apt, err := openApt(ctx, dir, r, p)
-	if err != nil {
-		return nil, err
-	}
 	userland, err := apt.resolve(ctx, toolPackages...)
 	if err != nil {
 		return nil, err
@@ -205,6 +196,25 @@ func versions(pkgs []debPackage) map[string]string {
 		m[pkg.Name] = pkg.Version
 	}
 	return m
+}
+
+// openRelease opens a release's directory under the cache (Dir), taken
+// for this process until unlock is called, and its private apt with lists
+// at most a day old (noted in p).
+func openRelease(ctx context.Context, r Release, cache string, p *Preparation) (dir string, apt *privateApt, unlock func(), err error) {
+	dir = Dir(cache, r)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", nil, nil, err
+	}
+	unlock, err = lockFile(ctx, filepath.Join(dir, ".lock"))
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if apt, err = openApt(ctx, dir, r, p); err != nil {
+		unlock()
+		return "", nil, nil, err
+	}
+	return dir, apt, unlock, nil
 }
 
 // pickKernel picks, of what installing linux-image-amd64 installs, the

@@ -102,12 +102,9 @@ func (n *Netlink) probeKernel() (KernelFeatures, error) {
 		if err != nil {
 			return err
 		}
-		errno := map[int]unix.Errno{}
-		for _, e := range res.errs {
-			errno[e.index] = e.Errno
-		}
-		if errno[absent] != unix.ENOENT {
-			return fmt.Errorf("deleting a table that does not exist: errno %d (%v), want ENOENT: the probe may have committed", errno[absent], errno[absent])
+		errno := res.errnos()
+		if err := failedOnPurpose(errno, absent); err != nil {
+			return err
 		}
 		for _, m := range []int{owner, persist} {
 			switch errno[m] {
@@ -235,11 +232,7 @@ func (n *Netlink) MissingExpressions(ctx context.Context, f nft.Family) ([]strin
 		if err != nil {
 			return err
 		}
-		errno := map[int]unix.Errno{}
-		for _, e := range res.errs {
-			errno[e.index] = e.Errno
-		}
-		missing, err = missingExpressions(errno, first, len(RuleExpressions))
+		missing, err = missingExpressions(res.errnos(), first, len(RuleExpressions))
 		return err
 	})
 	return missing, err
@@ -250,9 +243,8 @@ func (n *Netlink) MissingExpressions(ctx context.Context, f nft.Family) ([]strin
 // but BATCH_END, deleting a table that does not exist, must have been
 // refused with ENOENT (else the probe may have committed).
 func missingExpressions(errno map[int]unix.Errno, first, n int) ([]string, error) {
-	if errno[first+n] != unix.ENOENT {
-		return nil, fmt.Errorf("deleting a table that does not exist: errno %d (%v), want ENOENT: the probe may have committed",
-			errno[first+n], errno[first+n])
+	if err := failedOnPurpose(errno, first+n); err != nil {
+		return nil, err
 	}
 	var missing []string
 	for i, x := range RuleExpressions[:n] {
@@ -265,4 +257,24 @@ func missingExpressions(errno map[int]unix.Errno, first, n int) ([]string, error
 		}
 	}
 	return missing, nil
+}
+
+// errnos are the batch's errors by message index.
+func (r replies) errnos() map[int]unix.Errno {
+	errno := map[int]unix.Errno{}
+	for _, e := range r.errs {
+		errno[e.index] = e.Errno
+	}
+	return errno
+}
+
+// failedOnPurpose checks that a probe batch's message absent, the
+// deletion of a table that does not exist, was refused with ENOENT: the
+// batch then committed nothing.
+func failedOnPurpose(errno map[int]unix.Errno, absent int) error {
+	if errno[absent] != unix.ENOENT {
+		return fmt.Errorf("deleting a table that does not exist: errno %d (%v), want ENOENT: the probe may have committed",
+			errno[absent], errno[absent])
+	}
+	return nil
 }
