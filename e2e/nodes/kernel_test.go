@@ -22,12 +22,13 @@ import (
 )
 
 // suitesFromEnv returns the releases NFTPROXY_NODES_SUITES names
-// ("bookworm,trixie"), all of Releases without it.
+// ("bookworm,trixie"), all of Releases without it: a slice of its own,
+// which callers may filter in place.
 func suitesFromEnv(t *testing.T) []Release {
 	t.Helper()
 	env := os.Getenv("NFTPROXY_NODES_SUITES")
 	if env == "" {
-		return Releases
+		return slices.Clone(Releases)
 	}
 	var rs []Release
 	for _, s := range strings.Split(env, ",") {

@@ -1,6 +1,8 @@
 package nodes
 
 import (
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -14,5 +16,23 @@ func TestLookup(t *testing.T) {
 	}
 	if _, err := Lookup("potato"); err == nil || !strings.Contains(err.Error(), "bookworm") {
 		t.Errorf("Lookup(potato): %v, want an error naming the releases", err)
+	}
+}
+
+// TestHostReleasesLeavesReleases: filtering the releases for this
+// machine's architecture, as every userland test does in turn, must not
+// change Releases (a second test once got a zero Release, named "").
+func TestHostReleasesLeavesReleases(t *testing.T) {
+	t.Setenv("NFTPROXY_NODES_SUITES", "")
+	before := slices.Clone(Releases)
+	for range 2 {
+		for _, r := range hostReleases(t) {
+			if r.Suite == "" {
+				t.Fatalf("hostReleases gave a release without a suite: %+v", r)
+			}
+		}
+	}
+	if !reflect.DeepEqual(before, Releases) {
+		t.Errorf("Releases changed: %v, was %v", Releases, before)
 	}
 }
