@@ -110,7 +110,7 @@ func (n *Node) writeNetworkConfig() error {
 		if err := checkCNIPlugins(); err != nil {
 			return err
 		}
-		cfg, err := cniConfig(n.PodCIDRs[0], filepath.Join(n.Dir, "cni", "ipam"))
+		cfg, err := cniConfig(n.PodCIDRs, filepath.Join(n.Dir, "cni", "ipam"))
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package kubenode
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -40,6 +41,14 @@ func StartControllers(t testbed.TB, bed *testbed.Bed, bins Binaries) {
 		"--secure-port=0",
 		"--root-ca-file="+ca,
 		"--controllers=*",
+		// A dual-stack cluster as kubeadm sets one up: the node IPAM
+		// controller finds the pod CIDRs the bed gave each Node inside
+		// the cluster CIDRs and keeps them.
+		"--allocate-node-cidrs=true",
+		"--cluster-cidr="+testbed.PodCIDRs,
+		"--service-cluster-ip-range="+testbed.ServiceCIDRs,
+		fmt.Sprintf("--node-cidr-mask-size-ipv4=%d", testbed.NodeCIDRMaskSizeIPv4),
+		fmt.Sprintf("--node-cidr-mask-size-ipv6=%d", testbed.NodeCIDRMaskSizeIPv6),
 		"--flex-volume-plugin-dir="+filepath.Join(dir, "flex-volume-plugins"),
 	)...)
 	bed.Ctl.Start(withReadOnlyRoot(dir, bins.Scheduler,

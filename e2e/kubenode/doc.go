@@ -10,10 +10,10 @@
 //
 //   - Network: the node's namespace. Without Options.CNI only hostNetwork
 //     pods run, in the node's namespace too; with it, Debian's bridge,
-//     host-local and portmap plugins give pods addresses from the node's
-//     IPv4 pod CIDR on a bridge cni0 in the node's namespace (the bed
-//     already routes every node's pod CIDR to it), their leases in the
-//     node's /var/lib tmpfs.
+//     host-local and portmap plugins give each pod an address of each
+//     family, from the node's two pod CIDRs, on a bridge cni0 in the node's
+//     namespace (the bed already routes every node's pod CIDRs to it), their
+//     leases in the node's /var/lib tmpfs.
 //   - Files: the node's containerd, kubelet and containers run in one mount
 //     namespace of their own (they must share one: the kubelet mounts volumes
 //     that the runtime then bind-mounts into containers). In it the machine's

@@ -24,21 +24,34 @@ var cniPlugins = []string{"bridge", "host-local", "loopback", "portmap"}
 // fewer than 54 of those.
 const podRangeStart = 64
 
+// podRangeStartIPv6 is the same in the node's IPv6 pod CIDR: the bed's pod j
+// has fd00:244:i::(10+j), its number written in decimal digits (::11, ::12,
+// ...), which read as hexadecimal stay below ::64 while a node has fewer than
+// 54 of them.
+const podRangeStartIPv6 = 0x64
+
 // cniConfig is the node's CNI network (cniVersion 1.0.0, which
 // containernetworking-plugins 1.1 speaks): a bridge cni0 holding the gateway
-// address (.1 of the node's IPv4 pod CIDR) and every pod's veth, host-local
-// addresses from the CIDR, no masquerade (the bed routes every node's pod
-// CIDR to it, so pods, nodes and the API server reach pods at their own
-// addresses), hairpin on (a pod reaching itself through a Service), and
-// portmap for hostPort. IPv4 only: the suite picks the cluster's family from
-// Service kubernetes (IPv4 first).
-func cniConfig(podCIDR netip.Prefix, ipamDir string) ([]byte, error) {
-	if !podCIDR.Addr().Is4() || podCIDR.Bits() > 24 {
-		return nil, fmt.Errorf("pod CIDR %s: want an IPv4 /24 or larger", podCIDR)
+// addresses (the first host of each of the node's pod CIDRs) and every pod's
+// veth, host-local addresses from each CIDR (a pod gets one of each family,
+// in the order of podCIDRs: IPv4 first, as the Node's spec.podCIDRs), no
+// masquerade (the bed routes every node's pod CIDRs to it, so pods, nodes and
+// the API server reach pods at their own addresses), hairpin on (a pod
+// reaching itself through a Service), and portmap for hostPort.
+func cniConfig(podCIDRs []netip.Prefix, ipamDir string) ([]byte, error) {
+	if len(podCIDRs) == 0 || len(podCIDRs) > 2 || (len(podCIDRs) == 2 && podCIDRs[0].Addr().Is4() == podCIDRs[1].Addr().Is4()) {
+		return nil, fmt.Errorf("pod CIDRs %v: want one, or one of each family", podCIDRs)
 	}
-	base := podCIDR.Masked().Addr().As4()
-	gateway, start := base, base
-	gateway[3], start[3] = 1, podRangeStart
+	var ranges [][]map[string]string
+	var routes []map[string]string
+	for _, p := range podCIDRs {
+		r, route, err := podRange(p)
+		if err != nil {
+			return nil, err
+		}
+		ranges = append(ranges, []map[string]string{r})
+		routes = append(routes, map[string]string{"dst": route})
+	}
 	cfg := map[string]any{
 		"cniVersion": "1.0.0",
 		"name":       "nfp",
@@ -52,18 +65,37 @@ func cniConfig(podCIDR netip.Prefix, ipamDir string) ([]byte, error) {
 				"ipam": map[string]any{
 					"type":    "host-local",
 					"dataDir": ipamDir,
-					"ranges": [][]map[string]string{{{
-						"subnet":     podCIDR.Masked().String(),
-						"rangeStart": netip.AddrFrom4(start).String(),
-						"gateway":    netip.AddrFrom4(gateway).String(),
-					}}},
-					"routes": []map[string]string{{"dst": "0.0.0.0/0"}},
+					"ranges":  ranges,
+					"routes":  routes,
 				},
 			},
 			map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}},
 		},
 	}
 	return json.MarshalIndent(cfg, "", "  ")
+}
+
+// podRange is host-local's range of a pod CIDR (an IPv4 /24 or larger, an
+// IPv6 /64 or larger): its subnet, first address (podRangeStart,
+// podRangeStartIPv6) and gateway (the first host), and the default route of
+// its family.
+func podRange(p netip.Prefix) (r map[string]string, defaultRoute string, err error) {
+	p = p.Masked()
+	if (p.Addr().Is4() && p.Bits() > 24) || (p.Addr().Is6() && p.Bits() > 64) || !p.IsValid() {
+		return nil, "", fmt.Errorf("pod CIDR %s: want an IPv4 /24 or an IPv6 /64, or larger", p)
+	}
+	if p.Addr().Is4() {
+		base := p.Addr().As4()
+		gateway, start := base, base
+		gateway[3], start[3] = 1, podRangeStart
+		return map[string]string{"subnet": p.String(), "rangeStart": netip.AddrFrom4(start).String(),
+			"gateway": netip.AddrFrom4(gateway).String()}, "0.0.0.0/0", nil
+	}
+	base := p.Addr().As16()
+	gateway, start := base, base
+	gateway[15], start[15] = 1, podRangeStartIPv6
+	return map[string]string{"subnet": p.String(), "rangeStart": netip.AddrFrom16(start).String(),
+		"gateway": netip.AddrFrom16(gateway).String()}, "::/0", nil
 }
 
 // checkCNIPlugins fails when a plugin the node's network needs is missing.

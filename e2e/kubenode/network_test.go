@@ -15,7 +15,7 @@ import (
 )
 
 func TestCNIConfig(t *testing.T) {
-	b, err := cniConfig(netip.MustParsePrefix("10.244.2.0/24"), "/d/ipam")
+	b, err := cniConfig([]netip.Prefix{netip.MustParsePrefix("10.244.2.0/24"), netip.MustParsePrefix("fd00:244:2::/64")}, "/d/ipam")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,6 +32,7 @@ func TestCNIConfig(t *testing.T) {
 				Type    string                `json:"type"`
 				DataDir string                `json:"dataDir"`
 				Ranges  [][]map[string]string `json:"ranges"`
+				Routes  []map[string]string   `json:"routes"`
 			} `json:"ipam"`
 		} `json:"plugins"`
 	}
@@ -42,18 +43,46 @@ func TestCNIConfig(t *testing.T) {
 		t.Fatalf("config %s", b)
 	}
 	br, pm := cfg.Plugins[0], cfg.Plugins[1]
-	r := br.IPAM.Ranges
+	r, routes := br.IPAM.Ranges, br.IPAM.Routes
 	if br.Type != "bridge" || br.Bridge != "cni0" || !br.IsGateway || br.IPMasq == nil || *br.IPMasq || !br.HairpinMode ||
-		br.IPAM.Type != "host-local" || br.IPAM.DataDir != "/d/ipam" || len(r) != 1 || len(r[0]) != 1 ||
-		r[0][0]["subnet"] != "10.244.2.0/24" || r[0][0]["rangeStart"] != "10.244.2.64" || r[0][0]["gateway"] != "10.244.2.1" {
-		t.Errorf("bridge plugin: %s", b)
+		br.IPAM.Type != "host-local" || br.IPAM.DataDir != "/d/ipam" || len(r) != 2 || len(r[0]) != 1 || len(r[1]) != 1 {
+		t.Fatalf("bridge plugin: %s", b)
+	}
+	// One range set per family, IPv4 first (the pod's first address is
+	// its status.podIP); the IPv6 range starts above the bed's pods too.
+	for i, want := range []map[string]string{
+		{"subnet": "10.244.2.0/24", "rangeStart": "10.244.2.64", "gateway": "10.244.2.1"},
+		{"subnet": "fd00:244:2::/64", "rangeStart": "fd00:244:2::64", "gateway": "fd00:244:2::1"},
+	} {
+		for k, v := range want {
+			if r[i][0][k] != v {
+				t.Errorf("range %d: %s = %q, want %q", i, k, r[i][0][k], v)
+			}
+		}
+	}
+	if len(routes) != 2 || routes[0]["dst"] != "0.0.0.0/0" || routes[1]["dst"] != "::/0" {
+		t.Errorf("routes %v, want a default route of each family", routes)
 	}
 	if pm.Type != "portmap" || !pm.Capabilities["portMappings"] {
 		t.Errorf("portmap plugin: %s", b)
 	}
-	for _, bad := range []string{"fd00:244:1::/64", "10.244.1.0/25"} {
-		if _, err := cniConfig(netip.MustParsePrefix(bad), "/d"); err == nil {
-			t.Errorf("cniConfig accepted %s", bad)
+	single, err := cniConfig([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, "/d")
+	if err != nil || strings.Contains(string(single), "::") {
+		t.Errorf("IPv4 only: %v\n%s", err, single)
+	}
+	for _, bad := range [][]string{
+		{"10.244.1.0/25"},
+		{"fd00:244:1::/80"},
+		{"10.244.1.0/24", "10.244.2.0/24"},
+		{"10.244.1.0/24", "fd00:244:1::/64", "fd00:244:2::/64"},
+		{},
+	} {
+		var cidrs []netip.Prefix
+		for _, c := range bad {
+			cidrs = append(cidrs, netip.MustParsePrefix(c))
+		}
+		if _, err := cniConfig(cidrs, "/d"); err == nil {
+			t.Errorf("cniConfig accepted %v", bad)
 		}
 	}
 }

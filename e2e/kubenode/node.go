@@ -45,9 +45,10 @@ type Options struct {
 	// Images are image archives imported into containerd before the
 	// kubelet starts.
 	Images []string
-	// CNI gives the node a pod network: Debian's bridge, host-local and
-	// portmap plugins on its IPv4 pod CIDR (cniConfig). Without it the
-	// node stays NotReady and runs only hostNetwork pods.
+	// CNI gives the node a dual-stack pod network: Debian's bridge,
+	// host-local and portmap plugins on its IPv4 and IPv6 pod CIDRs
+	// (cniConfig). Without it the node stays NotReady and runs only
+	// hostNetwork pods.
 	CNI bool
 	// ClusterDNS is the cluster's DNS Service IP for the kubelet
 	// (clusterDNS, with clusterDomain ClusterDomain); "" for none.

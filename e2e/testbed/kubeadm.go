@@ -13,10 +13,11 @@ import (
 	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
 
-// kubeadmConfig is what `kubeadm init` would be given for the bed: its
-// control-plane endpoint, a pod subnet that holds every node's IPv4 pod
-// CIDR (10.244.N.0/24) and the IPv4 Service range (the coredns addon's
-// Service kube-dns takes its tenth address, ClusterDNSIP). kube-proxy's mode
+// kubeadmConfig is what `kubeadm init` would be given for a dual-stack bed:
+// its control-plane endpoint, pod subnets that hold every node's pod CIDRs
+// (PodCIDRs: kube-proxy's clusterCIDR) and the Service ranges (ServiceCIDRs;
+// the coredns addon's Service kube-dns takes the tenth address of the IPv4
+// one, ClusterDNSIP). kube-proxy's mode
 // is left unset, as on a default cluster: kubeadm v1.37 then writes "mode:
 // iptables" into the ConfigMap, which nftproxy reads as nftables
 // (docs/migrating-from-kube-proxy.md). The Kubernetes version is
@@ -40,8 +41,8 @@ kind: ClusterConfiguration
 kubernetesVersion: ` + kubebin.Pinned().Kubernetes + `
 controlPlaneEndpoint: ` + ControlIPv4 + `:6443
 networking:
-  podSubnet: 10.244.0.0/16
-  serviceSubnet: 10.96.0.0/12
+  podSubnet: ` + PodCIDRs + `
+  serviceSubnet: ` + ServiceCIDRs + `
   dnsDomain: cluster.local
 ---
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
