@@ -112,12 +112,15 @@ func run(o options) error {
 	}
 	debs := filepath.Join(o.cache, "debs")
 
-	base, err := debianLayer(o, "base", basePackages, func(t *Tree) error {
+	base, closure, err := debianLayer(o, "base", basePackages, func(t *Tree) error {
 		addBaseFiles(t)
 		addAlternatives(t)
 		return nil
 	})
 	if err != nil {
+		return err
+	}
+	if err := writePackages(filepath.Join(o.out, "packages.txt"), closure); err != nil {
 		return err
 	}
 	busybox, err := busyboxLayer(o)
@@ -144,7 +147,30 @@ func run(o options) error {
 		return err
 	}
 
-	// The images' own layers.
+	tool, err := buildImageTool(o)
+	if err != nil {
+		return err
+	}
+	var list bytes.Buffer
+	packImage := func(img image) error {
+		img.env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+		archive := filepath.Join(o.out, img.kind+".tar")
+		if err := pack(tool, img, names[img.kind], archive); err != nil {
+			return fmt.Errorf("%s: %w", img.kind, err)
+		}
+		fmt.Fprintf(&list, "%s %s %s\n", img.kind, archive, strings.Join(names[img.kind], " "))
+		return nil
+	}
+	// The pause image first: agnhost's fake registry serves it.
+	pauseTop, err := topLayer(o, kindPause, func(t *Tree) error { return addBinary(t, "/pause", pause) })
+	if err != nil {
+		return err
+	}
+	if err := packImage(image{kind: kindPause, layers: []string{pauseTop}, entrypoint: []string{"/pause"}}); err != nil {
+		return err
+	}
+
+	// The other images' own layers.
 	tops := map[string]func(t *Tree) error{
 		kindAgnhost: func(t *Tree) error {
 			// As upstream's Dockerfile: /agnhost, /agnhost-2, porter's TLS
@@ -158,6 +184,9 @@ func run(o options) error {
 			t.AddFile("/localhost.key", 0o644, key)
 			t.AddDir("/uploads", 0o777)
 			t.AddFile("/usr/local/bin/wget", 0o755, []byte(wgetWrapper))
+			if err := addRegistry(t, filepath.Join(o.out, kindPause+".tar"), registryImage, registryTag); err != nil {
+				return fmt.Errorf("fake-registry-server's images: %w", err)
+			}
 			return addBinary(t, "/coredns", o.coredns)
 		},
 		kindNginx: func(t *Tree) error {
@@ -167,7 +196,6 @@ func run(o options) error {
 		},
 		kindKubeProxy: func(t *Tree) error { return addBinary(t, "/usr/local/bin/kube-proxy", o.kubeProxy) },
 		kindCoreDNS:   func(t *Tree) error { return addBinary(t, "/coredns", o.coredns) },
-		kindPause:     func(t *Tree) error { return addBinary(t, "/pause", pause) },
 		kindProbe:     func(t *Tree) error { return addBinary(t, "/probe", probe) },
 		kindIssue74839: func(t *Tree) error {
 			return addBinary(t, "/regression-issue-74839", o.issue74839)
@@ -175,15 +203,9 @@ func run(o options) error {
 	}
 	top := map[string]string{}
 	for kind, fill := range tops {
-		t := &Tree{entries: map[string]*entry{}}
-		if err := fill(t); err != nil {
-			return fmt.Errorf("%s: %w", kind, err)
-		}
-		path := filepath.Join(o.out, "layers", kind+".tar.gz")
-		if err := writeLayerFile(t, path); err != nil {
+		if top[kind], err = topLayer(o, kind, fill); err != nil {
 			return err
 		}
-		top[kind] = path
 	}
 
 	images := []image{
@@ -193,27 +215,29 @@ func run(o options) error {
 		{kind: kindBusybox, layers: []string{busybox}, cmd: []string{"sh"}},
 		{kind: kindKubeProxy, layers: []string{base, top[kindKubeProxy]}, entrypoint: []string{"/usr/local/bin/kube-proxy"}},
 		{kind: kindCoreDNS, layers: []string{top[kindCoreDNS]}, entrypoint: []string{"/coredns"}},
-		{kind: kindPause, layers: []string{top[kindPause]}, entrypoint: []string{"/pause"}},
 		{kind: kindProbe, layers: []string{top[kindProbe]}, entrypoint: []string{"/probe"}},
 		// Upstream's is distroless with iptables, nft and conntrack; the
 		// suite runs sh, sleep, grep, test, which and conntrack in it.
 		{kind: kindIptables, layers: []string{base}},
 		{kind: kindIssue74839, layers: []string{top[kindIssue74839]}, entrypoint: []string{"/regression-issue-74839"}},
 	}
-	tool, err := buildImageTool(o)
-	if err != nil {
-		return err
-	}
-	var list bytes.Buffer
 	for _, img := range images {
-		img.env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-		archive := filepath.Join(o.out, img.kind+".tar")
-		if err := pack(tool, img, names[img.kind], archive); err != nil {
-			return fmt.Errorf("%s: %w", img.kind, err)
+		if err := packImage(img); err != nil {
+			return err
 		}
-		fmt.Fprintf(&list, "%s %s %s\n", img.kind, archive, strings.Join(names[img.kind], " "))
 	}
 	return os.WriteFile(filepath.Join(o.out, "images.txt"), list.Bytes(), 0o644)
+}
+
+// topLayer writes the layer of an image's own files, as fill adds them, to
+// DIR/layers/KIND.tar.gz.
+func topLayer(o options, kind string, fill func(*Tree) error) (string, error) {
+	t := &Tree{entries: map[string]*entry{}} // the image's own files only
+	if err := fill(t); err != nil {
+		return "", fmt.Errorf("%s: %w", kind, err)
+	}
+	path := filepath.Join(o.out, "layers", kind+".tar.gz")
+	return path, writeLayerFile(t, path)
 }
 
 // readNames reads the two image lists and picks our images' names.
@@ -265,40 +289,50 @@ func checkVersions(o options, names map[string][]string) error {
 }
 
 // debianLayer returns the cached layer of pkgs' closure plus what extra adds,
-// making it if it is missing.
-func debianLayer(o options, name string, pkgs []string, extra func(*Tree) error) (string, error) {
+// making it if it is missing, and the closure.
+func debianLayer(o options, name string, pkgs []string, extra func(*Tree) error) (string, []Package, error) {
 	closure, err := Resolve(pkgs)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	path := filepath.Join(o.cache, "layers", name+"-"+closureKey(layerFormat, closure)+".tar.gz")
 	if _, err := os.Stat(path); err == nil {
 		fmt.Printf("testimages: %s layer up to date: %s (%d packages)\n", name, path, len(closure))
-		return path, nil
+		return path, closure, nil
 	}
 	start := time.Now()
 	files, err := Download(filepath.Join(o.cache, "debs"), closure)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	t := NewTree()
 	if err := AddDebs(t, files); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if err := extra(t); err != nil {
-		return "", fmt.Errorf("%s layer: %w", name, err)
+		return "", nil, fmt.Errorf("%s layer: %w", name, err)
 	}
 	if err := writeLayerFile(t, path); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	fmt.Printf("testimages: %s layer of %d packages made in %v: %s\n", name, len(closure), time.Since(start).Round(time.Second), path)
-	return path, nil
+	return path, closure, nil
+}
+
+// writePackages writes the packages of a layer, "name version" a line: what
+// the conformance run reads to know what the images hold (iperf's version).
+func writePackages(path string, pkgs []Package) error {
+	var b strings.Builder
+	for _, p := range pkgs {
+		fmt.Fprintf(&b, "%s %s\n", p.Name, p.Version)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 // busyboxLayer is busybox-static alone, with a link per applet (busybox
 // --install -s, done by reading the applet list of the static binary).
 func busyboxLayer(o options) (string, error) {
-	return debianLayer(o, "busybox", []string{"busybox-static"}, func(t *Tree) error {
+	path, _, err := debianLayer(o, "busybox", []string{"busybox-static"}, func(t *Tree) error {
 		addBaseFiles(t)
 		bin, ok := t.File("/bin/busybox")
 		if !ok {
@@ -315,6 +349,7 @@ func busyboxLayer(o options) (string, error) {
 		}
 		return nil
 	})
+	return path, err
 }
 
 // busyboxApplets runs the static busybox binary with --list-full: one path
