@@ -137,18 +137,20 @@ kubelet-e2e: e2e-tools image
 	NFTPROXY_KUBELET_E2E=1 NFTPROXY_IMAGE_TAR=$(abspath $(IMAGE_TAR)) \
 		$(GO) test -count=1 -v -timeout 20m -run TestDaemonSetOnKubelet ./e2e/kubenode/
 
-# Upstream's [sig-network] conformance tests on a two-node cluster of real
-# kubelets, once with nftproxy (make image, kubectl apply -k deploy/) and once
-# with upstream kube-proxy, then nftproxy's disruptions measured under load
-# (docs/conformance.md). Not part of `make test`: it builds e2e.test,
-# agnhost, CoreDNS and the test images, and runs two clusters.
-# CONFORMANCE_SET=sig-network runs the broader set; PREV_RELEASE is the
-# commit whose image the upgrade case starts from. The JUnit reports, logs and
-# disruption figures go to bin/conformance (bin/conformance/sig-network for
-# that set); the set's table in docs/conformance.md is rewritten from the
-# reports (also after a failed run).
+# Upstream's [sig-network] conformance tests on a dual-stack two-node cluster
+# of real kubelets, once with nftproxy (make image, kubectl apply -k deploy/)
+# and once with upstream kube-proxy, then nftproxy's disruptions measured
+# under load (docs/conformance.md). Not part of `make test`: it builds
+# e2e.test, agnhost, CoreDNS and the test images, and runs two clusters.
+# CONFORMANCE_SET=sig-network runs the broader set and then, on the same
+# clusters reconfigured, the localhost NodePort tests (localhost-nodeports,
+# which also runs alone); PREV_RELEASE is the commit whose image the upgrade
+# case starts from. The JUnit reports, run records, logs and disruption
+# figures go to bin/conformance (bin/conformance/SET for a set but the
+# conformance one); each set's table in docs/conformance.md is rewritten
+# from them (also after a failed run).
 CONFORMANCE_SET ?= conformance
-CONFORMANCE_OUT  = $(BIN)/conformance$(if $(filter-out conformance,$(CONFORMANCE_SET)),/$(CONFORMANCE_SET))
+CONFORMANCE_OUT  = $(BIN)/conformance
 PREV_RELEASE    ?= eec0c2a
 PREV_IMAGE_TAR  := $(BIN)/nftproxy-image-$(PREV_RELEASE).tar
 .PHONY: conformance conformance-table prev-image
@@ -161,10 +163,7 @@ conformance: e2e-tools image prev-image
 		status=$$?; $(MAKE) --no-print-directory conformance-table; exit $$status
 
 conformance-table:
-	junits=""; for p in nftproxy kube-proxy; do \
-		f=$(CONFORMANCE_OUT)/junit-$$p.xml; [ -f $$f ] && junits="$$junits --junit $$p=$$f"; \
-	done; \
-	$(GO) run ./e2e/cmd/conformance-table --set $(CONFORMANCE_SET) $$junits --doc docs/conformance.md
+	$(GO) run ./e2e/cmd/conformance-table --set $(CONFORMANCE_SET) --out $(CONFORMANCE_OUT) --doc docs/conformance.md
 
 # The image of an earlier commit (make image there, from `git archive`), for
 # the conformance run's upgrade case; built once per commit.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,7 +17,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
+	"github.com/nftproxy/nftproxy/e2e/conformance"
 	"github.com/nftproxy/nftproxy/e2e/kubenode"
 	"github.com/nftproxy/nftproxy/e2e/testbed"
 	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
@@ -47,16 +50,20 @@ type cluster struct {
 	// in kube-system.
 	proxy, daemonSet string
 	dir              string
+	// kubeadmProxyConf is config.conf of ConfigMap kube-system/kube-proxy
+	// as kubeadm wrote it; a set's ProxyConfig is added to it.
+	kubeadmProxyConf string
 }
 
-// startCluster brings up a cluster as a user's would be: etcd and the API
-// server (which reaches kubelets by their InternalIP with a client
-// certificate), kube-controller-manager and kube-scheduler; kubeadm's
-// kube-proxy and coredns addons; the proxy (nftproxy from deploy/, its image
-// pulled from the local registry, or kubeadm's kube-proxy DaemonSet as it
-// is); two nodes with containerd, a kubelet, a pod network and the test
-// images. It returns once both nodes are Ready and the proxy's pods and
-// CoreDNS serve.
+// startCluster brings up a dual-stack cluster (IPv4 first) as a user's would
+// be: etcd and the API server (which reaches kubelets by their InternalIP
+// with a client certificate), kube-controller-manager and kube-scheduler;
+// kubeadm's kube-proxy and coredns addons; the proxy (nftproxy from
+// deploy/, its image pulled from the local registry, or kubeadm's
+// kube-proxy DaemonSet as it is), configured for the run's first set; two
+// nodes with containerd, a kubelet, a pod network of both families and the
+// test images. It returns once both nodes are Ready, the proxy's pods serve
+// and CoreDNS answers for both families.
 func startCluster(t *testing.T, cfg config, tl tools, images map[string]image, proxy string) *cluster {
 	t.Helper()
 	dir := t.TempDir()
@@ -77,6 +84,8 @@ func startCluster(t *testing.T, cfg config, tl tools, images map[string]image, p
 	nodes := []*testbed.Node{bed.AddNode("node1"), bed.AddNode("node2")}
 
 	bed.KubeadmAddons(t, tl.Kubeadm, dir, kubeProxyConfig, "kube-proxy", "coredns")
+	c.kubeadmProxyConf = c.proxyConfigMap().Data[proxyConfigKey]
+	c.setProxyConfig(cfg.sets[0])
 	opts := kubenode.Options{
 		CNI:          true,
 		ClusterDNS:   testbed.ClusterDNSIP,
@@ -117,7 +126,136 @@ func startCluster(t *testing.T, cfg config, tl tools, images map[string]image, p
 	c.waitNodesReady()
 	c.waitDaemonSet()
 	c.waitCoreDNS()
+	c.checkDNSBothFamilies()
 	return c
+}
+
+// proxyConfigKey is the key of the KubeProxyConfiguration in kubeadm's
+// ConfigMap kube-system/kube-proxy, which both proxies read.
+const proxyConfigKey = "config.conf"
+
+// proxyConfigMap returns ConfigMap kube-system/kube-proxy.
+func (c *cluster) proxyConfigMap() *v1.ConfigMap {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cm, err := c.bed.Client().CoreV1().ConfigMaps("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return cm
+}
+
+// setProxyConfig writes kubeadm's KubeProxyConfiguration with set's
+// ProxyConfig added into the ConfigMap both proxies read, and reports
+// whether that changed it.
+func (c *cluster) setProxyConfig(set conformance.Set) bool {
+	c.t.Helper()
+	var conf map[string]any
+	if err := yaml.Unmarshal([]byte(c.kubeadmProxyConf), &conf); err != nil {
+		c.t.Fatalf("kubeadm's %s: %v", proxyConfigKey, err)
+	}
+	maps.Copy(conf, set.ProxyConfig())
+	b, err := yaml.Marshal(conf)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	want := c.kubeadmProxyConf
+	if set.ProxyConfig() != nil {
+		want = string(b)
+	}
+	cm := c.proxyConfigMap()
+	if cm.Data[proxyConfigKey] == want {
+		return false
+	}
+	cm.Data[proxyConfigKey] = want
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.bed.Client().CoreV1().ConfigMaps("kube-system").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Logf("%s: ConfigMap kube-system/kube-proxy for set %s: %v", c.proxy, set, set.ProxyConfig())
+	return true
+}
+
+// configureProxy configures the running proxy for set: when its
+// configuration changes, the DaemonSet is restarted (`kubectl rollout
+// restart`) and waited for.
+func (c *cluster) configureProxy(set conformance.Set) {
+	c.t.Helper()
+	if !c.setProxyConfig(set) {
+		return
+	}
+	c.kubectl("--namespace", "kube-system", "rollout", "restart", "daemonset", c.daemonSet)
+	c.waitRollout()
+}
+
+// checkDNSBothFamilies asks each CoreDNS pod, at each of its addresses, for
+// the A and AAAA records of a dual-stack Service: the pods have addresses of
+// both families, the bed routes both to them, and CoreDNS answers with the
+// Service's ClusterIP of each family.
+func (c *cluster) checkDNSBothFamilies() {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := v1.IPFamilyPolicyRequireDualStack
+	svc, err := c.bed.Client().CoreV1().Services("default").Create(ctx, &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "dns-check"},
+		Spec: v1.ServiceSpec{IPFamilyPolicy: &policy,
+			Ports: []v1.ServicePort{{Port: 80, Protocol: v1.ProtocolTCP}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer c.bed.Client().CoreV1().Services("default").Delete(context.Background(), svc.Name, metav1.DeleteOptions{})
+	if len(svc.Spec.ClusterIPs) != 2 {
+		c.t.Fatalf("Service %s: ClusterIPs %v, want one of each family", svc.Name, svc.Spec.ClusterIPs)
+	}
+	pods, err := c.bed.Client().CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-dns"})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	name := svc.Name + ".default.svc." + kubenode.ClusterDomain
+	for _, p := range pods.Items {
+		if len(p.Status.PodIPs) != 2 {
+			c.t.Fatalf("CoreDNS pod %s: addresses %v, want one of each family", p.Name, p.Status.PodIPs)
+		}
+		for _, server := range p.Status.PodIPs {
+			r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return c.bed.Ctl.DialContext(ctx, network, net.JoinHostPort(server.IP, "53"))
+			}}
+			var got []string
+			for _, family := range []string{"ip4", "ip6"} {
+				var ips []net.IP
+				err := retry(ctx, func() (err error) { ips, err = r.LookupIP(ctx, family, name); return err })
+				if err != nil {
+					c.t.Fatalf("ask CoreDNS pod %s at %s for %s (%s): %v", p.Name, server.IP, name, family, err)
+				}
+				for _, ip := range ips {
+					got = append(got, ip.String())
+				}
+			}
+			if !slices.Equal(got, svc.Spec.ClusterIPs) {
+				c.t.Fatalf("CoreDNS pod %s at %s: %s is %v, want %v", p.Name, server.IP, name, got, svc.Spec.ClusterIPs)
+			}
+		}
+	}
+	c.t.Logf("CoreDNS answers A and AAAA at its pods' addresses of both families (%s: %v)", name, svc.Spec.ClusterIPs)
+}
+
+// retry calls f every half second until it succeeds or ctx ends.
+func retry(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // run runs a tool against the cluster as its admin, from the control

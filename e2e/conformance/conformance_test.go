@@ -2,6 +2,7 @@ package conformance_test
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,11 +14,15 @@ import (
 )
 
 // TestConformance runs upstream's [sig-network] tests (the conformance ones,
-// or the broader set: NFTPROXY_CONFORMANCE_SET) on a fresh two-node cluster
-// per proxy, nftproxy first, then upstream kube-proxy, and writes
-// junit-PROXY.xml and ginkgo-PROXY.log into bin/conformance. With nftproxy
-// it then measures the disruption cases (disruption_test.go). A test that
-// fails fails this test; the table of docs/conformance.md is made from the
+// or the broader set and then the localhost NodePort tests:
+// NFTPROXY_CONFORMANCE_SET) on a fresh dual-stack two-node cluster per
+// proxy, nftproxy first, then upstream kube-proxy, and writes each set's
+// junit-PROXY.xml, run-PROXY.json and ginkgo-PROXY.log into bin/conformance
+// (bin/conformance/SET for a set but the conformance one). With nftproxy it
+// measures the disruption cases after the first set (disruption_test.go).
+// Each selected test that neither passed nor skipped itself for a reason
+// conformance.SelfSkips accepts, a failed suite node and a non-zero exit of
+// ginkgo fail this test; the tables of docs/conformance.md are made from the
 // reports by e2e/cmd/conformance-table (make conformance runs both).
 func TestConformance(t *testing.T) {
 	if os.Getenv(enableEnv) != "1" {
@@ -27,18 +32,33 @@ func TestConformance(t *testing.T) {
 	start := time.Now()
 	cfg := readConfig(t)
 	tl := ensureTools(t)
-	images := buildImages(t, tl, filepath.Join(cfg.out, "images"))
+	imagesDir := filepath.Join(cfg.out, "images")
+	images := buildImages(t, tl, imagesDir)
+	machine, err := conformance.DetectMachine(filepath.Join(imagesDir, "packages.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for need, found := range machine.Lacks {
+		t.Logf("this machine lacks %s: %s (its tests are skipped)", need, found)
+	}
 	t.Logf("tools and images ready after %v", time.Since(start).Round(time.Second))
 	for _, proxy := range cfg.proxies {
 		t.Run(proxy, func(t *testing.T) {
 			begin := time.Now()
 			c := startCluster(t, cfg, tl, images, proxy)
 			t.Logf("%s: cluster up after %v", proxy, time.Since(begin).Round(time.Second))
-			suiteStart := time.Now()
-			c.runSuite(cfg)
-			t.Logf("%s: suite ran in %v", proxy, time.Since(suiteStart).Round(time.Second))
-			if proxy == proxyNftproxy && cfg.disruption {
-				c.measureDisruption(cfg, images)
+			for i, set := range cfg.sets {
+				if i > 0 {
+					reconf := time.Now()
+					c.configureProxy(set)
+					t.Logf("%s: configured for %s in %v", proxy, set, time.Since(reconf).Round(time.Second))
+				}
+				suiteStart := time.Now()
+				c.runSuite(cfg, set.Selection(machine))
+				t.Logf("%s: %s ran in %v", proxy, set, time.Since(suiteStart).Round(time.Second))
+				if i == 0 && proxy == proxyNftproxy && cfg.disruption {
+					c.measureDisruption(cfg, images)
+				}
 			}
 			t.Logf("%s: %v in all", proxy, time.Since(begin).Round(time.Second))
 		})
@@ -48,27 +68,38 @@ func TestConformance(t *testing.T) {
 
 // runSuite runs e2e.test through ginkgo in the control namespace (which
 // reaches the API server, the nodes and every pod, as a CI machine beside a
-// cluster would) and copies upstream's JUnit report to
-// bin/conformance/junit-PROXY.xml. Each selected test that does not pass is
-// an error of this test.
-func (c *cluster) runSuite(cfg config) {
+// cluster would) with the selection's focus and skips, copies upstream's
+// JUnit report to junit-PROXY.xml in the set's directory and records the
+// selection and ginkgo's outcome beside it (run-PROXY.json). Then it
+// checks that every selected test ran and passed (conformance.Check): each
+// that did not, unless it skipped itself for a reason SelfSkips accepts,
+// is an error, as are a failed suite node and ginkgo's non-zero exit.
+func (c *cluster) runSuite(cfg config, sel conformance.Selection) {
 	t := c.t
 	t.Helper()
-	report := filepath.Join(c.bed.Dir, "report")
+	if cfg.focus != "" {
+		sel.Focus = cfg.focus
+	}
+	out := filepath.Join(cfg.out, sel.Set.Dir())
+	report := filepath.Join(c.bed.Dir, "report-"+string(sel.Set))
 	home := filepath.Join(c.bed.Dir, "home") // kubectl's cache: not the machine's ~/.kube
-	for _, d := range []string{report, home} {
+	for _, d := range []string{out, report, home} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
+	timeout := cfg.suiteTimeout
+	if sel.Set == conformance.SetNetwork {
+		timeout = cfg.networkTimeout
+	}
 	args := []string{"env", "HOME=" + home, c.tools.Ginkgo,
 		fmt.Sprintf("--procs=%d", cfg.procs),
-		"--timeout=" + cfg.suiteTimeout.String(),
-		"--focus=" + cmp.Or(cfg.focus, cfg.set.Focus()),
+		"--timeout=" + timeout.String(),
+		"--focus=" + sel.Focus,
 		"--no-color",
 		"--silence-skips",
 	}
-	if skip := cfg.set.SkipPattern(); skip != "" {
+	if skip := sel.SkipPattern(); skip != "" {
 		args = append(args, "--skip="+skip)
 	}
 	args = append(args, c.tools.E2E, "--",
@@ -82,39 +113,41 @@ func (c *cluster) runSuite(cfg config) {
 		"--allowed-not-ready-nodes=0",
 		"--minStartupPods=0",
 	)
+	begin := time.Now()
 	p := c.bed.Ctl.Start(args...)
 	select {
 	case <-p.Done():
-	case <-time.After(cfg.suiteTimeout + 5*time.Minute):
-		t.Errorf("ginkgo still running after %v; killing it", cfg.suiteTimeout+5*time.Minute)
+	case <-time.After(timeout + 5*time.Minute):
+		t.Errorf("ginkgo still running after %v; killing it", timeout+5*time.Minute)
 		p.Kill()
 	}
-	copyFile(t, p.LogPath, filepath.Join(cfg.out, "ginkgo-"+c.proxy+".log"))
-	junit := filepath.Join(cfg.out, "junit-"+c.proxy+".xml")
-	copyFile(t, filepath.Join(report, "junit_01.xml"), junit)
-	results, err := conformance.ReadJUnit(junit)
+	run := conformance.Run{Selection: sel, SuiteSeconds: time.Since(begin).Seconds()}
+	if err := p.Err(); err != nil {
+		run.Ginkgo = err.Error()
+	}
+	log := filepath.Join(out, "ginkgo-"+c.proxy+".log")
+	copyFile(t, p.LogPath, log)
+	record, err := json.MarshalIndent(run, "", "  ")
 	if err != nil {
-		t.Fatalf("%v (ginkgo: %v; log %s)", err, p.Err(), filepath.Join(cfg.out, "ginkgo-"+c.proxy+".log"))
+		t.Fatal(err)
 	}
-	ran, passed := 0, 0
-	var failed []string
-	for name, r := range results {
-		if !cfg.selected(name) || !r.Ran() {
-			continue
-		}
-		ran++
-		if r.Status == "passed" {
-			passed++
-		} else {
-			failed = append(failed, fmt.Sprintf("%s: %s: %s", name, r.Status, r.Message))
-		}
+	if err := os.WriteFile(filepath.Join(out, "run-"+c.proxy+".json"), append(record, '\n'), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("%s: %d of the selected tests ran, %d passed (ginkgo: %v)", c.proxy, ran, passed, p.Err())
-	for _, f := range failed {
-		t.Errorf("with %s: %s", c.proxy, f)
+	junit := filepath.Join(out, "junit-"+c.proxy+".xml")
+	copyFile(t, filepath.Join(report, "junit_01.xml"), junit)
+	rep, err := conformance.ReadJUnit(junit)
+	if err != nil {
+		t.Fatalf("%v (ginkgo: %v; log %s)", err, cmp.Or(run.Ginkgo, "exit 0"), log)
 	}
-	if ran == 0 {
-		t.Errorf("no test ran; see %s", filepath.Join(cfg.out, "ginkgo-"+c.proxy+".log"))
+	n := conformance.Check(sel, rep, nil)
+	t.Logf("%s, set %s: %d selected of the report's %d; %d ran: %d passed, %d failed; %d skipped themselves for an accepted reason, %d for another; %d not run (ginkgo: %s)",
+		c.proxy, sel.Set, n.Selected, n.Tests, n.Ran, n.Passed, n.Failed, n.SkippedAccepted, n.SkippedRejected, n.NotRun, cmp.Or(run.Ginkgo, "exit 0"))
+	for _, pr := range n.Problems {
+		t.Errorf("with %s, set %s: %s", c.proxy, sel.Set, pr)
+	}
+	if run.Ginkgo != "" {
+		t.Errorf("with %s, set %s: ginkgo: %s; see %s", c.proxy, sel.Set, run.Ginkgo, log)
 	}
 }
 

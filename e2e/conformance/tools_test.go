@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,7 +29,8 @@ const (
 	// prevImageEnv the previous release's, for the upgrade case ("" skips it).
 	imageEnv     = "NFTPROXY_IMAGE_TAR"
 	prevImageEnv = "NFTPROXY_PREV_IMAGE_TAR"
-	// setEnv picks the tests: conformance (default) or sig-network.
+	// setEnv picks the tests: conformance (default), sig-network (which
+	// runs localhost-nodeports after it) or localhost-nodeports.
 	setEnv = "NFTPROXY_CONFORMANCE_SET"
 	// proxiesEnv lists the proxies to run the suite with, in order
 	// (default "nftproxy,kube-proxy").
@@ -42,7 +42,8 @@ const (
 	// disruptionEnv=0 leaves the disruption measurements out.
 	disruptionEnv = "NFTPROXY_CONFORMANCE_DISRUPTION"
 	// focusEnv replaces the set's --focus by this regular expression
-	// (debugging: one test, one area); its skips stay.
+	// (debugging: one test, one area); its skips stay, and the sets that
+	// would run after it do not.
 	focusEnv = "NFTPROXY_CONFORMANCE_FOCUS"
 	// registryEnv=0 imports nftproxy's image into containerd instead of
 	// serving it from the local registry.
@@ -57,20 +58,22 @@ const (
 
 type config struct {
 	set              conformance.Set
-	focus            string // focusEnv, or ""
+	sets             []conformance.Set // what the run runs: set.Runs()
+	focus            string            // focusEnv, or ""
 	proxies          []string
 	out              string
 	image, prevImage string
 	procs            int
 	disruption, reg  bool
-	suiteTimeout     time.Duration
+	// suiteTimeout is ginkgo's --timeout for a set, networkTimeout for
+	// SetNetwork.
+	suiteTimeout, networkTimeout time.Duration
 }
 
 func readConfig(t *testing.T) config {
 	t.Helper()
 	root := kubebin.RepoRoot()
 	c := config{
-		set:        conformance.Set(envOr(setEnv, string(conformance.SetConformance))),
 		proxies:    strings.Split(envOr(proxiesEnv, proxyNftproxy+","+proxyKubeProxy), ","),
 		out:        envOr(outEnv, filepath.Join(root, "bin", "conformance")),
 		image:      envOr(imageEnv, filepath.Join(root, "bin", "nftproxy-image.tar")),
@@ -83,13 +86,14 @@ func readConfig(t *testing.T) config {
 	if c.procs, err = strconv.Atoi(envOr(procsEnv, "4")); err != nil || c.procs < 1 {
 		t.Fatalf("%s: want a positive number", procsEnv)
 	}
-	if c.set != conformance.SetConformance && c.set != conformance.SetNetwork {
-		t.Fatalf("%s=%s: want %s or %s", setEnv, c.set, conformance.SetConformance, conformance.SetNetwork)
+	if c.set, err = conformance.ParseSet(envOr(setEnv, string(conformance.SetConformance))); err != nil {
+		t.Fatalf("%s: %v", setEnv, err)
 	}
-	c.suiteTimeout = 60 * time.Minute
-	if c.set == conformance.SetNetwork {
-		c.suiteTimeout = 4 * time.Hour
+	c.sets = c.set.Runs()
+	if c.focus != "" {
+		c.sets = c.sets[:1]
 	}
+	c.suiteTimeout, c.networkTimeout = 60*time.Minute, 4*time.Hour
 	for _, p := range c.proxies {
 		if p != proxyNftproxy && p != proxyKubeProxy {
 			t.Fatalf("%s: unknown proxy %q", proxiesEnv, p)
@@ -260,13 +264,4 @@ func versionTag(t *testing.T, archive string) string {
 	}
 	t.Fatalf("%s: no version tag among %q", archive, refs)
 	return ""
-}
-
-// selected reports whether the run selects the test named name.
-func (c config) selected(name string) bool {
-	if c.focus == "" {
-		return c.set.Selected(name)
-	}
-	skip := c.set.SkipPattern()
-	return regexp.MustCompile(c.focus).MatchString(name) && (skip == "" || !regexp.MustCompile(skip).MatchString(name))
 }

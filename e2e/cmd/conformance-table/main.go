@@ -1,80 +1,118 @@
-// Command conformance-table writes the table of docs/conformance.md from the
-// JUnit reports of `make conformance` (e2e/conformance): a row per test, a
-// column per proxy, and why a test did not run.
+// Command conformance-table writes the tables of docs/conformance.md from
+// what `make conformance` (e2e/conformance) leaves in its output directory:
+// for each set the run ran and each proxy, the JUnit report
+// (DIR[/SET]/junit-PROXY.xml) and the run's record (run-PROXY.json: its
+// selection on the machine it ran on, ginkgo's exit). A table has a row per
+// test, a column per proxy, why a test did not run, and before it the
+// counts per proxy (selected, ran, passed, ...).
 //
-//	go run ./e2e/cmd/conformance-table --set conformance \
-//	    --junit nftproxy=bin/conformance/junit-nftproxy.xml \
-//	    --junit kube-proxy=bin/conformance/junit-kube-proxy.xml \
-//	    --doc docs/conformance.md
+//	go run ./e2e/cmd/conformance-table --set sig-network --out bin/conformance --doc docs/conformance.md
 //
-// The table replaces what is between the doc's markers for the set; without --doc it is
-// printed. With --print-selection it prints the set's ginkgo --focus and
-// --skip instead (to run the same selection by hand).
+// Each table replaces what is between the doc's markers for its set; without
+// --doc they are printed. With --print-selection it prints the set's ginkgo
+// --focus and --skip on this machine instead (to run the same selection by
+// hand; --packages names the agnhost image's package list, images/packages.txt
+// of the output directory).
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
-	"strings"
+	"path/filepath"
 
 	"github.com/nftproxy/nftproxy/e2e/conformance"
 )
 
-type junitFlags []string
-
-func (j *junitFlags) String() string     { return strings.Join(*j, ",") }
-func (j *junitFlags) Set(v string) error { *j = append(*j, v); return nil }
+// proxies are the columns, in order.
+var proxies = []string{"nftproxy", "kube-proxy"}
 
 func main() {
-	var junits junitFlags
-	set := flag.String("set", string(conformance.SetConformance), "the tests the reports' runs selected: conformance or sig-network")
-	doc := flag.String("doc", "", "the Markdown file whose table to replace (default: print the table)")
-	flag.Var(&junits, "junit", "PROXY=FILE: a proxy's JUnit report (repeatable, in column order)")
-	selection := flag.Bool("print-selection", false, "print the set's ginkgo --focus and --skip, one a line, and exit")
+	set := flag.String("set", string(conformance.SetConformance), "the set make conformance ran (CONFORMANCE_SET): its tables and those of the sets it runs after it")
+	out := flag.String("out", "bin/conformance", "make conformance's output directory")
+	doc := flag.String("doc", "", "the Markdown file whose tables to replace (default: print them)")
+	selection := flag.Bool("print-selection", false, "print the set's ginkgo --focus and --skip on this machine, one a line, and exit")
+	packages := flag.String("packages", "bin/conformance/images/packages.txt", "with --print-selection: the agnhost image's Debian packages")
 	flag.Parse()
+	s, err := conformance.ParseSet(*set)
+	if err != nil {
+		fail(err)
+	}
 	if *selection {
-		s := conformance.Set(*set)
-		fmt.Printf("--focus=%s\n--skip=%s\n", s.Focus(), s.SkipPattern())
+		m, err := conformance.DetectMachine(*packages)
+		if err != nil {
+			fail(err)
+		}
+		sel := s.Selection(m)
+		fmt.Printf("--focus=%s\n--skip=%s\n", sel.Focus, sel.SkipPattern())
 		return
 	}
-	if err := run(conformance.Set(*set), junits, *doc); err != nil {
-		fmt.Fprintln(os.Stderr, "conformance-table:", err)
-		os.Exit(1)
+	if err := run(s, *out, *doc); err != nil {
+		fail(err)
 	}
 }
 
-func run(set conformance.Set, junits []string, doc string) error {
-	if set != conformance.SetConformance && set != conformance.SetNetwork {
-		return fmt.Errorf("--set %q: want %s or %s", set, conformance.SetConformance, conformance.SetNetwork)
-	}
-	if len(junits) == 0 {
-		return fmt.Errorf("no --junit")
-	}
-	var cols []conformance.Column
-	for _, j := range junits {
-		proxy, file, ok := strings.Cut(j, "=")
-		if !ok {
-			return fmt.Errorf("--junit %q: want PROXY=FILE", j)
-		}
-		res, err := conformance.ReadJUnit(file)
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "conformance-table:", err)
+	os.Exit(1)
+}
+
+func run(set conformance.Set, out, doc string) error {
+	var text string
+	if doc != "" {
+		b, err := os.ReadFile(doc)
 		if err != nil {
 			return err
 		}
-		cols = append(cols, conformance.Column{Proxy: proxy, Results: res})
+		text = string(b)
 	}
-	table := conformance.Table(set, cols)
+	for _, s := range set.Runs() {
+		cols, err := readColumns(filepath.Join(out, s.Dir()))
+		if err != nil {
+			return fmt.Errorf("set %s: %w", s, err)
+		}
+		table := conformance.Table(s, cols)
+		if doc == "" {
+			fmt.Printf("%s:\n\n%s\n", s, table)
+			continue
+		}
+		if text, err = conformance.ReplaceTable(text, s, table); err != nil {
+			return fmt.Errorf("%s: %w", doc, err)
+		}
+	}
 	if doc == "" {
-		fmt.Print(table)
 		return nil
 	}
-	old, err := os.ReadFile(doc)
-	if err != nil {
-		return err
+	return os.WriteFile(doc, []byte(text), 0o644)
+}
+
+// readColumns reads each proxy's report and record in dir; a proxy without
+// a report is left out, one with a report but no record is an error.
+func readColumns(dir string) ([]conformance.Column, error) {
+	var cols []conformance.Column
+	for _, p := range proxies {
+		rep, err := conformance.ReadJUnit(filepath.Join(dir, "junit-"+p+".xml"))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "run-"+p+".json"))
+		if err != nil {
+			return nil, err
+		}
+		var r conformance.Run
+		if err := json.Unmarshal(b, &r); err != nil {
+			return nil, fmt.Errorf("run-%s.json: %w", p, err)
+		}
+		cols = append(cols, conformance.Column{Proxy: p, Report: rep, Run: r})
 	}
-	updated, err := conformance.ReplaceTable(string(old), set, table)
-	if err != nil {
-		return fmt.Errorf("%s: %w", doc, err)
+	if len(cols) == 0 {
+		return nil, fmt.Errorf("no junit-PROXY.xml in %s", dir)
 	}
-	return os.WriteFile(doc, []byte(updated), 0o644)
+	return cols, nil
 }
