@@ -30,7 +30,7 @@ func TestAddRegistry(t *testing.T) {
 	}
 	tw := tar.NewWriter(f)
 	for name, b := range map[string][]byte{
-		"index.json": index,
+		"index.json":                        index,
 		"blobs/sha256/" + sha(manifest)[7:]: manifest,
 		"blobs/sha256/" + sha(config)[7:]:   config,
 		"blobs/sha256/" + sha(layer)[7:]:    layer,
