@@ -25,7 +25,7 @@ var cniPlugins = []string{"bridge", "host-local", "loopback", "portmap"}
 const podRangeStart = 64
 
 // podRangeStartIPv6 is the same in the node's IPv6 pod CIDR: the bed's pod j
-// has fd00:244:i::(10+j), its number written in decimal digits (::11, ::12,
+// has fd00:244:0:i::(10+j), its number written in decimal digits (::11, ::12,
 // ...), which read as hexadecimal stay below ::64 while a node has fewer than
 // 54 of them.
 const podRangeStartIPv6 = 0x64

@@ -15,7 +15,7 @@ import (
 )
 
 func TestCNIConfig(t *testing.T) {
-	b, err := cniConfig([]netip.Prefix{netip.MustParsePrefix("10.244.2.0/24"), netip.MustParsePrefix("fd00:244:2::/64")}, "/d/ipam")
+	b, err := cniConfig([]netip.Prefix{netip.MustParsePrefix("10.244.2.0/24"), netip.MustParsePrefix("fd00:244:0:2::/64")}, "/d/ipam")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestCNIConfig(t *testing.T) {
 	// its status.podIP); the IPv6 range starts above the bed's pods too.
 	for i, want := range []map[string]string{
 		{"subnet": "10.244.2.0/24", "rangeStart": "10.244.2.64", "gateway": "10.244.2.1"},
-		{"subnet": "fd00:244:2::/64", "rangeStart": "fd00:244:2::64", "gateway": "fd00:244:2::1"},
+		{"subnet": "fd00:244:0:2::/64", "rangeStart": "fd00:244:0:2::64", "gateway": "fd00:244:0:2::1"},
 	} {
 		for k, v := range want {
 			if r[i][0][k] != v {

@@ -26,11 +26,12 @@ const (
 	APIServerURL = "https://" + ControlIPv4 + ":6443"
 	// ServiceCIDRs are the API server's --service-cluster-ip-range (IPv4 primary).
 	ServiceCIDRs = "10.96.0.0/12,fd00:96::/108"
-	// PodCIDRs hold every node's pod CIDRs (10.244.i.0/24, fd00:244:i::/64):
-	// the cluster CIDRs of kube-controller-manager and kubeadm's podSubnet
-	// (kube-proxy's clusterCIDR), IPv4 first. The IPv6 one is a /48 so that
-	// a node's /64 is at most 16 bits longer, as the controller-manager's
-	// node CIDR allocator requires.
+	// PodCIDRs hold every node's pod CIDRs (10.244.i.0/24,
+	// fd00:244:0:i::/64): the cluster CIDRs of kube-controller-manager and
+	// kubeadm's podSubnet (kube-proxy's clusterCIDR), IPv4 first. The IPv6
+	// one is a /48 because a node's /64 may be at most 16 bits longer (the
+	// controller-manager's node CIDR allocator and kubeadm's validation
+	// refuse more), which is why a node's number sits in the fourth group.
 	PodCIDRs = "10.244.0.0/16,fd00:244::/48"
 	// NodeCIDRMaskSizes are the lengths of a node's pod CIDRs, IPv4 and IPv6.
 	NodeCIDRMaskSizeIPv4, NodeCIDRMaskSizeIPv6 = 24, 64

@@ -38,15 +38,12 @@ func (b *Bed) AddNode(name string) *Node {
 	peers := append([]*Node(nil), b.nodes...)
 	b.mu.Unlock()
 	n := &Node{
-		Netns: Netns{NS: b.Prefix + "-" + name, bed: b},
-		Name:  name,
-		Index: i,
-		IPv4:  netip.MustParseAddr(fmt.Sprintf("10.10.0.%d", 10+i)),
-		IPv6:  netip.MustParseAddr(fmt.Sprintf("fd00:10::%d", 10+i)),
-		PodCIDRs: []netip.Prefix{
-			netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i)),
-			netip.MustParsePrefix(fmt.Sprintf("fd00:244:%d::/64", i)),
-		},
+		Netns:    Netns{NS: b.Prefix + "-" + name, bed: b},
+		Name:     name,
+		Index:    i,
+		IPv4:     netip.MustParseAddr(fmt.Sprintf("10.10.0.%d", 10+i)),
+		IPv6:     netip.MustParseAddr(fmt.Sprintf("fd00:10::%d", 10+i)),
+		PodCIDRs: nodePodCIDRs(i),
 		HostVeth: "node" + strconv.Itoa(i),
 	}
 	if i > 200 {
@@ -106,6 +103,15 @@ func (b *Bed) setupNode(n *Node, peers []*Node) error {
 		return err
 	}
 	return waitLinkUp(n.NS, "eth0")
+}
+
+// nodePodCIDRs are node i's pod CIDRs, IPv4 first: inside PodCIDRs, of
+// NodeCIDRMaskSizeIPv4 and NodeCIDRMaskSizeIPv6 bits.
+func nodePodCIDRs(i int) []netip.Prefix {
+	return []netip.Prefix{
+		netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i)),
+		netip.MustParsePrefix(fmt.Sprintf("fd00:244:0:%d::/64", i)),
+	}
 }
 
 // createNodeObject registers the node like a kubelet would: addresses, pod CIDRs, Ready.

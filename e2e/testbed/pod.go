@@ -44,7 +44,7 @@ func (n *Node) AddPod(name string) *Pod {
 		Name:     name,
 		Node:     n,
 		IPv4:     netip.MustParseAddr(fmt.Sprintf("10.244.%d.%d", n.Index, 10+j)),
-		IPv6:     netip.MustParseAddr(fmt.Sprintf("fd00:244:%d::%d", n.Index, 10+j)),
+		IPv6:     netip.MustParseAddr(fmt.Sprintf("fd00:244:0:%d::%d", n.Index, 10+j)),
 		HostVeth: "veth" + strconv.Itoa(j),
 	}
 	if err := b.setupPod(p); err != nil {
