@@ -194,17 +194,7 @@ func httpGet(t *testing.T, ns *netns.NS, to netip.AddrPort, path string) (int, s
 // at the first error or at an answer from a pod not in want.
 func answered(t *testing.T, what string, attempts int, ask asker, want ...string) map[string]int {
 	t.Helper()
-	got := map[string]int{}
-	for i := 0; i < attempts && len(got) < len(want); i++ {
-		r, err := ask()
-		if err != nil {
-			t.Fatalf("%s: attempt %d: %v (answers so far: %v)", what, i+1, err, got)
-		}
-		if !slices.Contains(want, r.pod) {
-			t.Fatalf("%s: answered by %s, want only %v", what, r, want)
-		}
-		got[r.pod]++
-	}
+	got := askUntil(t, what, attempts, ask, want, func(got map[string]int) bool { return len(got) == len(want) })
 	if len(got) < len(want) {
 		t.Fatalf("%s: %d attempts answered by %v, want every one of %v", what, attempts, got, want)
 	}
@@ -228,8 +218,16 @@ func sawClient(t *testing.T, ask asker, want netip.Addr) asker {
 // want.
 func answeredBy(t *testing.T, what string, n int, ask asker, want ...string) map[string]int {
 	t.Helper()
+	return askUntil(t, what, n, ask, want, func(map[string]int) bool { return false })
+}
+
+// askUntil asks up to n times, until done says the answers so far are
+// enough, and returns how often each pod answered; it fails the test at
+// the first error or at an answer from a pod not in want.
+func askUntil(t *testing.T, what string, n int, ask asker, want []string, done func(got map[string]int) bool) map[string]int {
+	t.Helper()
 	got := map[string]int{}
-	for i := range n {
+	for i := 0; i < n && !done(got); i++ {
 		r, err := ask()
 		if err != nil {
 			t.Fatalf("%s: attempt %d: %v (answers so far: %v)", what, i+1, err, got)
