@@ -159,8 +159,9 @@ func Check(sel Selection, rep Report, names []string) Count {
 	}
 	slices.Sort(names)
 	c := Count{Tests: len(rep.Tests)}
+	selected := sel.Matcher()
 	for _, n := range names {
-		if !sel.Selected(n) {
+		if !selected(n) {
 			continue
 		}
 		c.Selected++
@@ -275,12 +276,16 @@ func Table(set Set, cols []Column) string {
 		b.WriteString("---|")
 	}
 	b.WriteString("---|\n")
+	matchers := make([]func(string) bool, len(cols))
+	for i, c := range cols {
+		matchers[i] = c.Run.Selection.Matcher()
+	}
 	for _, n := range sorted {
 		fmt.Fprintf(&b, "| %s |", escapeCell(n))
 		reason := ""
-		for _, c := range cols {
+		for i, c := range cols {
 			r := c.Report.Tests[n]
-			selected := c.Run.Selection.Selected(n)
+			selected := matchers[i](n)
 			b.WriteString(" " + cell(r, selected) + " |")
 			switch {
 			case reason != "":

@@ -225,12 +225,19 @@ func (sel Selection) SkipPattern() string {
 
 // Selected reports whether the selection runs the test named name (a full
 // text, "[sig-network] Services should ...").
-func (sel Selection) Selected(name string) bool {
-	if !regexp.MustCompile(sel.Focus).MatchString(name) {
-		return false
+func (sel Selection) Selected(name string) bool { return sel.Matcher()(name) }
+
+// Matcher is Selected with the focus and skips compiled once, for going
+// over a whole report.
+func (sel Selection) Matcher() func(name string) bool {
+	focus := regexp.MustCompile(sel.Focus)
+	var skip *regexp.Regexp
+	if p := sel.SkipPattern(); p != "" {
+		skip = regexp.MustCompile(p)
 	}
-	skip := sel.SkipPattern()
-	return skip == "" || !regexp.MustCompile(skip).MatchString(name)
+	return func(name string) bool {
+		return focus.MatchString(name) && (skip == nil || !skip.MatchString(name))
+	}
 }
 
 // SkipReason returns the reason of the first of the selection's skips that
