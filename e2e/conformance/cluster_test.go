@@ -151,17 +151,17 @@ func (c *cluster) proxyConfigMap() *v1.ConfigMap {
 // whether that changed it.
 func (c *cluster) setProxyConfig(set conformance.Set) bool {
 	c.t.Helper()
-	var conf map[string]any
-	if err := yaml.Unmarshal([]byte(c.kubeadmProxyConf), &conf); err != nil {
-		c.t.Fatalf("kubeadm's %s: %v", proxyConfigKey, err)
-	}
-	maps.Copy(conf, set.ProxyConfig())
-	b, err := yaml.Marshal(conf)
-	if err != nil {
-		c.t.Fatal(err)
-	}
 	want := c.kubeadmProxyConf
-	if set.ProxyConfig() != nil {
+	if extra := set.ProxyConfig(); extra != nil {
+		var conf map[string]any
+		if err := yaml.Unmarshal([]byte(c.kubeadmProxyConf), &conf); err != nil {
+			c.t.Fatalf("kubeadm's %s: %v", proxyConfigKey, err)
+		}
+		maps.Copy(conf, extra)
+		b, err := yaml.Marshal(conf)
+		if err != nil {
+			c.t.Fatal(err)
+		}
 		want = string(b)
 	}
 	cm := c.proxyConfigMap()
