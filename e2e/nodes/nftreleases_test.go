@@ -189,14 +189,7 @@ func pickListing(f nft.Family, s *nft.Set, byType bool) string {
 func TestNftReleasesListRewrittenPickMaps(t *testing.T) {
 	requireUserlands(t)
 	f := nft.IPv4
-	every := nfttest.EveryPhraseRuleset(f)
-	rs := nft.NewRuleset(f)
-	rs.AddChain(every.Chains["pick"])
-	for _, s := range every.Sets {
-		if s.PickProto != 0 {
-			rs.AddSet(s)
-		}
-	}
+	rs := nfttest.PickMapsRuleset(f)
 	ns := netns.New(t, "nftproxy-rel", "nft")
 	if _, err := ns.Run(rs.Dump(), "nft", "-f", "-"); err != nil {
 		t.Fatal(err)

@@ -285,14 +285,7 @@ func TestNetlinkPickMapKeyTypeRewritten(t *testing.T) {
 	// The pick maps and their chain of every phrase: Load reads back a
 	// table that nft wrote only if it has no endpoints map (nft opens
 	// those with an interval end Load refuses).
-	every := nfttest.EveryPhraseRuleset(f)
-	rs := nft.NewRuleset(f)
-	rs.AddChain(every.Chains["pick"])
-	for _, s := range every.Sets {
-		if s.PickProto != 0 {
-			rs.AddSet(s)
-		}
-	}
+	rs := nfttest.PickMapsRuleset(f)
 	ns.requireNftReads(t, rs.Dump())
 	ns.mustNft(t, rs.Dump(), "-f", "-")
 	loaded := load(t, ns, f)

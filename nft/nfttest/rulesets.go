@@ -61,6 +61,21 @@ func EveryPhraseRuleset(f nft.Family) *nft.Ruleset {
 	return rs
 }
 
+// PickMapsRuleset is the pick maps of EveryPhraseRuleset and the chain
+// that looks them up: the part of the ruleset that nft releases read
+// differently (the numgen field of their keys).
+func PickMapsRuleset(f nft.Family) *nft.Ruleset {
+	every := EveryPhraseRuleset(f)
+	rs := nft.NewRuleset(f)
+	rs.AddChain(every.Chains["pick"])
+	for _, s := range every.Sets {
+		if s.PickProto != 0 {
+			rs.AddSet(s)
+		}
+	}
+	return rs
+}
+
 // everyPhraseSets adds the sets and maps of every shape but endpoints maps.
 func everyPhraseSets(rs *nft.Ruleset, f nft.Family) {
 	at := f.AddrType()
