@@ -54,7 +54,9 @@ var (
 	// NetworkProgrammingLatency is the time from a change of an
 	// EndpointSlice (its endpoints.kubernetes.io/last-change-trigger-time
 	// annotation, set by the control plane) to the sync that programmed it;
-	// observed once per changed EndpointSlice. See
+	// observed once per update of a slice made after the proxy started,
+	// each from its own trigger time, as kube-proxy observes it
+	// (ClusterLoader2's NetworkProgrammingLatency reads it). See
 	// https://github.com/kubernetes/community/blob/master/sig-scalability/slos/network_programming_latency.md
 	// Label: ip_family.
 	NetworkProgrammingLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -72,7 +74,9 @@ var (
 		Help:      alpha + "Pending proxy rules Endpoint changes",
 	})
 
-	// EndpointChangesTotal counts EndpointSlice changes recorded.
+	// EndpointChangesTotal counts EndpointSlice updates received: every
+	// event of a tracked slice, changed or not, and each slice a relist
+	// changed (as kube-proxy counts them; not the slices per sync).
 	EndpointChangesTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Subsystem: kubeProxySubsystem,
 		Name:      "sync_proxy_rules_endpoint_changes_total",
@@ -87,7 +91,8 @@ var (
 		Help:      alpha + "Pending proxy rules Service changes",
 	})
 
-	// ServiceChangesTotal counts Service changes recorded.
+	// ServiceChangesTotal counts Service updates received, as
+	// EndpointChangesTotal counts EndpointSlice updates.
 	ServiceChangesTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Subsystem: kubeProxySubsystem,
 		Name:      "sync_proxy_rules_service_changes_total",

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/prometheus/client_golang/prometheus"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/nftproxy/nftproxy/internal/testutil"
@@ -41,6 +42,111 @@ func TestProgrammingLatencySinceStart(t *testing.T) {
 	}
 	if sum-sum0 > 60 {
 		t.Errorf("latency %.0f s: the slice's age before the start was counted", sum-sum0)
+	}
+}
+
+// TestProgrammingLatencyPerUpdate: every update of an EndpointSlice is
+// observed once, from its own trigger time, when a sync programs it, also
+// when one sync takes several updates of the slice together (here: they
+// arrive while the sync before is still running) and when an update
+// changes nothing the proxy programs; endpoint changes count the updates,
+// not the syncs. kube-proxy does the same; one sample per slice and sync,
+// from the newest trigger time, would read low.
+func TestProgrammingLatencyPerUpdate(t *testing.T) {
+	var be *heldBackend
+	h := startWith(t, func(d *Deps) {
+		be = &heldBackend{Backend: d.NFT[nft.IPv4], committed: make(chan struct{}, 1), release: make(chan struct{}, 1)}
+		d.NFT = map[nft.Family]nft.Backend{nft.IPv4: be}
+	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP),
+		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.1"))
+	web := tcp("10.96.0.10", 80)
+	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080")
+	count0, sum0 := programmingLatency(t)
+	changes0 := promtestutil.ToFloat64(metrics.EndpointChangesTotal)
+
+	base := time.Now()
+	var triggers []time.Time
+	update := func(endpoint string, labels ...string) {
+		t.Helper()
+		es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, endpoint)
+		at := base.Add(time.Duration(len(triggers)) * time.Millisecond)
+		if len(labels) > 0 { // an update of a label only: the last trigger time again
+			at = triggers[len(triggers)-1]
+			es.Labels[labels[0]] = labels[1]
+		}
+		triggers = append(triggers, at)
+		es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: at.Format(time.RFC3339Nano)}
+		if _, err := h.client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), es, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	be.hold.Store(true)
+	update("10.244.1.2") // its sync commits, and is held before it returns
+	<-be.committed
+	be.hold.Store(false)
+	update("10.244.1.3") // both wait for the held sync, and are synced together
+	update("10.244.1.4")
+	update("10.244.1.4", "example.com/team", "a") // changes nothing programmed, and is observed too
+	testutil.Eventually(t, "the updates' endpoint changes", func() bool {
+		return promtestutil.ToFloat64(metrics.EndpointChangesTotal)-changes0 == 4
+	})
+	released := time.Now()
+	be.release <- struct{}{}
+	h.eventually(web, nft.VerdictAccept, "10.244.1.4:8080")
+	testutil.Eventually(t, "four latencies", func() bool { n, _ := programmingLatency(t); return n-count0 >= 4 })
+	_, sum := programmingLatency(t)
+	// One more update, synced after all of the above: a sample too many
+	// from them would show in the count.
+	update("10.244.1.5")
+	h.eventually(web, nft.VerdictAccept, "10.244.1.5:8080")
+	testutil.Eventually(t, "the last update's latency", func() bool { n, _ := programmingLatency(t); return n-count0 >= 5 })
+	if n, _ := programmingLatency(t); n-count0 != 5 {
+		t.Errorf("%d latencies observed, want 5 (one per update)", n-count0)
+	}
+	// Each sample is at least the time from its trigger to the release.
+	var least float64
+	for _, at := range triggers[:4] {
+		least += released.Sub(at).Seconds()
+	}
+	if got := sum - sum0; got < least || got > least+3*testutil.Timeout.Seconds() {
+		t.Errorf("latencies sum to %.3f s, want at least %.3f s (each from its own trigger time)", got, least)
+	}
+	if got := promtestutil.ToFloat64(metrics.EndpointChangesTotal) - changes0; got != 5 {
+		t.Errorf("%v endpoint changes counted, want 5 (every update)", got)
+	}
+}
+
+// TestProgrammingLatencyOfFailedSync: an update whose sync failed is
+// observed by the retry that programs it, with the whole wait.
+func TestProgrammingLatencyOfFailedSync(t *testing.T) {
+	var rb *refusingBackend
+	h := startWith(t, func(d *Deps) {
+		rb = &refusingBackend{Fake: d.NFT[nft.IPv4].(*nftfake.Fake)}
+		d.NFT[nft.IPv4] = rb
+	}, service("default", "web", "10.96.0.10", 80, v1.ProtocolTCP),
+		slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.1"))
+	web := tcp("10.96.0.10", 80)
+	h.eventually(web, nft.VerdictAccept, "10.244.1.1:8080")
+	count0, sum0 := programmingLatency(t)
+
+	rb.refuse.Store(true)
+	trigger := time.Now()
+	es := slice("default", "web", "web-1", 8080, v1.ProtocolTCP, "10.244.1.2")
+	es.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Update(context.Background(), es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "a refused sync", func() bool { return rb.refused.Load() >= 1 })
+	accepted := time.Now()
+	rb.refuse.Store(false)
+	h.eventually(web, nft.VerdictAccept, "10.244.1.2:8080")
+	testutil.Eventually(t, "the latency", func() bool { n, _ := programmingLatency(t); return n > count0 })
+	count, sum := programmingLatency(t)
+	if count-count0 != 1 {
+		t.Errorf("%d latencies observed, want 1", count-count0)
+	}
+	if got, least := sum-sum0, accepted.Sub(trigger).Seconds(); got < least {
+		t.Errorf("latency %.3f s, want at least %.3f s (until the retry that programmed it)", got, least)
 	}
 }
 

@@ -89,6 +89,11 @@ type Proxier struct {
 	// family what was programmed.
 	objects  objectStore
 	families map[nft.Family]*familyState
+	// unobserved holds, per family, the trigger times of the EndpointSlice
+	// updates checked out and not yet programmed: the next successful sync
+	// of the family observes them (observeProgrammingLatency), so a failed
+	// sync's updates are observed by the retry that programs them.
+	unobserved map[nft.Family][]time.Time
 	// pieceServices is the fewest Services a piece of a table written
 	// from nothing holds (minPieceServices; tests lower it).
 	pieceServices int
@@ -150,11 +155,13 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("masquerade bit %d out of range 0-31", cfg.MasqueradeBit)
 	}
-	p := &Proxier{cfg: cfg, deps: deps, trackers: watch.NewTrackers(),
-		objects:  newObjectStore(),
-		families: map[nft.Family]*familyState{},
-		repairs:  map[nft.Family]*repair{},
-		started:  time.Now(), pieceServices: minPieceServices}
+	started := time.Now()
+	p := &Proxier{cfg: cfg, deps: deps, trackers: watch.NewTrackers(started),
+		objects:    newObjectStore(),
+		families:   map[nft.Family]*familyState{},
+		repairs:    map[nft.Family]*repair{},
+		unobserved: map[nft.Family][]time.Time{},
+		started:    started, pieceServices: minPieceServices}
 	for f := range deps.NFT {
 		p.families[f] = &familyState{}
 	}
@@ -182,6 +189,7 @@ func (p *Proxier) Run(ctx context.Context) error {
 	hooks := watch.Hooks{
 		Changed: p.queued,
 		Event:   func(kind string) { metrics.APIEventsTotal.WithLabelValues(kind).Inc() },
+		Updated: countUpdates,
 		Invalid: func(pr watch.Problem) { metrics.InvalidObjectsTotal.WithLabelValues(pr.Kind, pr.Reason).Inc() },
 		Node: func(n *v1.Node) {
 			if p.deps.Health != nil {
@@ -262,7 +270,7 @@ func (p *Proxier) setNode(n model.Node) {
 // commits: a commit moves the ruleset's generation, which a reading
 // checks, and would make the other family's reading start over.
 func (p *Proxier) sync(ctx context.Context) error {
-	affected, triggered := p.checkout()
+	affected := p.checkout()
 	full := map[nft.Family]*fullStart{}
 	var mu sync.Mutex
 	p.eachFamily(func(f nft.Family, backend nft.Backend) error {
@@ -272,23 +280,33 @@ func (p *Proxier) sync(ctx context.Context) error {
 		mu.Unlock()
 		return nil
 	})
+	var synced []nft.Family
 	err := p.eachFamily(func(f nft.Family, backend nft.Backend) error {
-		return p.syncFamily(ctx, f, backend, affected, full[f])
+		if err := p.syncFamily(ctx, f, backend, affected, full[f]); err != nil {
+			return err
+		}
+		observeProgrammingLatency(f, p.unobserved[f], time.Now())
+		mu.Lock()
+		synced = append(synced, f)
+		mu.Unlock()
+		return nil
 	})
+	for _, f := range synced {
+		delete(p.unobserved, f)
+	}
 	if err != nil {
 		return err
 	}
 	metrics.ServiceChangesPending.Set(float64(p.trackers.Services.Pending()))
 	metrics.EndpointChangesPending.Set(float64(p.trackers.Slices.Pending()))
-	observeProgrammingLatency(triggered)
 	return nil
 }
 
-// checkout records the trackers' pending changes in p.objects. It returns
-// the Services they affect (nil when every family's sync is full), and the
-// EndpointSlices changed since the proxier started (for the programming
-// latency: see observeProgrammingLatency).
-func (p *Proxier) checkout() (affected map[model.ServiceName]bool, triggered []*model.EndpointSlice) {
+// checkout records the trackers' pending changes in p.objects, and the
+// trigger times of the EndpointSlice updates since the last checkout in
+// p.unobserved. It returns the Services the changes affect (nil when every
+// family's sync is full).
+func (p *Proxier) checkout() (affected map[model.ServiceName]bool) {
 	svcs, slices := p.trackers.Services.Pending(), p.trackers.Slices.Pending()
 	p.objects.presize(svcs, slices)
 	// A family that does not know its table syncs in full, building every
@@ -300,21 +318,21 @@ func (p *Proxier) checkout() (affected map[model.ServiceName]bool, triggered []*
 			break
 		}
 	}
-	nSvcs := p.trackers.Services.Checkout(func(k model.ServiceName, c changes.Change[*model.Service]) {
+	nSvcs, _ := p.trackers.Services.Checkout(func(k model.ServiceName, c changes.Change[*model.Service]) {
 		p.objects.recordService(k, c, affected)
 	})
-	nSlices := p.trackers.Slices.Checkout(func(k model.SliceKey, c changes.Change[*model.EndpointSlice]) {
+	nSlices, stamps := p.trackers.Slices.Checkout(func(k model.SliceKey, c changes.Change[*model.EndpointSlice]) {
 		p.objects.recordSlice(k, c, affected)
-		if !c.Deleted && c.Value.TriggerTime.After(p.started) {
-			triggered = append(triggered, c.Value)
-		}
 	})
+	for _, s := range stamps {
+		if f := s.Value.Family; p.families[f] != nil { // a family this proxy programs
+			p.unobserved[f] = append(p.unobserved[f], s.At)
+		}
+	}
 	// The changes being synced are pending until the sync ends.
 	metrics.ServiceChangesPending.Set(float64(nSvcs))
 	metrics.EndpointChangesPending.Set(float64(nSlices))
-	metrics.ServiceChangesTotal.Add(float64(nSvcs))
-	metrics.EndpointChangesTotal.Add(float64(nSlices))
-	return affected, triggered
+	return affected
 }
 
 // programmed is what one Service contributes to a family's table: the

@@ -10,7 +10,6 @@ import (
 
 	"github.com/nftproxy/nftproxy/metrics"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/proxier/model"
 	"github.com/nftproxy/nftproxy/proxier/watch"
 )
 
@@ -61,19 +60,33 @@ func initFamilyMetrics(fam string) {
 	}
 }
 
-// observeProgrammingLatency records, for every EndpointSlice change now in
-// the kernel, the time since the change that caused it. Proxier.checkout
-// leaves out the changes made before the proxier started, as upstream
-// leaves them out (its endpoints change tracker's start time): the first
-// sync programs every slice, and the age of a slice's last change (hours,
-// days) is not a programming latency; counted, it would put every restart
-// in the latency's 99th percentile. The changes of a sync that failed are
-// not observed: the sync that programs them rebuilds every Service and
-// does not know which were changed.
-func observeProgrammingLatency(slices []*model.EndpointSlice) {
-	now := time.Now()
-	for _, es := range slices {
-		metrics.NetworkProgrammingLatency.WithLabelValues(es.Family.IPFamily()).Observe(now.Sub(es.TriggerTime).Seconds())
+// observeProgrammingLatency records the network programming latency of
+// EndpointSlice updates that family f's sync, ended at now, programmed:
+// one sample per update, from the update's own trigger time, as kube-proxy
+// records them. Updates of one slice that a sync took together (they
+// came faster than the syncs, or a sync waited for a reader or its retry)
+// are each observed, the older ones with their longer wait. Updates made
+// before the proxier started are left out by the trackers
+// (watch.NewTrackers).
+func observeProgrammingLatency(f nft.Family, triggers []time.Time, now time.Time) {
+	if len(triggers) == 0 {
+		return
+	}
+	h := metrics.NetworkProgrammingLatency.WithLabelValues(f.IPFamily())
+	for _, t := range triggers {
+		h.Observe(now.Sub(t).Seconds())
+	}
+}
+
+// countUpdates counts the Service and EndpointSlice updates the watchers
+// recorded (watch.Hooks.Updated) as kube-proxy counts them: every event,
+// whether or not a sync follows it alone.
+func countUpdates(kind string, n int) {
+	switch kind {
+	case watch.KindService:
+		metrics.ServiceChangesTotal.Add(float64(n))
+	case watch.KindEndpointSlice:
+		metrics.EndpointChangesTotal.Add(float64(n))
 	}
 }
 

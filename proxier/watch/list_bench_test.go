@@ -115,7 +115,7 @@ func BenchmarkWatcherList(b *testing.B) {
 				h0 := liveheap.Bytes()
 				cpu0 := cpuSeconds(b)
 				b.StartTimer()
-				t := NewTrackers()
+				t := NewTrackers(time.Time{})
 				w, err := New(api, "node-0", 0, t, Hooks{})
 				if err != nil {
 					b.Fatal(err)

@@ -104,7 +104,7 @@ func TestServiceCIDRDiscovery(t *testing.T) {
 
 			clk := testingclock.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 			w, err := newWatcher(API{Client: client}, clk, func(context.Context) probeResult { return probeReady },
-				"n1", resync, NewTrackers(), Hooks{})
+				"n1", resync, NewTrackers(time.Time{}), Hooks{})
 			if err != nil {
 				t.Fatal(err)
 			}

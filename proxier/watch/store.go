@@ -74,8 +74,13 @@ func (s *trackingStore[K, V]) Update(obj any) error {
 	k := s.key(c.namespace, c.name)
 	s.reportNew(k, c, s.problems)
 	if c.value == nil { // an object the proxy ignores
-		recordDelete(s.h, s.t, k)
-	} else if s.t.Set(k, c.value) {
+		recordDelete(s.h, s.kind, s.t, k)
+		return nil
+	}
+	// Every update of an object the proxy tracks counts, whether or not
+	// it changes anything, as kube-proxy counts it.
+	s.h.Updated(s.kind, 1)
+	if s.t.Set(k, c.value) { // a change, or a trigger time to observe
 		s.h.Changed()
 	}
 	return nil
@@ -89,7 +94,7 @@ func (s *trackingStore[K, V]) Delete(obj any) error {
 	s.h.Event(s.kind)
 	k := s.key(m.GetNamespace(), m.GetName())
 	delete(s.problems, k)
-	recordDelete(s.h, s.t, k)
+	recordDelete(s.h, s.kind, s.t, k)
 	return nil
 }
 
@@ -111,7 +116,10 @@ func (s *trackingStore[K, V]) Replace(list []any, _ string) error {
 		}
 	}
 	s.problems = problems
-	if s.t.Replace(next) {
+	// A relist updates the objects it changed: an informer would deliver
+	// those, and only those, as updates.
+	if n := s.t.Replace(next); n > 0 {
+		s.h.Updated(s.kind, n)
 		s.h.Changed()
 	}
 	s.synced.Store(true)

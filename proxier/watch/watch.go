@@ -32,11 +32,21 @@ type Trackers struct {
 	Slices   *changes.Tracker[model.SliceKey, *model.EndpointSlice]
 }
 
-// NewTrackers returns empty trackers that drop no-op changes.
-func NewTrackers() Trackers {
+// NewTrackers returns empty trackers that drop no-op changes. The slices'
+// tracker stamps every update with the slice's trigger time, if it is
+// after since (the network programming latency of a change made before
+// the proxy started is not the proxy's: counted, the age of every slice
+// its first sync finds would put every restart in the latency's 99th
+// percentile; kube-proxy leaves them out alike).
+func NewTrackers(since time.Time) Trackers {
 	return Trackers{
 		Services: changes.New[model.ServiceName](same[model.Service]),
-		Slices:   changes.New[model.SliceKey](same[model.EndpointSlice]),
+		Slices: changes.NewStamped[model.SliceKey](same[model.EndpointSlice], func(es *model.EndpointSlice) time.Time {
+			if es.TriggerTime.After(since) {
+				return es.TriggerTime
+			}
+			return time.Time{}
+		}),
 	}
 }
 
@@ -52,6 +62,12 @@ type Hooks struct {
 	// Event is called for every API event, of a kind of Kinds, whether or
 	// not it changed anything.
 	Event func(kind string)
+	// Updated is called with the number of updates of tracked Services
+	// or EndpointSlices (kind) just recorded: every add, update and
+	// delete event of an object the proxy tracks, changed or not, and
+	// each object a relist added, changed or deleted (kube-proxy's
+	// sync_proxy_rules_*_changes_total count the same events).
+	Updated func(kind string, n int)
 	// Invalid is called for every problem found in an object.
 	Invalid func(Problem)
 	// Node is called with this node's object on every change.
@@ -258,6 +274,9 @@ func (h Hooks) withDefaults() Hooks {
 	if h.Event == nil {
 		h.Event = func(string) {}
 	}
+	if h.Updated == nil {
+		h.Updated = func(string, int) {}
+	}
 	if h.Invalid == nil {
 		h.Invalid = func(Problem) {}
 	}
@@ -277,8 +296,9 @@ func report(h Hooks, problems []Problem) {
 	}
 }
 
-func recordDelete[K comparable, V any](h Hooks, t *changes.Tracker[K, V], k K) {
+func recordDelete[K comparable, V any](h Hooks, kind string, t *changes.Tracker[K, V], k K) {
 	if t.Delete(k) {
+		h.Updated(kind, 1)
 		h.Changed()
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
 	v1 "k8s.io/api/core/v1"
@@ -47,7 +48,7 @@ func TestWatcherTracksConvertedObjects(t *testing.T) {
 	ignored.Spec.Type, ignored.Spec.ClusterIPs = v1.ServiceTypeExternalName, nil
 	client := fake.NewClientset(testService("web", "10.96.0.10"), ignored,
 		testSlice("web-1", "web", "10.244.1.11", "bogus"))
-	tr := NewTrackers()
+	tr := NewTrackers(time.Time{})
 	var mu sync.Mutex
 	invalid := map[string]int{}
 	w, err := New(API{Client: client}, "n1", 0, tr, Hooks{Invalid: func(p Problem) { mu.Lock(); invalid[p.Reason]++; mu.Unlock() }})
@@ -145,7 +146,7 @@ func newServiceStore(h Hooks, tr Trackers) *trackingStore[model.ServiceName, mod
 // reported, and so is an old one again after the object was deleted.
 func TestProblemsReportedOnce(t *testing.T) {
 	logs, logger := captureLog()
-	tr := NewTrackers()
+	tr := NewTrackers(time.Time{})
 	reported := map[string]int{}
 	s := newServiceStore(Hooks{Invalid: func(p Problem) { reported[p.Reason]++ }, Log: logger}, tr)
 	bad := func(ports ...int32) *v1.Service {
@@ -183,7 +184,7 @@ func TestProblemsReportedOnce(t *testing.T) {
 // it does not (and those the proxy ignores), calls Changed once, and marks
 // the store synced.
 func TestStoreReplace(t *testing.T) {
-	tr := NewTrackers()
+	tr := NewTrackers(time.Time{})
 	changed, events := 0, 0
 	s := newServiceStore(Hooks{Changed: func() { changed++ }, Event: func(string) { events++ }}, tr)
 	if s.hasSynced() {
@@ -219,3 +220,50 @@ func TestStoreReplace(t *testing.T) {
 		t.Error("a Node in a Service list was accepted")
 	}
 }
+
+// TestStoreCountsUpdates: every add, update and delete of a tracked object
+// counts as an update, changed or not (kube-proxy's changes_total count
+// every event), and a relist counts the objects it changed; an object the
+// proxy ignores counts only when ignoring it deletes what was tracked.
+func TestStoreCountsUpdates(t *testing.T) {
+	tr := NewTrackers(time.Time{})
+	updates := 0
+	s := newServiceStore(Hooks{Updated: func(kind string, n int) {
+		if kind != KindService {
+			t.Errorf("updates of %s counted by the Services' store", kind)
+		}
+		updates += n
+	}}, tr)
+	ignored := func(name string) *v1.Service {
+		svc := testService(name, "")
+		svc.Spec.Type, svc.Spec.ClusterIPs = v1.ServiceTypeExternalName, nil
+		return svc
+	}
+	steps := []struct {
+		what string
+		do   func() error
+		want int
+	}{
+		{"list of two and an ignored one", func() error {
+			return s.Replace([]any{testService("a", "10.96.0.1"), testService("b", "10.96.0.2"), ignored("x")}, "1")
+		}, 2},
+		{"relist of the same", func() error { return s.Replace([]any{testService("a", "10.96.0.1"), testService("b", "10.96.0.2")}, "2") }, 0},
+		{"update", func() error { return s.Update(testService("a", "10.96.0.3")) }, 1},
+		{"update changing nothing", func() error { return s.Update(testService("a", "10.96.0.3")) }, 1},
+		{"update of an ignored one", func() error { return s.Update(ignored("x")) }, 0},
+		{"a tracked one becomes ignored", func() error { return s.Update(ignored("b")) }, 1},
+		{"delete", func() error { return s.Delete(testService("a", "10.96.0.3")) }, 1},
+		{"delete of an unknown one", func() error { return s.Delete(testService("zz", "10.96.0.9")) }, 0},
+		{"relist adding one", func() error { return s.Replace([]any{testService("c", "10.96.0.4")}, "3") }, 1},
+	}
+	for _, st := range steps {
+		before := updates
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.what, err)
+		}
+		if got := updates - before; got != st.want {
+			t.Errorf("%s: %d updates counted, want %d", st.what, got, st.want)
+		}
+	}
+}
+
