@@ -31,6 +31,10 @@ const (
 	LabelHeadless         = "service.kubernetes.io/headless"
 	// ProxyLabelSelector is the informers' label selector.
 	ProxyLabelSelector = "!" + LabelServiceProxyName + ",!" + LabelHeadless
+	// ServiceFieldSelector is the Services' informer's field selector, as
+	// kube-proxy's: a headless Service (clusterIP None) has no rule, so
+	// the API server keeps it from crossing the wire to every node.
+	ServiceFieldSelector = "spec.clusterIP!=" + v1.ClusterIPNone
 )
 
 // The kinds of API object the watcher reads: what Hooks.Event reports, and

@@ -18,14 +18,15 @@ import (
 )
 
 // List lists, once, what the watchers would watch for node nodeName: the
-// Services and EndpointSlices with the informers' label selector, the Node
+// Services and EndpointSlices with the informers' selectors, the Node
 // and the ServiceCIDRs. A missing Node is no error (the proxier, too, goes
 // on without one), nor are ServiceCIDRs the API does not serve or does
 // not let us list (the proxier then uses --service-cidr).
 func List(ctx context.Context, client kubernetes.Interface, nodeName string) (Objects, error) {
 	var objs Objects
 	proxied := metav1.ListOptions{LabelSelector: ProxyLabelSelector}
-	svcs, err := client.CoreV1().Services("").List(ctx, proxied)
+	svcs, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{LabelSelector: ProxyLabelSelector,
+		FieldSelector: ServiceFieldSelector})
 	if err != nil {
 		return objs, fmt.Errorf("list Services: %w", err)
 	}

@@ -113,6 +113,7 @@ func newWatcher(api API, clk clock.Clock, probe func(context.Context) probeResul
 	client := api.Client
 	w := &Watcher{client: client, clock: clk, resync: resync, gate: newGate(clk, probe)}
 	proxied := func(o *metav1.ListOptions) { o.LabelSelector = ProxyLabelSelector }
+	proxiedServices := func(o *metav1.ListOptions) { proxied(o); o.FieldSelector = ServiceFieldSelector }
 	watchServices := func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 		return client.CoreV1().Services("").Watch(ctx, o)
 	}
@@ -132,11 +133,11 @@ func newWatcher(api API, clk clock.Clock, probe func(context.Context) probeResul
 		func(ns, name string) model.ServiceName { return model.ServiceName{Namespace: ns, Name: name} })
 	w.reflector("*v1.Service", "services", svcs,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			proxied(&o)
+			proxiedServices(&o)
 			return client.CoreV1().Services("").List(ctx, o)
 		},
 		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			proxied(&o)
+			proxiedServices(&o)
 			return watchServices(ctx, o)
 		})
 	slices := newTrackingStore(h, KindEndpointSlice, t.Slices,

@@ -12,7 +12,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 
 	"github.com/nftproxy/nftproxy/internal/testutil"
@@ -267,3 +269,47 @@ func TestStoreCountsUpdates(t *testing.T) {
 	}
 }
 
+// TestSelectors: Services are listed and watched with kube-proxy's label
+// and field selectors (no headless Service crosses the wire), and
+// EndpointSlices with the label selector.
+func TestSelectors(t *testing.T) {
+	client := fake.NewClientset()
+	w, err := New(API{Client: client}, "n1", 0, NewTrackers(time.Time{}), Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proxied, err := labels.Parse(ProxyLabelSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][2]string{
+		"services":       {proxied.String(), "spec.clusterIP!=None"},
+		"endpointslices": {proxied.String(), ""},
+	}
+	seen := map[string]int{}
+	for _, a := range client.Actions() {
+		w, ok := want[a.GetResource().Resource]
+		if !ok || (a.GetVerb() != "list" && a.GetVerb() != "watch") {
+			continue
+		}
+		var lsel, fsel string
+		switch a := a.(type) {
+		case k8stesting.ListAction:
+			lsel, fsel = a.GetListRestrictions().Labels.String(), a.GetListRestrictions().Fields.String()
+		case k8stesting.WatchAction:
+			lsel, fsel = a.GetWatchRestrictions().Labels.String(), a.GetWatchRestrictions().Fields.String()
+		}
+		if lsel != w[0] || fsel != w[1] {
+			t.Errorf("%s %s with labels %q and fields %q, want %q and %q", a.GetVerb(), a.GetResource().Resource, lsel, fsel, w[0], w[1])
+		}
+		seen[a.GetResource().Resource]++
+	}
+	if seen["services"] == 0 || seen["endpointslices"] == 0 {
+		t.Errorf("calls seen: %v", seen)
+	}
+}
