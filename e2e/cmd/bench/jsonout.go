@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/nftproxy/nftproxy/e2e/promtext"
 	"math"
 	"os/exec"
 	"strings"
@@ -45,7 +46,7 @@ func (r *result) document() benchdata.Proxy {
 		RulesetIdleSeconds:  r.rulesetIdle.Seconds(), Neighbours: neighboursDocument(r.neighbours),
 		RepairStuckReaderSeconds: r.repairStuck.Seconds(),
 
-		SyncHistogram: r.syncHist.document(), KernelOpsPerChange: r.kernelOpsPerChange,
+		SyncHistogram: histDocument(r.syncHist), KernelOpsPerChange: r.kernelOpsPerChange,
 		NetlinkObjects: r.nlObjects, NetlinkGenerations: r.nlGens, NetlinkLost: r.nlLost,
 
 		CPUTotalSeconds: r.cpuTotal, WallSeconds: r.wall.Seconds(),
@@ -73,11 +74,12 @@ func neighboursDocument(ns []neighbourResult) []benchdata.Neighbour {
 	return out
 }
 
-func (h hist) document() benchdata.Histogram {
-	d := benchdata.Histogram{Count: h.count, Sum: h.sum, Buckets: []benchdata.Bucket{}}
-	for i, le := range h.le {
-		if i < len(h.cum) && !math.IsInf(le, 1) {
-			d.Buckets = append(d.Buckets, benchdata.Bucket{LE: le, Count: h.cum[i]})
+// histDocument is h as the JSON document holds it.
+func histDocument(h promtext.Hist) benchdata.Histogram {
+	d := benchdata.Histogram{Count: h.Count, Sum: h.Sum, Buckets: []benchdata.Bucket{}}
+	for i, le := range h.Le {
+		if i < len(h.Cum) && !math.IsInf(le, 1) {
+			d.Buckets = append(d.Buckets, benchdata.Bucket{LE: le, Count: h.Cum[i]})
 		}
 	}
 	return d

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/nftproxy/nftproxy/e2e/promtext"
 	"math"
 	"path/filepath"
 	"reflect"
@@ -36,7 +37,7 @@ func filledReport() *report {
 			neighbours: []neighbourResult{{name: "nft monitor", changes: ms(4, 6*scale)},
 				{name: "nft list ruleset every 2 s", changes: ms(5, 30*scale), listings: neighbourListings{seconds: ms(900, 1100), timeouts: 1}}},
 			repairStuck:        time.Duration(420 * scale * float64(time.Millisecond)),
-			syncHist:           hist{count: 46, sum: 0.762, le: []float64{0.001, 0.002, math.Inf(1)}, cum: []float64{10, 40, 46}},
+			syncHist:           promtext.Hist{Count: 46, Sum: 0.762, Le: []float64{0.001, 0.002, math.Inf(1)}, Cum: []float64{10, 40, 46}},
 			kernelOpsPerChange: 2, nlObjects: 4, nlGens: 1, nlLost: 1,
 			cpuTotal: 2.3, wall: 58 * time.Second, rssProc: 84 << 20, rssTree: 85 << 20,
 			nft: true, events: 21216, ruleChanges: 11095,
@@ -161,12 +162,12 @@ func neighboursFromDocument(ns []benchdata.Neighbour) []neighbourResult {
 	return out
 }
 
-func histFromDocument(d benchdata.Histogram) hist {
-	h := hist{count: d.Count, sum: d.Sum}
+func histFromDocument(d benchdata.Histogram) promtext.Hist {
+	h := promtext.Hist{Count: d.Count, Sum: d.Sum}
 	for _, b := range d.Buckets {
-		h.le, h.cum = append(h.le, b.LE), append(h.cum, b.Count)
+		h.Le, h.Cum = append(h.Le, b.LE), append(h.Cum, b.Count)
 	}
-	h.le, h.cum = append(h.le, math.Inf(1)), append(h.cum, d.Count)
+	h.Le, h.Cum = append(h.Le, math.Inf(1)), append(h.Cum, d.Count)
 	return h
 }
 

@@ -302,8 +302,8 @@ func (b *bench) waitFirstSync(s *started) (time.Duration, float64) {
 	deadline := s.t0.Add(15 * time.Minute)
 	for time.Now().Before(deadline) {
 		if m, err := scrapeMetrics(s.node); err == nil {
-			if h, ok := m.histogram("kubeproxy_sync_full_proxy_rules_duration_seconds", ipv4); ok && h.count >= 1 {
-				return time.Since(s.t0), h.sum / h.count
+			if h, ok := m.Histogram("kubeproxy_sync_full_proxy_rules_duration_seconds", ipv4); ok && h.Count >= 1 {
+				return time.Since(s.t0), h.Sum / h.Count
 			}
 		}
 		select {
@@ -587,8 +587,8 @@ func (b *bench) timedChange(s *started, r *result, diag ...func() string) (time.
 	r.probeFailures = r.probeFailures.merge(failures)
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
-		if p := b.counters(s).partial; p.count > before.count {
-			return lat, (p.sum - before.sum) / (p.count - before.count)
+		if p := b.counters(s).partial; p.Count > before.Count {
+			return lat, (p.Sum - before.Sum) / (p.Count - before.Count)
 		}
 		// Every scrape costs the proxy CPU: poll less often the longer it takes.
 		time.Sleep(min(max(time.Since(deadline.Add(-5*time.Minute))/50, 5*time.Millisecond), 250*time.Millisecond))

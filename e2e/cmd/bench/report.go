@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/nftproxy/nftproxy/e2e/promtext"
 	"io"
 	"math"
 	"sort"
@@ -40,9 +41,9 @@ type result struct {
 	neighbours  []neighbourResult
 	repairStuck time.Duration
 
-	syncHist           hist    // all syncs, IPv4
-	kernelOpsPerChange float64 // nftproxy_sync_kernel_operations per idle change
-	nlObjects, nlGens  float64 // kernel notifications per monitored change
+	syncHist           promtext.Hist // all syncs, IPv4
+	kernelOpsPerChange float64       // nftproxy_sync_kernel_operations per idle change
+	nlObjects, nlGens  float64       // kernel notifications per monitored change
 	nlLost             int
 
 	cpuTotal         float64
@@ -244,10 +245,10 @@ func (rep *report) rows() []row {
 		add("syncs per idle change (both families)", false, func(r *result) cell { return numCell(r.idleSyncs / float64(c.Changes)) })
 		add("CPU per idle change (incl. children)", true, func(r *result) cell { return secCell(r.cpuPerChange) })
 	}
-	add("sync histogram IPv4, whole run: count", false, func(r *result) cell { return numCell(r.syncHist.count) })
-	add("sync histogram IPv4: sum", true, func(r *result) cell { return secCell(r.syncHist.sum) })
-	add("sync histogram IPv4: p50 (from buckets)", true, func(r *result) cell { return secCell(r.syncHist.quantile(0.5)) })
-	add("sync histogram IPv4: p99 (from buckets)", true, func(r *result) cell { return secCell(r.syncHist.quantile(0.99)) })
+	add("sync histogram IPv4, whole run: count", false, func(r *result) cell { return numCell(r.syncHist.Count) })
+	add("sync histogram IPv4: sum", true, func(r *result) cell { return secCell(r.syncHist.Sum) })
+	add("sync histogram IPv4: p50 (from buckets)", true, func(r *result) cell { return secCell(r.syncHist.Quantile(0.5)) })
+	add("sync histogram IPv4: p99 (from buckets)", true, func(r *result) cell { return secCell(r.syncHist.Quantile(0.99)) })
 	if c.Changes > 0 {
 		add("kernel operations per single change (own metric)", false, nftOnly(func(r *result) cell { return numCell(r.kernelOpsPerChange) }))
 	}
@@ -449,9 +450,9 @@ func (rep *report) validate() []string {
 			bad("no change timed while nft listed")
 		}
 	}
-	inRange("sync histogram count", r.syncHist.count, float64(1+c.Changes), 1e7)
-	inRange("sync histogram sum (s)", r.syncHist.sum, 1e-7, 1e4)
-	inRange("sync histogram p50 (s)", r.syncHist.quantile(0.5), 1e-7, 60)
+	inRange("sync histogram count", r.syncHist.Count, float64(1+c.Changes), 1e7)
+	inRange("sync histogram sum (s)", r.syncHist.Sum, 1e-7, 1e4)
+	inRange("sync histogram p50 (s)", r.syncHist.Quantile(0.5), 1e-7, 60)
 	inRange("CPU whole run (s)", r.cpuTotal, 0.01, 1e4)
 	inRange("peak RSS (MB)", mb(r.rssProc), 5, 4096)
 	if r.rssTree < r.rssProc {
@@ -502,7 +503,7 @@ func (rep *report) validate() []string {
 	}
 	if len(rep.results) > 1 {
 		u := rep.results[1]
-		if u.ready <= 0 || len(u.idle) != c.Changes || u.syncHist.count == 0 {
+		if u.ready <= 0 || len(u.idle) != c.Changes || u.syncHist.Count == 0 {
 			fmt.Printf("smoke: warning: upstream kube-proxy's numbers are incomplete\n")
 		}
 	}
