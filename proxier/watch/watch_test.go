@@ -249,7 +249,9 @@ func TestStoreCountsUpdates(t *testing.T) {
 		{"list of two and an ignored one", func() error {
 			return s.Replace([]any{testService("a", "10.96.0.1"), testService("b", "10.96.0.2"), ignored("x")}, "1")
 		}, 2},
-		{"relist of the same", func() error { return s.Replace([]any{testService("a", "10.96.0.1"), testService("b", "10.96.0.2")}, "2") }, 0},
+		{"relist of the same", func() error {
+			return s.Replace([]any{testService("a", "10.96.0.1"), testService("b", "10.96.0.2")}, "2")
+		}, 0},
 		{"update", func() error { return s.Update(testService("a", "10.96.0.3")) }, 1},
 		{"update changing nothing", func() error { return s.Update(testService("a", "10.96.0.3")) }, 1},
 		{"update of an ignored one", func() error { return s.Update(ignored("x")) }, 0},
