@@ -2,7 +2,6 @@ package watch
 
 import (
 	"context"
-	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -14,14 +13,16 @@ import (
 // gatedLW is an informer's ListerWatcher whose calls wait at the gate
 // while the API server is unreachable.
 //
-// A List that finds the server unreachable waits and tries again: the
-// reflector never sees the failure, so it never backs off. A Watch that
-// finds it unreachable fails with errHeldWatch instead: the server is
-// likely restarting, and a new server's watch cache cannot resume a watch
-// from before (410 Gone); the reflector would learn that only once the
-// server is back, and then relist after its backoff delay. Failing now
-// makes it take that delay during the outage, and relist (waiting at the
-// gate) as soon as the server is ready.
+// A List or a Watch that finds the server unreachable waits and tries
+// again once it is ready: the reflector never sees the failure, so it
+// never backs off. A Watch tried again asks for the same resource version:
+// a server back from a restart resumes it where it can, at no cost to
+// anyone, and answers 410 Gone where it cannot (its watch cache starts at
+// etcd's revision, which moves only with writes through an API server:
+// after a single API server's restart the watches that had seen the latest
+// revision resume), and only then does the reflector relist. Failing the
+// Watch instead, as this did before, made every watcher of every node
+// relist after every outage, at the moment the server became ready.
 type gatedLW struct {
 	inner cache.ListerWatcherWithContext
 	gate  *gate
@@ -36,15 +37,6 @@ func newGatedLW(g *gate, what string, client any, list cache.ListWithContextFunc
 		noWatchList: watchlist.DoesClientNotSupportWatchListSemantics(client)}
 }
 
-// errHeldWatch is what a Watch that found the server unreachable returns.
-// It does not wrap the cause: the reflector retries a refused connection
-// itself, with its backoff.
-type errHeldWatch struct{ cause string }
-
-func (e errHeldWatch) Error() string {
-	return fmt.Sprintf("API server unreachable (%s); relisting once it is ready", e.cause)
-}
-
 func (l *gatedLW) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 	var obj runtime.Object
 	err := l.gate.do(ctx, "list "+l.what, func() error {
@@ -56,14 +48,12 @@ func (l *gatedLW) ListWithContext(ctx context.Context, opts metav1.ListOptions) 
 }
 
 func (l *gatedLW) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	if err := l.gate.wait(ctx); err != nil {
-		return nil, err
-	}
-	w, err := l.inner.WatchWithContext(ctx, opts)
-	if unreachable(ctx, err) {
-		l.gate.shut("watch "+l.what, err)
-		return nil, errHeldWatch{cause: err.Error()}
-	}
+	var w watch.Interface
+	err := l.gate.do(ctx, "watch "+l.what, func() error {
+		var err error
+		w, err = l.inner.WatchWithContext(ctx, opts)
+		return err
+	})
 	return w, err
 }
 

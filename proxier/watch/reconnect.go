@@ -26,10 +26,13 @@ import (
 // therefore go through a gate (gatedLW): when a call finds the server
 // unreachable the gate closes, every later call waits at it instead of
 // failing into the reflector's backoff, and one prober asks /readyz until
-// the server is ready, then opens it. Answers with a status (429, 5xx,
-// 403, …) are not "unreachable": they stay client-go's and the
-// reflector's (429 and 5xx with Retry-After are retried after the delay
-// the server asked for), and a busy server is not asked harder.
+// the server is ready, then opens it. A watch that waited asks again from
+// its resource version, which the server resumes where it can: after an
+// outage, only the watches it cannot resume relist (listwatch.go). Answers
+// with a status (429, 5xx, 403, …) are not "unreachable": they stay
+// client-go's and the reflector's (429 and 5xx with Retry-After are
+// retried after the delay the server asked for), and a busy server is not
+// asked harder.
 const (
 	// probeInterval is the pause before each readiness probe while the
 	// gate is closed, plus up to probeJitter of it at random (so that the

@@ -19,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/watch"
 	testingclock "k8s.io/utils/clock/testing"
 
@@ -37,6 +36,7 @@ var (
 	errTimeout      = &url.Error{Op: "Get", URL: "https://x", Err: context.DeadlineExceeded}
 	errGoaway       = errors.New("http2: server sent GOAWAY and closed the connection; LastStreamID=1")
 	errThrottled    = apierrors.NewTooManyRequests("slow down", 1)
+	errGone         = apierrors.NewGone("too old resource version: 41 (42)")
 	errInternal     = apierrors.NewInternalError(errors.New("etcd"))
 	errUnavailable  = apierrors.NewServiceUnavailable("starting")
 	errForbidden    = apierrors.NewForbidden(schema.GroupResource{Resource: "services"}, "", errors.New("RBAC"))
@@ -317,39 +317,49 @@ func TestGatedList(t *testing.T) {
 	}
 }
 
-// TestGatedWatch: a Watch that finds the server unreachable shuts the
-// gate and fails with an error the reflector does not retry itself (it
-// relists instead, and the List waits at the gate); the next Watch waits
-// until the server is ready. Answers pass unchanged.
+// TestGatedWatch: a Watch that finds the server unreachable waits at the
+// gate and asks again, for the same resource version, once the server is
+// ready (a restarted server resumes a watch where it can); the reflector
+// never sees the failure. Answers pass unchanged, a 410 too (the reflector
+// relists then).
 func TestGatedWatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	clk := testingclock.NewFakeClock(time.Now())
-	g := newGate(clk, newScriptedProbe(probeUnreachable, probeReady).probe)
+	g := newGate(clk, newScriptedProbe(probeUnreachable, probeReady, probeReady).probe)
 	g.jitter = 0
 	g.start(ctx)
-	lw, calls := scriptedLW(g, errRefused, errThrottled)
-
-	_, err := lw.WatchWithContext(ctx, metav1.ListOptions{})
-	if !errors.As(err, new(errHeldWatch)) || utilnet.IsConnectionRefused(err) || apierrors.IsTooManyRequests(err) {
-		t.Fatalf("Watch of an unreachable server = %v, want an errHeldWatch the reflector does not retry", err)
-	}
-	if isOpen(g) {
-		t.Fatal("gate open after a refused Watch")
-	}
+	var asked []string
+	errs := []error{errRefused, errReset, nil, errGone}
+	lw := newGatedLW(g, "services", nil, nil,
+		func(_ context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			asked = append(asked, o.ResourceVersion)
+			err := errs[0]
+			errs = errs[1:]
+			if err != nil {
+				return nil, err
+			}
+			return watch.NewEmptyWatch(), nil
+		})
 	done := make(chan struct{})
+	var w watch.Interface
+	var err error
 	go func() {
 		defer close(done)
-		_, err = lw.WatchWithContext(ctx, metav1.ListOptions{})
+		w, err = lw.WatchWithContext(ctx, metav1.ListOptions{ResourceVersion: "42"})
 	}()
-	if waited := stepUntil(t, clk, g.interval, time.Hour, done); waited != 2*g.interval {
-		t.Errorf("second Watch waited %v, want 2 probe intervals", waited)
+	// Refused: the gate shuts, an unreachable probe, a ready one; reset:
+	// it shuts again, a ready probe; then the watch is made.
+	if waited := stepUntil(t, clk, g.interval, time.Hour, done); waited != 3*g.interval {
+		t.Errorf("Watch waited %v, want 3 probe intervals", waited)
 	}
-	if !apierrors.IsTooManyRequests(err) || *calls != 2 {
-		t.Errorf("second Watch = %v after %d calls, want the 429 unchanged after 2", err, *calls)
+	if err != nil || w == nil {
+		t.Fatalf("Watch = %v, %v; want the watch made once the server was ready", w, err)
 	}
-	w, err := lw.WatchWithContext(ctx, metav1.ListOptions{})
-	if err != nil || w == nil || *calls != 3 {
-		t.Errorf("third Watch = %v, %v after %d calls", w, err, *calls)
+	if len(asked) != 3 || asked[0] != "42" || asked[1] != "42" || asked[2] != "42" {
+		t.Errorf("watches asked from resource versions %q, want 42 three times", asked)
+	}
+	if _, err := lw.WatchWithContext(ctx, metav1.ListOptions{ResourceVersion: "42"}); !apierrors.IsGone(err) {
+		t.Errorf("Watch answered 410 = %v, want the 410 unchanged", err)
 	}
 }

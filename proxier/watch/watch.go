@@ -2,7 +2,6 @@ package watch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"reflect"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -192,30 +190,9 @@ func (w *Watcher) nodeInformer(nodeName string, h Hooks) (cache.ResourceEventHan
 // and the store takes both.
 func (w *Watcher) reflector(typ, what string, store cache.ReflectorStore,
 	list cache.ListWithContextFunc, watchFn cache.WatchFuncWithContext) {
-	backoff := reflectorBackoff
 	r := cache.NewReflectorWithOptions(newGatedLW(w.gate, what, w.client, list, watchFn), nil, store,
-		cache.ReflectorOptions{Name: what, TypeDescription: typ, Backoff: &backoff})
+		cache.ReflectorOptions{Name: what, TypeDescription: typ})
 	w.reflectors = append(w.reflectors, r)
-}
-
-// reflectorBackoff is client-go's default backoff between a reflector's
-// failed List-and-Watch calls (800 ms doubling to 30 s, with jitter; as
-// client-go, enough steps to reach the cap), and backoffReset the quiet
-// time after which it starts over.
-var reflectorBackoff = wait.Backoff{Duration: 800 * time.Millisecond, Cap: 30 * time.Second, Steps: 38, Factor: 2, Jitter: 1}
-
-const backoffReset = 2 * time.Minute
-
-// runReflector is the reflector's own Run, with the watch errors going to
-// watchErrorHandler as an informer's would (a reflector has no setter for it).
-func runReflector(ctx context.Context, r *cache.Reflector) {
-	_ = reflectorBackoff.DelayWithReset(clock.RealClock{}, backoffReset).Until(ctx, true, true,
-		func(ctx context.Context) (bool, error) {
-			if err := r.ListAndWatchWithContext(ctx); err != nil {
-				watchErrorHandler(ctx, r, err)
-			}
-			return false, nil
-		})
 }
 
 // informer returns an informer of objects like obj, listed and watched
@@ -224,20 +201,7 @@ func (w *Watcher) informer(obj runtime.Object, what string,
 	list cache.ListWithContextFunc, watchFn cache.WatchFuncWithContext) cache.SharedIndexInformer {
 	inf := cache.NewSharedIndexInformerWithOptions(newGatedLW(w.gate, what, w.client, list, watchFn), obj,
 		cache.SharedIndexInformerOptions{ResyncPeriod: w.resync})
-	// It fails only once the informer runs.
-	_ = inf.SetWatchErrorHandlerWithContext(watchErrorHandler)
 	return inf
-}
-
-// watchErrorHandler logs what the reflector's List and Watch return, like
-// client-go's default handler, but a watch held for an unreachable server
-// only at -v 2: the gate has logged the outage once already.
-func watchErrorHandler(ctx context.Context, r *cache.Reflector, err error) {
-	if errors.As(err, new(errHeldWatch)) {
-		klog.V(2).InfoS("Watch ended: API server unreachable; relisting once it is ready", "type", r.TypeDescription())
-		return
-	}
-	cache.DefaultWatchErrorHandler(ctx, r, err)
 }
 
 // Start starts the informers and waits until they are synced (and, if
@@ -247,7 +211,7 @@ func watchErrorHandler(ctx context.Context, r *cache.Reflector, err error) {
 func (w *Watcher) Start(ctx context.Context) error {
 	w.gate.start(ctx)
 	for _, r := range w.reflectors {
-		go runReflector(ctx, r)
+		go r.RunWithContext(ctx)
 	}
 	for _, inf := range w.informers {
 		go inf.RunWithContext(ctx)
