@@ -65,6 +65,11 @@ type Deps struct {
 	// Listed, if set, is called once the informers have synced, before
 	// the first sync (cmd/nftproxy lowers the GC percentage there).
 	Listed func()
+	// Trackers, if set, are where the watchers record what they see, for
+	// a caller that reads them too (the cluster bench's hollow proxies
+	// read when an object arrived); they must be new (watch.NewTrackers,
+	// from the moment the proxier is created). Nil: the proxier's own.
+	Trackers *watch.Trackers
 }
 
 // Proxier keeps this node's nftables in line with the API.
@@ -156,7 +161,11 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 		return nil, fmt.Errorf("masquerade bit %d out of range 0-31", cfg.MasqueradeBit)
 	}
 	started := time.Now()
-	p := &Proxier{cfg: cfg, deps: deps, trackers: watch.NewTrackers(started),
+	trackers := watch.NewTrackers(started)
+	if deps.Trackers != nil {
+		trackers = *deps.Trackers
+	}
+	p := &Proxier{cfg: cfg, deps: deps, trackers: trackers,
 		objects:    newObjectStore(),
 		families:   map[nft.Family]*familyState{},
 		repairs:    map[nft.Family]*repair{},

@@ -213,6 +213,14 @@ func (t *Tracker[K, V]) Checkout(f func(K, Change[V])) (int, []Stamp[V]) {
 	return n, stamps
 }
 
+// Get returns an object's current value.
+func (t *Tracker[K, V]) Get(k K) (V, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v, ok := t.current[k]
+	return v, ok
+}
+
 // All returns every current object.
 func (t *Tracker[K, V]) All() map[K]V {
 	t.mu.Lock()
