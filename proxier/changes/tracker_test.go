@@ -219,3 +219,21 @@ func checkoutStamps(t *testing.T, tr *Tracker[string, stampedValue]) []time.Time
 	}
 	return out
 }
+
+// TestGet: Get returns the latest value, whatever was checked out.
+func TestGet(t *testing.T) {
+	tr := newIntTracker()
+	if _, ok := tr.Get("a"); ok {
+		t.Fatal("a value before any was set")
+	}
+	tr.Set("a", 1)
+	checkout(t, tr)
+	tr.Set("a", 2)
+	if v, ok := tr.Get("a"); !ok || v != 2 {
+		t.Errorf("Get = %v, %v; want 2", v, ok)
+	}
+	tr.Delete("a")
+	if _, ok := tr.Get("a"); ok {
+		t.Error("a deleted object has a value")
+	}
+}
