@@ -122,6 +122,26 @@ bench-plots:
 	cd e2e/benchplot && $(GO) run . --out $(abspath $(BENCH_PLOTS)) $(abspath $(BENCH_DATA))
 	@echo "plots drawn from $(BENCH_DATA)/*.json into $(BENCH_PLOTS)/*.svg (shown by docs/benchmarks.md)"
 
+# Many nodes on one API server, nftproxy's beside kube-proxy's (docs/scale.md):
+# kube-apiserver, etcd and kube-controller-manager, CLUSTER_HOLLOW hollow nodes
+# (nftproxy's proxier on the fake backend; kubemark's hollow kube-proxy) and
+# CLUSTER_REAL real nodes (the proxy binaries on kernel tables); start, churn,
+# API server restart and outage storms, every proxy restarted. Rewrites
+# docs/scale.md's tables. Not part of `make test`.
+CLUSTER_HOLLOW    ?= 200
+CLUSTER_REAL      ?= 8
+CLUSTER_SERVICES  ?= 2000
+CLUSTER_ENDPOINTS ?= 5
+CLUSTER_RUNS      ?= 3
+CLUSTER_FLAGS     ?=
+.PHONY: cluster-bench
+cluster-bench: e2e-tools
+	e2e/tools/build.sh --cluster
+	mkdir -p $(BIN)/cluster-bench
+	$(GO) run ./e2e/cmd/clusterbench --hollow $(CLUSTER_HOLLOW) --real $(CLUSTER_REAL) \
+		--services $(CLUSTER_SERVICES) --endpoints $(CLUSTER_ENDPOINTS) --runs $(CLUSTER_RUNS) \
+		--doc docs/scale.md --json $(BIN)/cluster-bench/result.json $(CLUSTER_FLAGS)
+
 # The kernel's cost of ruleset shapes, batch by batch (root; fresh namespaces;
 # docs/design-measurements.md). NFTPROXY_BENCH_SIZES=10000x5,100000x10 for more.
 .PHONY: bench-kernel

@@ -28,16 +28,24 @@ var requiredBinaries = []string{"etcd", "kube-apiserver"}
 func EnsureBinaries(t TB) string {
 	t.Helper()
 	dir := kubebin.Dir(kubebin.Pinned().Kubernetes)
-	script := filepath.Join(kubebin.RepoRoot(), "e2e", "tools", "build.sh")
-	cmd := exec.Command(script)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("building e2e binaries with %s failed (it needs the Go module proxy): %v\n%s", script, err, out)
-	}
+	out := RunBuild(t)
 	if err := checkBinaries(dir); err != nil {
-		t.Fatalf("after %s: %v\n%s", script, err, out)
+		t.Fatalf("after e2e/tools/build.sh: %v\n%s", err, out)
 	}
 	return dir
+}
+
+// RunBuild runs e2e/tools/build.sh with flags (e.g. --cluster: what make
+// cluster-bench runs besides) and returns its output; a failed build fails
+// the test with it.
+func RunBuild(t TB, flags ...string) string {
+	t.Helper()
+	script := filepath.Join(kubebin.RepoRoot(), "e2e", "tools", "build.sh")
+	out, err := exec.Command(script, flags...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("building e2e binaries with %s %v failed (it needs the Go module proxy): %v\n%s", script, flags, err, out)
+	}
+	return string(out)
 }
 
 func checkBinaries(dir string) error {

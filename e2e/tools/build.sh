@@ -20,11 +20,14 @@
 # With --skew it builds only the kube-apiserver of the oldest supported release
 # ("skew-kubernetes", module e2e/tools/kube-skew) and its etcd (e2e/tools/etcd-skew), for
 # `make skew`.
+# With --cluster it also builds what `make cluster-bench` runs (docs/scale.md): kubemark's
+# hollow kube-proxy, many in one process (hollowproxy, from the nested module e2e/tools/kube,
+# cmd/hollowproxy), and kube-controller-manager (from e2e/tools/kubenode).
 # With --conformance it also builds what `make conformance` runs (docs/conformance.md):
 # upstream's e2e suite (e2e.test, a test binary), the ginkgo CLI and agnhost from the nested
 # module e2e/tools/conformance, and CoreDNS from e2e/tools/coredns.
 #
-# Usage: e2e/tools/build.sh [--force] [--kubelet] [--skew] [--conformance]
+# Usage: e2e/tools/build.sh [--force] [--kubelet] [--skew] [--cluster] [--conformance]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -34,13 +37,15 @@ force=0
 kubelet=0
 skew=0
 conformance=0
+cluster=0
 for arg in "$@"; do
 	case "$arg" in
 	--force) force=1 ;;
 	--kubelet) kubelet=1 ;;
 	--skew) skew=1 ;;
 	--conformance) conformance=1 ;;
-	*) echo "usage: $0 [--force] [--kubelet] [--skew] [--conformance]" >&2; exit 2 ;;
+	--cluster) cluster=1 ;;
+	*) echo "usage: $0 [--force] [--kubelet] [--skew] [--cluster] [--conformance]" >&2; exit 2 ;;
 	esac
 done
 
@@ -79,12 +84,15 @@ kube_ldflags="-s -w \
  -X k8s.io/component-base/version.gitMinor=${kube_minor}"
 
 # stamp_of prints the identity of a build: module files (and Go files at the module's root,
-# e2e/tools/coredns's main.go), Go version, flags.
+# e2e/tools/coredns's main.go, or of the package built when it is the module's own, ./cmd/…),
+# Go version, flags.
 stamp_of() {
-	local moddir="$1" ldflags="$2"
+	local moddir="$1" ldflags="$2" pkg="${3:-}"
+	local srcdir="$moddir"
+	[[ $pkg == ./* ]] && srcdir="$moddir/$pkg"
 	{
 		cat "$moddir/go.mod" "$moddir/go.sum"
-		find "$moddir" -maxdepth 1 -name '*.go' -print0 | sort -z | xargs -0r cat
+		find "$srcdir" -maxdepth 1 -name '*.go' -print0 | sort -z | xargs -0r cat
 		go version
 		echo "$ldflags"
 	} | sha256sum | cut -d' ' -f1
@@ -95,7 +103,7 @@ stamp_of() {
 build() {
 	local name="$1" moddir="$2" pkg="$3" ldflags="$4" kind="${5:-}"
 	local stamp
-	stamp="$(stamp_of "$moddir" "$ldflags")"
+	stamp="$(stamp_of "$moddir" "$ldflags" "$pkg")"
 	if [[ $force == 0 && -x "$bin/$name" && "$(cat "$bin/$name.stamp" 2>/dev/null)" == "$stamp" ]]; then
 		echo "up to date: $bin/$name"
 		return
@@ -123,6 +131,10 @@ if [[ $kubelet == 1 && $skew == 0 ]]; then
 	for cmd in kubelet kube-controller-manager kube-scheduler; do
 		build "$cmd" "$here/kubenode" "k8s.io/kubernetes/cmd/$cmd" "$kube_ldflags"
 	done
+fi
+if [[ $cluster == 1 && $skew == 0 ]]; then
+	build kube-controller-manager "$here/kubenode" k8s.io/kubernetes/cmd/kube-controller-manager "$kube_ldflags"
+	build hollowproxy "$here/kube" ./cmd/hollowproxy "$kube_ldflags"
 fi
 if [[ $conformance == 1 && $skew == 0 ]]; then
 	build ginkgo "$here/conformance" github.com/onsi/ginkgo/v2/ginkgo "-s -w"
