@@ -38,29 +38,6 @@ var benchConfig = Config{NodeName: "node-0", MasqueradeBit: 14, SyncPeriod: time
 	ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 	ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
 
-// discardBackend keeps nothing, like nftnl.Netlink once a batch is sent: it
-// isolates the proxier's own cost from the Fake's (see
-// nft.BenchmarkFakeApplyFullSync) and from the kernel's.
-type discardBackend struct {
-	ops     int
-	onApply func(tx *nft.Transaction)
-}
-
-func (d *discardBackend) Apply(_ context.Context, tx *nft.Transaction) error {
-	d.ops += len(tx.Ops)
-	if d.onApply != nil {
-		d.onApply(tx)
-	}
-	return nil
-}
-
-// The rest of nft.Backend: no table is ever read back, nothing is owned.
-func (d *discardBackend) Load(context.Context, nft.Family) (*nft.Ruleset, error) { return nil, nil }
-func (d *discardBackend) Generation(context.Context) (uint32, error)             { return 0, nil }
-func (d *discardBackend) Claim(context.Context, nft.Family) error                { return nil }
-func (d *discardBackend) LastCommit() nft.CommitStats                            { return nft.CommitStats{} }
-func (d *discardBackend) Owning() (bool, error)                                  { return false, nil }
-
 // benchDualModels are benchstate.Cluster with, for every Service, an IPv6
 // ClusterIP (fd00:96::/112) and an IPv6 EndpointSlice svc-i-2 of the same
 // shape (fd00:128::/64): a dual-stack cluster.
@@ -131,7 +108,7 @@ func BenchmarkProxierFullSync(b *testing.B) {
 				b.ReportAllocs()
 				for i := 0; i < b.N; i++ {
 					b.StopTimer()
-					var be nft.Backend = &discardBackend{}
+					var be nft.Backend = &nftfake.Discard{}
 					if backend == "fake" {
 						be = nftfake.New()
 					}
@@ -159,12 +136,12 @@ func BenchmarkProxierSingleChange(b *testing.B) {
 	for _, sz := range benchstate.Sizes {
 		b.Run(sz.String(), func(b *testing.B) {
 			svcs, slices := benchstate.Cluster(sz)
-			be := &discardBackend{}
+			be := &nftfake.Discard{}
 			p := benchProxier(b, be, svcs, slices)
 			if err := p.sync(context.Background()); err != nil {
 				b.Fatal(err)
 			}
-			be.ops = 0
+			be.Ops = 0
 			gen := 0
 			b.ReportAllocs()
 			for b.Loop() {
@@ -176,7 +153,7 @@ func BenchmarkProxierSingleChange(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(be.ops)/float64(b.N), "ops/change")
+			b.ReportMetric(float64(be.Ops)/float64(b.N), "ops/change")
 		})
 	}
 }
@@ -199,7 +176,7 @@ func BenchmarkProxierMemory(b *testing.B) {
 				svcs, slices := benchstate.Cluster(sz)
 				h1 := liveheap.Bytes()
 				var hApply uint64
-				be := &discardBackend{onApply: func(*nft.Transaction) {
+				be := &nftfake.Discard{OnApply: func(*nft.Transaction) {
 					hApply = liveheap.Bytes()
 					benchHeapProfile(b, sz, "apply")
 				}}
@@ -269,7 +246,7 @@ func BenchmarkProxierStartup(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
 				client := fake.NewClientset(objs...)
-				be := &firstApply{Backend: &discardBackend{}, done: make(chan struct{})}
+				be := &firstApply{Backend: &nftfake.Discard{}, done: make(chan struct{})}
 				p, err := New(benchConfig, Deps{Client: client, NFT: map[nft.Family]nft.Backend{nft.IPv4: be}})
 				if err != nil {
 					b.Fatal(err)

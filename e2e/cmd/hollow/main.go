@@ -1,13 +1,16 @@
 // Command hollow runs many hollow nftproxies in one process, for the
 // cluster bench (e2e/cmd/clusterbench), as kubemark's hollow kube-proxy runs
 // kube-proxy's: each one is nftproxy's own proxier (its API client,
-// informers, change trackers, model, ruleset builder and editor) with the
-// fake nft backend (nft/nftfake) in place of the kernel, watching the API
+// informers, change trackers, model, ruleset builder and editor) with a
+// fake nft backend in place of the kernel, watching the API
 // as node <node-prefix><index> on a connection of its own. Its client has
 // nftproxy's settings (protobuf, kube-proxy's QPS 5 and burst 10, watch
 // bodies read in large reads) and its proxier nftproxy's defaults (syncs
 // spaced by their cost, a full sync an hour), so the API server serves
-// each as it serves one node's nftproxy.
+// each as it serves one node's nftproxy. The backend is nftfake.Discard,
+// which keeps nothing and costs what the change costs, as the kernel does:
+// nftfake.Fake copies its whole table at every transaction, and 200 of them
+// spent about ten times the proxiers' own CPU doing it (docs/scale.md).
 //
 // What the bench reads, as of the watchers (what the API server has
 // delivered; the data path is measured on the bench's real nodes): when
@@ -179,7 +182,7 @@ func start(ctx context.Context, kubeconfig string, h *hollow) error {
 		MasqueradeBit: 14, IPv4: true,
 		SyncPeriod: 30 * time.Second, SyncBusyShare: 0.1, FullSyncPeriod: time.Hour,
 		MaxReaderWait: 0, ResyncPeriod: 15 * time.Minute,
-	}, proxier.Deps{Client: client, ClientConfig: cfg, NFT: map[nft.Family]nft.Backend{nft.IPv4: nftfake.New()},
+	}, proxier.Deps{Client: client, ClientConfig: cfg, NFT: map[nft.Family]nft.Backend{nft.IPv4: &nftfake.Discard{}},
 		Trackers: &h.trackers, Listed: h.listed})
 	if err != nil {
 		return err
