@@ -20,8 +20,11 @@ import (
 const apiOutage = 60 * time.Second
 
 // recoveryBudget is how long after the API server is ready again a change
-// may take to reach the data path.
-const recoveryBudget = 2 * time.Second
+// may take to reach the data path: a probe interval with its jitter, and
+// for a watch the server cannot resume, the window relists are spread over
+// (so that a cluster's nodes do not all relist at once), its relist and a
+// sync.
+const recoveryBudget = 3 * time.Second
 
 // TestAPIServerOutage: the API server stops for a minute while nftproxy
 // runs. Traffic through its rules is unaffected, /healthz stays 200 (nothing

@@ -39,7 +39,7 @@ func newGatedLW(g *gate, what string, client any, list cache.ListWithContextFunc
 
 func (l *gatedLW) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 	var obj runtime.Object
-	err := l.gate.do(ctx, "list "+l.what, func() error {
+	err := l.gate.do(ctx, "list "+l.what, true, func() error {
 		var err error
 		obj, err = l.inner.ListWithContext(ctx, opts)
 		return err
@@ -49,12 +49,19 @@ func (l *gatedLW) ListWithContext(ctx context.Context, opts metav1.ListOptions) 
 
 func (l *gatedLW) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	var w watch.Interface
-	err := l.gate.do(ctx, "watch "+l.what, func() error {
+	err := l.gate.do(ctx, "watch "+l.what, relists(opts), func() error {
 		var err error
 		w, err = l.inner.WatchWithContext(ctx, opts)
 		return err
 	})
 	return w, err
+}
+
+// relists reports whether a Watch with opts streams the objects first (a
+// watch-list, or a watch from no resource version), as a List would.
+func relists(opts metav1.ListOptions) bool {
+	return opts.SendInitialEvents != nil && *opts.SendInitialEvents ||
+		opts.ResourceVersion == "" || opts.ResourceVersion == "0"
 }
 
 // List and Watch make gatedLW a cache.ListerWatcher; the reflector calls

@@ -28,9 +28,18 @@ import (
 // failing into the reflector's backoff, and one prober asks /readyz until
 // the server is ready, then opens it. A watch that waited asks again from
 // its resource version, which the server resumes where it can: after an
-// outage, only the watches it cannot resume relist (listwatch.go). Answers
-// with a status (429, 5xx, 403, …) are not "unreachable": they stay
-// client-go's and the reflector's (429 and 5xx with Retry-After are
+// outage, only the watches it cannot resume relist (listwatch.go).
+//
+// Every node of a cluster runs a gate, and all of them see the server ready
+// within a probe interval of one another, when its watch cache has just
+// been filled. Resumed watches cost the server little and go out at once;
+// a relist (a List, or a Watch that streams the objects first) costs it
+// every object, so one that comes soon after the gate's reopening waits
+// until a moment of the resumeSpread after it, drawn at the reopening: a cluster's relists come spread over the window rather than
+// together, and a node still sees a change within a couple of seconds.
+//
+// Answers with a status (429, 5xx, 403, …) are not "unreachable": they
+// stay client-go's and the reflector's (429 and 5xx with Retry-After are
 // retried after the delay the server asked for), and a busy server is not
 // asked harder.
 const (
@@ -41,6 +50,9 @@ const (
 	probeJitter   = 0.2
 	// probeTimeout bounds one probe (a blackholed server never answers).
 	probeTimeout = 2 * time.Second
+	// resumeSpread is the window after the gate's reopening that relists
+	// are spread over.
+	resumeSpread = 2 * time.Second
 	// notReadyGrace is how long a server that is reachable but not ready
 	// (its /readyz fails, and a check unrelated to what we read may fail
 	// for long, or refuses us) holds the calls before they go out anyway.
@@ -63,17 +75,19 @@ type gate struct {
 	probe    func(context.Context) probeResult
 	interval time.Duration
 	jitter   float64        // fraction of interval added at random
+	spread   time.Duration  // see resumeSpread
 	random   func() float64 // in [0, 1)
 	grace    time.Duration  // see notReadyGrace
 
-	mu     sync.Mutex
-	ctx    context.Context // the prober's lifetime, from start
-	open   chan struct{}   // closed while calls may go out
-	closed time.Time       // when the gate last closed
+	mu       sync.Mutex
+	ctx      context.Context // the prober's lifetime, from start
+	open     chan struct{}   // closed while calls may go out
+	closed   time.Time       // when the gate last closed
+	relistAt time.Time       // relists wait until then (see resumeSpread)
 }
 
 func newGate(clk clock.Clock, probe func(context.Context) probeResult) *gate {
-	g := &gate{clock: clk, probe: probe, interval: probeInterval, jitter: probeJitter, random: rand.Float64,
+	g := &gate{clock: clk, probe: probe, interval: probeInterval, jitter: probeJitter, spread: resumeSpread, random: rand.Float64,
 		grace: notReadyGrace, ctx: context.Background(), open: make(chan struct{})}
 	close(g.open)
 	return g
@@ -144,19 +158,46 @@ func (g *gate) probeUntilReady(ctx context.Context, open chan struct{}) {
 	}
 }
 
+// reopen opens the gate, and draws the moment of the spread window from
+// which relists may go out.
 func (g *gate) reopen(open chan struct{}, now time.Time, why string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.relistAt = now.Add(time.Duration(g.random() * float64(g.spread)))
 	close(open)
-	klog.InfoS("API server back; resuming the watches", "server", why, "after", now.Sub(g.closed))
+	klog.InfoS("API server back; resuming the watches", "server", why, "after", now.Sub(g.closed),
+		"relistsFrom", g.relistAt.Sub(now))
+}
+
+// waitRelist blocks a relist until the moment the last reopening drew.
+func (g *gate) waitRelist(ctx context.Context) error {
+	g.mu.Lock()
+	at := g.relistAt
+	g.mu.Unlock()
+	d := at.Sub(g.clock.Now())
+	if d <= 0 {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-g.clock.After(d):
+		return nil
+	}
 }
 
 // do calls call until it returns something other than an unreachable
-// server, waiting at the gate before each attempt.
-func (g *gate) do(ctx context.Context, what string, call func() error) error {
+// server, waiting at the gate before each attempt, and a relist also for
+// its moment of the spread window.
+func (g *gate) do(ctx context.Context, what string, relist bool, call func() error) error {
 	for {
 		if err := g.wait(ctx); err != nil {
 			return err
+		}
+		if relist {
+			if err := g.waitRelist(ctx); err != nil {
+				return err
+			}
 		}
 		err := call()
 		if !unreachable(ctx, err) {

@@ -160,7 +160,7 @@ func TestGate(t *testing.T) {
 			clk := testingclock.NewFakeClock(start)
 			p := newScriptedProbe(tc.probes...)
 			g := newGate(clk, p.probe)
-			g.jitter, g.grace = 0, 3*g.interval
+			g.jitter, g.spread, g.grace = 0, 0, 3*g.interval
 			g.start(ctx)
 			if !isOpen(g) {
 				t.Fatal("a new gate is closed")
@@ -198,6 +198,63 @@ func TestGate(t *testing.T) {
 			}
 			if n := p.count(); n != len(tc.probes) {
 				t.Errorf("%d probes, want %d", n, len(tc.probes))
+			}
+		})
+	}
+}
+
+// TestGateSpreadsRelists: once the gate reopens, calls that resume go out
+// at once, and relists wait until the moment of the spread window the
+// reopening drew, so that a cluster's relists come spread over the window;
+// a relist before any outage does not wait.
+func TestGateSpreadsRelists(t *testing.T) {
+	for _, draw := range []float64{0, 0.25, 0.999} {
+		t.Run(fmt.Sprint(draw), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+			clk := testingclock.NewFakeClock(start)
+			p := newScriptedProbe(probeReady)
+			g := newGate(clk, p.probe)
+			g.jitter, g.random = 0, func() float64 { return draw }
+			g.start(ctx)
+			call := func(relist bool) <-chan time.Time {
+				at := make(chan time.Time, 1)
+				go func() {
+					if g.do(ctx, "test", relist, func() error { return nil }) == nil {
+						at <- clk.Now()
+					}
+				}()
+				return at
+			}
+			if at := <-call(true); !at.Equal(start) {
+				t.Errorf("a relist before any outage went out at %v, want at once", at.Sub(start))
+			}
+			g.shut("test", errRefused)
+			resumed, relisted := call(false), call(true)
+			waitForWaiter(t, clk)
+			clk.Step(g.interval)
+			<-p.probed
+			reopened := start.Add(g.interval)
+			if at := <-resumed; !at.Equal(reopened) {
+				t.Errorf("a resumed watch went out %v after the start, want %v", at.Sub(start), reopened.Sub(start))
+			}
+			wantAt := reopened.Add(time.Duration(draw * float64(g.spread)))
+			if draw > 0 {
+				waitForWaiter(t, clk)
+				clk.Step(wantAt.Sub(clk.Now()) - time.Nanosecond)
+				select {
+				case at := <-relisted:
+					t.Fatalf("the relist went out at %v, before its moment %v", at.Sub(start), wantAt.Sub(start))
+				case <-time.After(10 * time.Millisecond):
+				}
+				clk.Step(time.Nanosecond)
+			}
+			if at := <-relisted; !at.Equal(wantAt) {
+				t.Errorf("the relist went out %v after the start, want %v", at.Sub(start), wantAt.Sub(start))
+			}
+			if at := <-call(true); !at.Equal(wantAt) {
+				t.Errorf("a relist after the window went out at %v, want at once (%v)", at.Sub(start), wantAt.Sub(start))
 			}
 		})
 	}
@@ -293,7 +350,7 @@ func TestGatedList(t *testing.T) {
 			defer cancel()
 			clk := testingclock.NewFakeClock(time.Now())
 			g := newGate(clk, newScriptedProbe(probeReady, probeReady, probeReady, probeReady).probe)
-			g.jitter = 0
+			g.jitter, g.spread = 0, 0
 			g.start(ctx)
 			lw, calls := scriptedLW(g, tc.errs...)
 			done := make(chan struct{})
@@ -327,7 +384,7 @@ func TestGatedWatch(t *testing.T) {
 	defer cancel()
 	clk := testingclock.NewFakeClock(time.Now())
 	g := newGate(clk, newScriptedProbe(probeUnreachable, probeReady, probeReady).probe)
-	g.jitter = 0
+	g.jitter, g.spread = 0, 0
 	g.start(ctx)
 	var asked []string
 	errs := []error{errRefused, errReset, nil, errGone}
@@ -361,5 +418,26 @@ func TestGatedWatch(t *testing.T) {
 	}
 	if _, err := lw.WatchWithContext(ctx, metav1.ListOptions{ResourceVersion: "42"}); !apierrors.IsGone(err) {
 		t.Errorf("Watch answered 410 = %v, want the 410 unchanged", err)
+	}
+}
+
+// TestRelists: a Watch that streams the objects first is a relist; one
+// from a resource version resumes.
+func TestRelists(t *testing.T) {
+	yes, no := true, false
+	for _, tc := range []struct {
+		opts metav1.ListOptions
+		want bool
+	}{
+		{metav1.ListOptions{ResourceVersion: "42"}, false},
+		{metav1.ListOptions{ResourceVersion: "42", SendInitialEvents: &no}, false},
+		{metav1.ListOptions{ResourceVersion: "", SendInitialEvents: &yes}, true},
+		{metav1.ListOptions{ResourceVersion: "42", SendInitialEvents: &yes}, true},
+		{metav1.ListOptions{ResourceVersion: ""}, true},
+		{metav1.ListOptions{ResourceVersion: "0"}, true},
+	} {
+		if got := relists(tc.opts); got != tc.want {
+			t.Errorf("relists(%+v) = %v, want %v", tc.opts, got, tc.want)
+		}
 	}
 }

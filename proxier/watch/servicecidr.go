@@ -119,7 +119,7 @@ func (s *serviceCIDRs) served(ctx context.Context) (bool, error) {
 // that decides nothing.
 func (s *serviceCIDRs) discover(ctx context.Context) (bool, error) {
 	var resources *metav1.APIResourceList
-	err := s.w.gate.do(ctx, "discover "+networking.SchemeGroupVersion.String(), func() error {
+	err := s.w.gate.do(ctx, "discover "+networking.SchemeGroupVersion.String(), false, func() error {
 		var err error
 		resources, err = s.w.client.Discovery().ServerResourcesForGroupVersion(networking.SchemeGroupVersion.String())
 		return err
@@ -135,7 +135,7 @@ func (s *serviceCIDRs) discover(ctx context.Context) (bool, error) {
 	// Served. ClusterRole system:node-proxier may list and watch them; a
 	// role of one's own may not, and an informer that is refused would
 	// never sync.
-	err = s.w.gate.do(ctx, "list servicecidrs", func() error {
+	err = s.w.gate.do(ctx, "list servicecidrs", false, func() error { // one object: no relist
 		_, err := s.w.client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1})
 		return err
 	})
