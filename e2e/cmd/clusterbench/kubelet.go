@@ -22,10 +22,17 @@ import (
 // fakeKubelet plays kube-scheduler and every node's kubelet for the churn
 // Deployments' pods, as kubemark's hollow kubelets do: it binds each new
 // pod to the next node in turn, reports it running and ready at once with
-// an address from the node's pod CIDR (the Ready condition's transition
-// time is what the EndpointSlice controller's trigger time follows), and
-// deletes a pod being deleted without waiting (no container to stop). No
-// container runs and no packet is sent to these addresses.
+// an address from the node's pod CIDR, and deletes a pod being deleted
+// without waiting (no container to stop). No container runs and no packet
+// is sent to these addresses.
+//
+// The Ready condition's transition time is what the EndpointSlice
+// controller's trigger time follows, and the API server keeps it to the
+// second: a kubelet's pod that turned ready at .9 of a second shows a
+// network programming latency 0.9 s longer than its path took. The fake
+// kubelet therefore reports a pod ready in the first readyAlign of a
+// second, with that second as its transition time, so that the latency
+// the proxies record is the path's own (docs/scale.md).
 type fakeKubelet struct {
 	client kubernetes.Interface
 	queue  workqueue.TypedRateLimitingInterface[string]
@@ -38,6 +45,10 @@ type fakeKubelet struct {
 	next  int                     // the node the next pod goes to
 	used  map[string]int          // node → addresses handed out
 }
+
+// readyAlign: a pod turns ready at most this long after the second its
+// Ready condition names.
+const readyAlign = 50 * time.Millisecond
 
 // fakeKubeletWorkers handle pods at once: binding, status and deletion are
 // one API call each.
@@ -127,9 +138,14 @@ func (k *fakeKubelet) work(ctx context.Context) {
 		if quit {
 			return
 		}
-		if err := k.handle(ctx, key); err != nil && !apierrors.IsNotFound(err) {
+		after, err := k.handle(ctx, key)
+		switch {
+		case err != nil && !apierrors.IsNotFound(err):
 			k.queue.AddRateLimited(key)
-		} else {
+		case after > 0:
+			k.queue.Forget(key)
+			k.queue.AddAfter(key, after)
+		default:
 			k.queue.Forget(key)
 		}
 		k.queue.Done(key)
@@ -137,26 +153,32 @@ func (k *fakeKubelet) work(ctx context.Context) {
 }
 
 // handle moves one pod a step on: bound, then running and ready; a pod
-// being deleted is deleted.
-func (k *fakeKubelet) handle(ctx context.Context, key string) error {
+// being deleted is deleted. A pod to turn ready at the next whole second
+// comes back after the delay it returns.
+func (k *fakeKubelet) handle(ctx context.Context, key string) (time.Duration, error) {
 	obj, ok, err := k.store.GetByKey(key)
 	if err != nil || !ok {
-		return err
+		return 0, err
 	}
 	pod := obj.(*v1.Pod)
 	pods := k.client.CoreV1().Pods(pod.Namespace)
 	switch {
 	case pod.DeletionTimestamp != nil:
 		zero := int64(0)
-		return pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero,
+		return 0, pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero,
 			Preconditions: &metav1.Preconditions{UID: &pod.UID}})
 	case pod.Spec.NodeName == "":
-		return pods.Bind(ctx, &v1.Binding{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, UID: pod.UID},
+		return 0, pods.Bind(ctx, &v1.Binding{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, UID: pod.UID},
 			Target: v1.ObjectReference{Kind: "Node", Name: k.pick()}}, metav1.CreateOptions{})
 	case pod.Status.PodIP == "":
+		at := time.Now()
+		second := at.Truncate(time.Second)
+		if into := at.Sub(second); into > readyAlign {
+			return time.Second - into, nil
+		}
 		pod = pod.DeepCopy()
 		ip := k.address(pod.Spec.NodeName)
-		now := metav1.Now()
+		now := metav1.NewTime(second)
 		pod.Status.Phase = v1.PodRunning
 		pod.Status.PodIP, pod.Status.PodIPs = ip, []v1.PodIP{{IP: ip}}
 		pod.Status.StartTime = &now
@@ -166,9 +188,9 @@ func (k *fakeKubelet) handle(ctx context.Context, key string) error {
 				LastTransitionTime: now})
 		}
 		_, err := pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{})
-		return err
+		return 0, err
 	}
-	return nil
+	return 0, nil
 }
 
 // pick is the node the next pod goes to.

@@ -31,6 +31,12 @@ type churnResult struct {
 	// SLI is the real nodes' network programming latency over the churn,
 	// their histograms added up, as ClusterLoader2 reads it.
 	SLI sli `json:"sli"`
+	// Syncs is the real nodes' sync durations over the churn
+	// (kubeproxy_sync_proxy_rules_duration_seconds), added up.
+	Syncs sli `json:"syncs"`
+	// Delivered is the churn's EndpointSlice updates from their trigger
+	// time to the bench's own watcher (deliveries).
+	Delivered sli `json:"delivered"`
 }
 
 // sli is a latency histogram's count and quantiles.
@@ -128,9 +134,10 @@ func (cl *cluster) stormPhase(w *watchers, down time.Duration) phaseResult {
 // churnPhase runs the churn and reads the real nodes' network programming
 // latency over it.
 func (cl *cluster) churnPhase(w *watchers) churnResult {
-	before := cl.programmingLatency()
+	before, syncsBefore := cl.realHistogram(programmingLatency), cl.realHistogram(syncDuration)
 	cpu0 := cpuSeconds(w.hollow.Pid())
 	m := cl.startMeter(false, cl.txBytes())
+	d := cl.watchDeliveries()
 	t0 := time.Now()
 	ch := cl.startChurn()
 	time.Sleep(cl.cfg.Churn)
@@ -140,21 +147,32 @@ func (cl *cluster) churnPhase(w *watchers) churnResult {
 	cl.bumpMarker(time.Minute)
 	r.Arrivals = cl.waitMarker(time.Now())
 	r.API, r.Took, r.HollowCPU = m.stop(), time.Since(t0), cpuSeconds(w.hollow.Pid())-cpu0
-	h := cl.programmingLatency().Minus(before)
-	r.SLI = sli{Samples: h.Count, P50: h.Quantile(0.5), P90: h.Quantile(0.9), P99: h.Quantile(0.99)}
+	r.SLI = quantiles(cl.realHistogram(programmingLatency).Minus(before))
+	r.Syncs = quantiles(cl.realHistogram(syncDuration).Minus(syncsBefore))
+	r.Delivered = d.end()
 	return r
 }
 
-// programmingLatency adds up the real nodes' network programming latency
-// histograms (both families), as ClusterLoader2's query sums them over
-// every proxy before taking quantiles.
-func (cl *cluster) programmingLatency() promtext.Hist {
+// The real nodes' histograms the churn reads: both proxies export them.
+const (
+	programmingLatency = "kubeproxy_network_programming_duration_seconds"
+	syncDuration       = "kubeproxy_sync_proxy_rules_duration_seconds"
+)
+
+func quantiles(h promtext.Hist) sli {
+	return sli{Samples: h.Count, P50: h.Quantile(0.5), P90: h.Quantile(0.9), P99: h.Quantile(0.99)}
+}
+
+// realHistogram adds up a histogram of the real nodes (both families), as
+// ClusterLoader2's query sums the network programming latency over every
+// proxy before taking quantiles.
+func (cl *cluster) realHistogram(name string) promtext.Hist {
 	var mu sync.Mutex
 	var total promtext.Hist
 	var wg sync.WaitGroup
 	for _, node := range cl.real {
 		wg.Go(func() {
-			h, err := nodeHistogram(node, "kubeproxy_network_programming_duration_seconds")
+			h, err := nodeHistogram(node, name)
 			if err != nil {
 				cl.tb.Fatalf("clusterbench: the metrics of %s: %v", node.Name, err)
 			}

@@ -152,6 +152,10 @@ func churnRows() []row {
 		{"NetworkProgrammingLatency p50", churn(func(r *churnResult) float64 { return r.SLI.P50 }), "s"},
 		{"NetworkProgrammingLatency p90", churn(func(r *churnResult) float64 { return r.SLI.P90 }), "s"},
 		{"NetworkProgrammingLatency p99", churn(func(r *churnResult) float64 { return r.SLI.P99 }), "s"},
+		{"real nodes' syncs: p50", churn(func(r *churnResult) float64 { return r.Syncs.P50 }), "s"},
+		{"… p99", churn(func(r *churnResult) float64 { return r.Syncs.P99 }), "s"},
+		{"EndpointSlice updates at the bench's watcher (trigger time to arrival): p50", churn(func(r *churnResult) float64 { return r.Delivered.P50 }), "s"},
+		{"… p99", churn(func(r *churnResult) float64 { return r.Delivered.P99 }), "s"},
 	}
 }
 
@@ -204,12 +208,17 @@ func quantile(arr []arrival, q float64, real bool) float64 {
 			ds = append(ds, a.After.Seconds())
 		}
 	}
-	if len(ds) == 0 {
+	slices.Sort(ds)
+	return rank(ds, q)
+}
+
+// rank is the q-quantile of sorted (nearest rank), NaN if it is empty.
+func rank(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
 		return math.NaN()
 	}
-	slices.Sort(ds)
-	i := int(math.Ceil(q*float64(len(ds)))) - 1
-	return ds[max(i, 0)]
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(i, 0)]
 }
 
 func format(v float64, unit string) string {
@@ -221,6 +230,9 @@ func format(v float64, unit string) string {
 	}
 	switch unit {
 	case "s":
+		if v > 0 && v < 0.1 {
+			return fmt.Sprintf("%.1f ms", v*1e3)
+		}
 		if v < 10 {
 			return fmt.Sprintf("%.2f s", v)
 		}
