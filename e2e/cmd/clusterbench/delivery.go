@@ -23,7 +23,11 @@ const triggerTimeAnnotation = "endpoints.kubernetes.io/last-change-trigger-time"
 type deliveries struct {
 	mu   sync.Mutex
 	took []float64 // seconds
-	stop context.CancelFunc
+	// stale are the ages of the trigger times of updates that kept the one
+	// they had: the proxies record those too (kube-proxy's semantics), from
+	// that older time.
+	stale []float64
+	stop  context.CancelFunc
 }
 
 // watchDeliveries starts timing the churn namespace's EndpointSlice
@@ -43,13 +47,16 @@ func (cl *cluster) watchDeliveries() *deliveries {
 			at := time.Now()
 			prev := old.(*discoveryv1.EndpointSlice).Annotations[triggerTimeAnnotation]
 			cur := obj.(*discoveryv1.EndpointSlice).Annotations[triggerTimeAnnotation]
-			if cur == "" || cur == prev {
+			t, err := time.Parse(time.RFC3339Nano, cur)
+			if cur == "" || err != nil {
 				return
 			}
-			if t, err := time.Parse(time.RFC3339Nano, cur); err == nil {
-				d.mu.Lock()
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if cur == prev {
+				d.stale = append(d.stale, at.Sub(t).Seconds())
+			} else {
 				d.took = append(d.took, at.Sub(t).Seconds())
-				d.mu.Unlock()
 			}
 		}}); err != nil {
 		cl.tb.Fatal(err)
@@ -61,15 +68,19 @@ func (cl *cluster) watchDeliveries() *deliveries {
 	return d
 }
 
-// end stops the watcher and returns the count and quantiles of the times.
-func (d *deliveries) end() sli {
+// end stops the watcher and returns the count and quantiles of the
+// delivery times, and of the ages of the trigger times updates kept.
+func (d *deliveries) end() (delivered, stale sli) {
 	d.stop()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if len(d.took) == 0 {
+	return sorted(d.took), sorted(d.stale)
+}
+
+func sorted(vs []float64) sli {
+	if len(vs) == 0 {
 		return sli{} // no NaN: the result is written as JSON
 	}
-	slices.Sort(d.took)
-	return sli{Samples: float64(len(d.took)), P50: rank(d.took, 0.5), P90: rank(d.took, 0.9),
-		P99: rank(d.took, 0.99)}
+	slices.Sort(vs)
+	return sli{Samples: float64(len(vs)), P50: rank(vs, 0.5), P90: rank(vs, 0.9), P99: rank(vs, 0.99)}
 }
