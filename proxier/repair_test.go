@@ -135,6 +135,9 @@ func TestMonitorPausedForLargeCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.eventually(tcp("10.96.0.1", 80), nft.VerdictDrop)
+	// The commit is counted after the transaction, which the tracer may
+	// see first.
+	testutil.Eventually(t, "the small sync's commit", func() bool { return len(rec.get()) >= 4 })
 	if got := fmt.Sprint(rec.get()); got != "[pause commit resume commit]" {
 		t.Fatalf("after a small change: %s, want [pause commit resume commit]", got)
 	}
