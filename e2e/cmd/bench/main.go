@@ -48,6 +48,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nftproxy/nftproxy/e2e/benchdata"
+	"github.com/nftproxy/nftproxy/e2e/procstat"
 	"github.com/nftproxy/nftproxy/e2e/testbed"
 )
 
@@ -362,8 +363,8 @@ func (b *bench) settle() {
 func (b *bench) controlPlaneCPU() float64 {
 	var s float64
 	for _, pid := range b.bed.ControlPlanePIDs() {
-		if st, ok := readStat(pid); ok {
-			s += st.utime + st.stime
+		if st, ok := procstat.Read(pid); ok {
+			s += st.CPU()
 		}
 	}
 	return s

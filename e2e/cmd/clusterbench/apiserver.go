@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nftproxy/nftproxy/e2e/procstat"
 	"github.com/nftproxy/nftproxy/e2e/promtext"
 )
 
@@ -78,7 +79,7 @@ func (cl *cluster) startMeter(fresh bool, tx0 uint64) *meter {
 // sample keeps the peak of the API server's resident memory (VmHWM, which
 // the kernel keeps exactly; read while the process lives).
 func (m *meter) sample() {
-	if v := procStatusBytes(m.pid, "VmHWM:"); v > m.peak {
+	if v := procstat.StatusBytes(m.pid, "VmHWM:"); v > m.peak {
 		m.peak = v
 	}
 }
@@ -149,37 +150,8 @@ func (cl *cluster) txBytes() uint64 {
 	return 0
 }
 
-// cpuSeconds is a process's user and system CPU time.
+// cpuSeconds is a process's user and system CPU time (0 if it is gone).
 func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // f[0] is field 3
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (u + st) / 100 // USER_HZ
-}
-
-// procStatusBytes reads a "kB" field of /proc/PID/status, in bytes (0 if
-// the process is gone).
-func procStatusBytes(pid int, field string) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, field); ok {
-			f := strings.Fields(rest)
-			if len(f) > 0 {
-				v, _ := strconv.ParseInt(f[0], 10, 64)
-				return v << 10
-			}
-		}
-	}
-	return 0
+	st, _ := procstat.Read(pid)
+	return st.CPU()
 }
