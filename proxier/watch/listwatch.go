@@ -18,11 +18,13 @@ import (
 // never backs off. A Watch tried again asks for the same resource version:
 // a server back from a restart resumes it where it can, at no cost to
 // anyone, and answers 410 Gone where it cannot (its watch cache starts at
-// etcd's revision, which moves only with writes through an API server:
-// after a single API server's restart the watches that had seen the latest
-// revision resume), and only then does the reflector relist. Failing the
-// Watch instead, as this did before, made every watcher of every node
-// relist after every outage, at the moment the server became ready.
+// etcd's revision, and a watch of quiet objects holds the version of its
+// last event or bookmark: any write since, a node's Lease, puts it behind;
+// in docs/scale.md almost every watch resumed after an outage, and every
+// one relisted after a restart), and only then does the reflector relist.
+// Failing the Watch instead, as this did before, made every watcher of
+// every node relist after every outage, at the moment the server became
+// ready.
 type gatedLW struct {
 	inner cache.ListerWatcherWithContext
 	gate  *gate

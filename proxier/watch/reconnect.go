@@ -35,8 +35,9 @@ import (
 // been filled. Resumed watches cost the server little and go out at once;
 // a relist (a List, or a Watch that streams the objects first) costs it
 // every object, so one that comes soon after the gate's reopening waits
-// until a moment of the resumeSpread after it, drawn at the reopening: a cluster's relists come spread over the window rather than
-// together, and a node still sees a change within a couple of seconds.
+// until a moment of the resumeSpread after it, drawn at the reopening: a
+// cluster's relists come spread over the window rather than together, and
+// a node still sees a change within a couple of seconds.
 //
 // Answers with a status (429, 5xx, 403, …) are not "unreachable": they
 // stay client-go's and the reflector's (429 and 5xx with Retry-After are
