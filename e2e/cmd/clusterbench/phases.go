@@ -134,7 +134,7 @@ func (cl *cluster) stormPhase(w *watchers, down time.Duration) phaseResult {
 // churnPhase runs the churn and reads the real nodes' network programming
 // latency over it.
 func (cl *cluster) churnPhase(w *watchers) churnResult {
-	before, syncsBefore := cl.realHistogram(programmingLatency), cl.realHistogram(syncDuration)
+	before := cl.realHistograms(programmingLatency, syncDuration)
 	cpu0 := cpuSeconds(w.hollow.Pid())
 	m := cl.startMeter(false, cl.txBytes())
 	d := cl.watchDeliveries()
@@ -147,8 +147,8 @@ func (cl *cluster) churnPhase(w *watchers) churnResult {
 	cl.bumpMarker(time.Minute)
 	r.Arrivals = cl.waitMarker(time.Now())
 	r.API, r.Took, r.HollowCPU = m.stop(), time.Since(t0), cpuSeconds(w.hollow.Pid())-cpu0
-	r.SLI = quantiles(cl.realHistogram(programmingLatency).Minus(before))
-	r.Syncs = quantiles(cl.realHistogram(syncDuration).Minus(syncsBefore))
+	after := cl.realHistograms(programmingLatency, syncDuration)
+	r.SLI, r.Syncs = quantiles(after[0].Minus(before[0])), quantiles(after[1].Minus(before[1]))
 	var stale sli
 	r.Delivered, stale = d.end()
 	cl.tb.Logf("clusterbench: churn: %.0f EndpointSlice updates with a new trigger time; %.0f kept the one they had, "+
@@ -167,39 +167,42 @@ func quantiles(h promtext.Hist) sli {
 	return sli{Samples: h.Count, P50: h.Quantile(0.5), P90: h.Quantile(0.9), P99: h.Quantile(0.99)}
 }
 
-// realHistogram adds up a histogram of the real nodes (both families), as
-// ClusterLoader2's query sums the network programming latency over every
-// proxy before taking quantiles.
-func (cl *cluster) realHistogram(name string) promtext.Hist {
-	var mu sync.Mutex
-	var total promtext.Hist
+// realHistograms adds up histograms of the real nodes (both families),
+// each in the order of names, as ClusterLoader2's query sums the network
+// programming latency over every proxy before taking quantiles. Each node
+// is scraped once.
+func (cl *cluster) realHistograms(names ...string) []promtext.Hist {
+	scrapes := make([]promtext.Scrape, len(cl.real))
+	errs := make([]error, len(cl.real))
 	var wg sync.WaitGroup
-	for _, node := range cl.real {
-		wg.Go(func() {
-			h, err := nodeHistogram(node, name)
-			if err != nil {
-				cl.tb.Fatalf("clusterbench: the metrics of %s: %v", node.Name, err)
-			}
-			mu.Lock()
-			total = total.Plus(h)
-			mu.Unlock()
-		})
+	for i, node := range cl.real {
+		wg.Go(func() { scrapes[i], errs[i] = nodeMetrics(node) })
 	}
 	wg.Wait()
-	return total
+	totals := make([]promtext.Hist, len(names))
+	for i, node := range cl.real {
+		if errs[i] != nil {
+			cl.tb.Fatalf("clusterbench: the metrics of %s: %v", node.Name, errs[i])
+		}
+		for j, name := range names {
+			// Empty while the proxy has no sample: a histogram vector has
+			// no series before its first.
+			h, _ := scrapes[i].Histogram(name, nil)
+			totals[j] = totals[j].Plus(h)
+		}
+	}
+	return totals
 }
 
-// nodeHistogram reads a histogram from the proxy on node: empty while it
-// has no sample (a histogram vector has no series before its first).
-func nodeHistogram(node *testbed.Node, name string) (promtext.Hist, error) {
+// nodeMetrics scrapes the proxy on node.
+func nodeMetrics(node *testbed.Node) (promtext.Scrape, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	body, err := node.HTTPGet(ctx, "http://127.0.0.1:10249/metrics")
 	if err != nil {
-		return promtext.Hist{}, err
+		return nil, err
 	}
-	h, _ := promtext.Parse(body).Histogram(name, nil)
-	return h, nil
+	return promtext.Parse(body), nil
 }
 
 func countMissing(arr []arrival) int {
