@@ -26,13 +26,19 @@ type apiCost struct {
 	// WatchLists are watches that streamed the objects first (a
 	// reflector's list as a watch, client-go's WatchListClient), counted
 	// when their initial events were sent.
-	WatchLists        float64 `json:"watchLists"`
-	ListsFromCache    float64 `json:"listsFromCache"`
-	ListsFromEtcd     float64 `json:"listsFromEtcd"`   // etcd list calls, the watch cache's own included
-	TooManyRequests   float64 `json:"tooManyRequests"` // 429s, any request
-	Rejected          float64 `json:"rejected"`        // API Priority and Fairness rejections
-	WatchEventBytes   float64 `json:"watchEventBytes"`
-	SliceWrites       float64 `json:"sliceWrites"` // EndpointSlice create, update, patch and delete requests
+	WatchLists      float64 `json:"watchLists"`
+	ListsFromCache  float64 `json:"listsFromCache"`
+	ListsFromEtcd   float64 `json:"listsFromEtcd"`   // etcd list calls, the watch cache's own included
+	TooManyRequests float64 `json:"tooManyRequests"` // 429s, any request
+	Rejected        float64 `json:"rejected"`        // API Priority and Fairness rejections
+	WatchEventBytes float64 `json:"watchEventBytes"`
+	SliceWrites     float64 `json:"sliceWrites"` // EndpointSlice create, update, patch and delete requests
+	// Watches open at the phase's end (not a difference): of Nodes, and of
+	// Services and EndpointSlices. Once every proxy is settled both
+	// columns hold as many; after a storm, the watches of a proxy still
+	// backing off are missing.
+	NodeWatches       float64 `json:"nodeWatches"`
+	ProxyWatches      float64 `json:"proxyWatches"`
 	MetricsUnreadable bool    `json:"metricsUnreadable,omitempty"`
 }
 
@@ -111,6 +117,12 @@ func (m *meter) stop() apiCost {
 	c.TooManyRequests = d("apiserver_request_total", map[string]string{"code": "429"})
 	c.Rejected = d("apiserver_flowcontrol_rejected_requests_total", nil)
 	c.WatchEventBytes = d("apiserver_watch_events_sizes_sum", nil)
+	open := func(res string) float64 {
+		v, _ := m1.Sum("apiserver_longrunning_requests", map[string]string{"verb": "WATCH", "resource": res})
+		return v
+	}
+	c.NodeWatches = open("nodes")
+	c.ProxyWatches = open("services") + open("endpointslices")
 	for _, verb := range []string{"POST", "PUT", "PATCH", "DELETE"} {
 		c.SliceWrites += d("apiserver_request_total", map[string]string{"verb": verb, "resource": "endpointslices"})
 	}

@@ -76,6 +76,11 @@ func hollowPodCIDR(i int) netip.Prefix {
 	return netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 160+i/256, i%256))
 }
 
+// hollowIP is hollow node i's InternalIP, in 10.192.0.0/11 (never sent a
+// packet either). A kubelet reports its Node's addresses, and kube-proxy's
+// NodeManager waits for them before its proxy starts.
+func hollowIP(i int) string { return fmt.Sprintf("10.%d.%d.1", 192+i/256, i%256) }
+
 // newCluster starts the bed, the controller-manager and the fake kubelet,
 // and creates every object the columns share.
 func newCluster(tb testbed.TB, c config) *cluster {
@@ -174,7 +179,8 @@ func (cl *cluster) createHollowNodes() {
 			cl.tb.Fatalf("create Node %s: %v", name, err)
 		}
 		created.Status = v1.NodeStatus{
-			Capacity: v1.ResourceList{v1.ResourcePods: resource.MustParse("110")},
+			Capacity:  v1.ResourceList{v1.ResourcePods: resource.MustParse("110")},
+			Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: hollowIP(i)}},
 			Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "Hollow",
 				LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
 		}

@@ -173,6 +173,8 @@ func apiRows() []row {
 		{"watch-lists of Services and EndpointSlices", api(func(a *apiCost) float64 { return a.WatchLists }), ""},
 		{"lists served from the watch cache", api(func(a *apiCost) float64 { return a.ListsFromCache }), ""},
 		{"lists from etcd", api(func(a *apiCost) float64 { return a.ListsFromEtcd }), ""},
+		{"watches open at the end: Services and EndpointSlices", api(func(a *apiCost) float64 { return a.ProxyWatches }), ""},
+		{"… of Nodes", api(func(a *apiCost) float64 { return a.NodeWatches }), ""},
 		{"429s (any request)", api(func(a *apiCost) float64 { return a.TooManyRequests }), ""},
 		{"API Priority and Fairness rejections", api(func(a *apiCost) float64 { return a.Rejected }), ""},
 		{"hollow watchers' CPU (their process, nice 19)", func(_ *columnResult, p *phaseResult) float64 { return p.HollowCPU }, "s"},
