@@ -15,6 +15,7 @@
 # cheap. A lock serialises concurrent runs (e.g. several test packages calling
 # EnsureBinaries).
 #
+# helm v3 and v4 come from the nested modules e2e/tools/helm3 and e2e/tools/helm4.
 # With --kubelet it also builds kubelet, kube-controller-manager and kube-scheduler (from
 # the nested module e2e/tools/kubenode) for `make kubelet-e2e`; other tests do not need them.
 # With --skew it builds only the kube-apiserver of the oldest supported release
@@ -126,6 +127,13 @@ if [[ $skew == 0 ]]; then
 	build kube-proxy "$here/kube" k8s.io/kubernetes/cmd/kube-proxy "$kube_ldflags"
 	build kubectl "$here/kubecli" k8s.io/kubernetes/cmd/kubectl "$kube_ldflags"
 	build kubeadm "$here/kubecli" k8s.io/kubernetes/cmd/kubeadm "$kube_ldflags"
+	# helm of both major releases, for the chart's tests (e2e/helm); the
+	# version each reports is its module's.
+	for major in 3 4; do
+		helm_version="$(awk -v m="helm.sh/helm/v$major" '$1 == m { print $2 }' "$here/helm$major/go.mod")"
+		build "helm$major" "$here/helm$major" "helm.sh/helm/v$major/cmd/helm" \
+			"-s -w -X helm.sh/helm/v$major/internal/version.version=$helm_version"
+	done
 fi
 if [[ $kubelet == 1 && $skew == 0 ]]; then
 	for cmd in kubelet kube-controller-manager kube-scheduler; do
