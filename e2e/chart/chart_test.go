@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -14,7 +15,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/testutil/kubebin"
 )
 
-var update = flag.Bool("update", false, "rewrite docs/installing.md's values table")
+var update = flag.Bool("update", false, "rewrite docs/installing.md's values table and the golden renderings in testdata/")
 
 // tools are the binaries the tests run: kubectl and helm of both majors.
 type tools struct{ kubectl, helm3, helm4 string }
@@ -201,6 +202,62 @@ func TestChartLint(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestChartGolden compares `helm template` (test hooks included) of both
+// majors with the renderings in testdata/MAJOR/ (the majors space documents
+// differently), text for text: the defaults and every switch on. -update
+// rewrites them; a review of their diff is a review of what operators will
+// apply.
+func TestChartGolden(t *testing.T) {
+	tl := ensureTools(t)
+	cases := map[string][]string{
+		"defaults.yaml": nil,
+		"everything.yaml": {"--set", "monitoring.serviceMonitor.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.dashboard.enabled=true," +
+			"config.create=true,config.apiServer=https://control-plane:6443,config.kubeProxyConfiguration.clusterCIDR=10.244.0.0/16\\,fd00:244::/48," +
+			"extraArgs={--v=2},image.digest=sha256:" + strings.Repeat("ab", 32)},
+	}
+	for name, helm := range tl.helms() {
+		for file, args := range cases {
+			out, err := chart.Run(helm, append([]string{"template", "nftproxy", chartDir(), "--namespace", "kube-system",
+				"--kube-version", kubebin.Pinned().Kubernetes}, args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden := filepath.Join("testdata", name, file)
+			if *update {
+				if err := os.WriteFile(golden, out, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (go test ./e2e/chart -run TestChartGolden -update writes it)", err)
+			}
+			if string(out) != string(want) {
+				t.Errorf("%s template %v differs from %s (-update rewrites it):\n%s", name, args, golden, firstDiff(string(out), string(want)))
+			}
+		}
+	}
+}
+
+// firstDiff shows the first line where got and want differ.
+func firstDiff(got, want string) string {
+	g, w := strings.Split(got, "\n"), strings.Split(want, "\n")
+	for i := range max(len(g), len(w)) {
+		var gl, wl string
+		if i < len(g) {
+			gl = g[i]
+		}
+		if i < len(w) {
+			wl = w[i]
+		}
+		if gl != wl {
+			return "line " + strconv.Itoa(i+1) + ":\n got: " + gl + "\nwant: " + wl
+		}
+	}
+	return ""
 }
 
 // Markers of docs/installing.md's values table.
