@@ -129,6 +129,53 @@ func parseConfFiles(t *testing.T, objs map[string]chart.Object) {
 	}
 }
 
+// TestChartPodsNotAdopted: no Pod the chart makes (helm test's) carries
+// the labels the DaemonSet selects: the DaemonSet would adopt it and
+// delete it as surplus on its node (found by TestHelm on real kubelets).
+func TestChartPodsNotAdopted(t *testing.T) {
+	tl := ensureTools(t)
+	for name, helm := range tl.helms() {
+		objs, err := chart.Template(helm, chartDir(), "--kube-version", kubebin.Pinned().Kubernetes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds, ok := objs["DaemonSet kube-system/nftproxy"]
+		if !ok {
+			t.Fatalf("%s: no DaemonSet kube-system/nftproxy among %d objects", name, len(objs))
+		}
+		sel := field(ds, "spec", "selector", "matchLabels")
+		pods := 0
+		for key, o := range objs {
+			if o["kind"] != "Pod" {
+				continue
+			}
+			pods++
+			labels := field(o, "metadata", "labels")
+			matches := len(sel) > 0
+			for k, v := range sel {
+				if labels[k] != v {
+					matches = false
+				}
+			}
+			if matches {
+				t.Errorf("%s: %s has the DaemonSet's selector %v among its labels %v", name, key, sel, labels)
+			}
+		}
+		if pods == 0 {
+			t.Errorf("%s: the chart makes no test pod", name)
+		}
+	}
+}
+
+// field returns the map at path in o (nil if there is none).
+func field(o chart.Object, path ...string) map[string]any {
+	m := map[string]any(o)
+	for _, p := range path {
+		m, _ = m[p].(map[string]any)
+	}
+	return m
+}
+
 // TestChartRefusesBadValues: values.schema.json refuses each bad value
 // before anything renders, naming the field, with both helm majors.
 func TestChartRefusesBadValues(t *testing.T) {
