@@ -196,6 +196,28 @@ $(PREV_IMAGE_TAR):
 		BUILD_DATE=$$(TZ=UTC0 git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ $(PREV_RELEASE))
 	rm -rf $(BIN)/prev-src
 
+# The Helm chart (deploy/helm/nftproxy, docs/installing.md) on the conformance
+# cluster: installed from the bed's registry as an OCI artifact with helm v3
+# and v4 in turn in place of kube-proxy, upgraded from the chart of
+# PREV_RELEASE's image to this build's, a value changed, rolled back and
+# uninstalled under load (0 connections lost), `helm test` between. Not part
+# of `make test` (which renders the chart against deploy/: e2e/chart).
+.PHONY: helm-e2e chart
+helm-e2e: e2e-tools image prev-image
+	e2e/tools/build.sh --kubelet --conformance
+	NFTPROXY_HELM_E2E=1 NFTPROXY_IMAGE_TAR=$(abspath $(IMAGE_TAR)) NFTPROXY_PREV_IMAGE_TAR=$(abspath $(PREV_IMAGE_TAR)) \
+		NFTPROXY_CONFORMANCE_OUT=$(abspath $(CONFORMANCE_OUT)) \
+		$(GO) test -count=1 -v -timeout 2h -run '^TestHelm$$' ./e2e/conformance/
+
+# The chart packaged for this build into $(BIN): appVersion is the image tag
+# `make image` gives (VERSION), the chart's version 0.1.0-g<VERSION>. helm is
+# the one e2e/tools/build.sh builds (v4); `helm push` it to an OCI registry.
+KUBE_RELEASE   := $(shell awk '$$1 == "kubernetes" { print $$2 }' e2e/tools/versions)
+HELM          ?= $(or $(NFTPROXY_E2E_CACHE),$(HOME)/.cache/nftproxy-e2e)/bin/$(KUBE_RELEASE)/helm4
+CHART_VERSION ?= 0.1.0-g$(subst .,-,$(VERSION))
+chart: e2e-tools
+	$(HELM) package deploy/helm/nftproxy --version $(CHART_VERSION) --app-version $(VERSION) --destination $(BIN)
+
 # The kernel tests of nft/nftnl, conntrack, proxier, proxier/ruleset,
 # proxier/localnodeport, proxier/leftovers and cmd/nftproxy on the kernels
 # and userland (nft, ip, conntrack, iptables) of Debian's releases, each

@@ -60,7 +60,8 @@ type cluster struct {
 // with a client certificate), kube-controller-manager and kube-scheduler;
 // kubeadm's kube-proxy and coredns addons; the proxy (nftproxy from
 // deploy/, its image pulled from the local registry, or kubeadm's
-// kube-proxy DaemonSet as it is), configured for the run's first set; two
+// kube-proxy DaemonSet as it is; for TestHelm, kube-proxy with nftproxy's
+// images in the registry), configured for the run's first set; two
 // nodes with containerd, a kubelet, a pod network of both families and the
 // test images. It returns once both nodes are Ready, the proxy's pods serve
 // and CoreDNS answers for both families.
@@ -96,6 +97,15 @@ func startCluster(t *testing.T, cfg config, tl tools, images map[string]image, p
 		opts.Images = append(opts.Images, images[kind].archive)
 	}
 	switch proxy {
+	case proxyHelm:
+		// kube-proxy runs until TestHelm replaces it; nftproxy's images
+		// wait in the registry, where the chart goes too.
+		c.daemonSet = proxyKubeProxy
+		c.dropLibModules()
+		c.startRegistry(filepath.Join(cfg.out, "images", "docker-registry"))
+		c.pushNftproxy(cfg.prevImage, false)
+		c.pushNftproxy(cfg.image, true)
+		opts.Registry = registryAddr
 	case proxyNftproxy:
 		// Both archives tag their image latest too: the previous release's
 		// must not take that name from this one's.

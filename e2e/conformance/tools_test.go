@@ -54,6 +54,9 @@ const (
 const (
 	proxyNftproxy  = "nftproxy"
 	proxyKubeProxy = "kube-proxy"
+	// proxyHelm starts with kube-proxy, which TestHelm replaces by the
+	// chart's nftproxy.
+	proxyHelm = "helm"
 )
 
 type config struct {
