@@ -16,9 +16,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -106,20 +109,7 @@ func Kustomize(kubectl, dir string) (map[string]Object, error) {
 // first differing path.
 func Diff(got, want map[string]Object) string {
 	var b strings.Builder
-	keys := map[string]bool{}
-	for k := range got {
-		keys[k] = true
-	}
-	for k := range want {
-		keys[k] = true
-	}
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range keys {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, k := range slices.Sorted(unionKeys(got, want)) {
 		g, inGot := got[k]
 		w, inWant := want[k]
 		switch {
@@ -144,7 +134,7 @@ func diffValue(path string, got, want any) string {
 		if !ok {
 			return fmt.Sprintf("%s: got %s, want %s", path, show(got), show(want))
 		}
-		for _, k := range slices.Sorted(mapKeys(g, w)) {
+		for _, k := range slices.Sorted(unionKeys(g, w)) {
 			if d := diffValue(path+"."+k, g[k], w[k]); d != "" {
 				return d
 			}
@@ -162,14 +152,15 @@ func diffValue(path string, got, want any) string {
 		}
 		return ""
 	default:
-		if show(got) != show(want) {
+		if !reflect.DeepEqual(got, want) {
 			return fmt.Sprintf("%s: got %s, want %s", path, show(got), show(want))
 		}
 		return ""
 	}
 }
 
-func mapKeys(a, b map[string]any) func(func(string) bool) {
+// unionKeys yields each key of a and b once.
+func unionKeys[V any](a, b map[string]V) iter.Seq[string] {
 	return func(yield func(string) bool) {
 		for k := range a {
 			if !yield(k) {
@@ -184,15 +175,22 @@ func mapKeys(a, b map[string]any) func(func(string) bool) {
 	}
 }
 
-func show(v any) string {
+// jsonText is v as JSON, for the values table.
+func jsonText(v any) string {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Sprint(v)
 	}
-	if len(b) > 200 {
-		return string(b[:200]) + "…"
-	}
 	return string(b)
+}
+
+// show is v as JSON cut short, for a message.
+func show(v any) string {
+	s := jsonText(v)
+	if len(s) > 200 {
+		return s[:200] + "…"
+	}
+	return s
 }
 
 // ValuesTable is docs/installing.md's table of the chart's values: one row
@@ -224,7 +222,7 @@ func ValuesTable(chartDir string) (string, error) {
 		desc, _ := s["description"].(string)
 		if len(props) > 0 && desc == "" {
 			vm, _ := v.(map[string]any)
-			for _, k := range slices.Sorted(mapKeys(props, nil)) {
+			for _, k := range slices.Sorted(maps.Keys(props)) {
 				if k == "global" {
 					continue
 				}
@@ -246,11 +244,11 @@ func ValuesTable(chartDir string) (string, error) {
 		if e, ok := s["enum"].([]any); ok {
 			var alts []string
 			for _, a := range e {
-				alts = append(alts, show(a))
+				alts = append(alts, jsonText(a))
 			}
 			typ = "one of " + strings.Join(alts, ", ")
 		}
-		def := "`" + show(v) + "`"
+		def := "`" + jsonText(v) + "`"
 		if v == nil {
 			def = "–"
 		}

@@ -343,3 +343,18 @@ func TestValuesTable(t *testing.T) {
 	}
 	t.Errorf("%s: the values table is not the chart's; go test ./e2e/chart -run TestValuesTable -update rewrites it:\n%s", doc, table)
 }
+
+// TestDiffWholeValues: Diff compares whole values, not the shortened text
+// its messages show (a dashboard differing after its first bytes).
+func TestDiffWholeValues(t *testing.T) {
+	long := strings.Repeat("x", 500)
+	obj := func(data string) map[string]chart.Object {
+		return map[string]chart.Object{"ConfigMap ns/d": {"kind": "ConfigMap", "data": map[string]any{"d.json": data}}}
+	}
+	if d := chart.Diff(obj(long+"a"), obj(long+"b")); !strings.Contains(d, "ConfigMap ns/d.data.d.json") {
+		t.Errorf("values differing after 500 bytes: diff %q", d)
+	}
+	if d := chart.Diff(obj(long), obj(long)); d != "" {
+		t.Errorf("equal values: diff %q", d)
+	}
+}

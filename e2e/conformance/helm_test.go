@@ -3,6 +3,7 @@ package conformance_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -366,21 +367,9 @@ func (c *cluster) waitGone(kubeadmConf map[string]string) {
 		}
 		return nil
 	})
-	if got := c.proxyConfigMap().Data; !mapsEqual(got, kubeadmConf) {
+	if got := c.proxyConfigMap().Data; !maps.Equal(got, kubeadmConf) {
 		c.t.Errorf("kubeadm's ConfigMap kube-system/kube-proxy changed by the chart: %v, was %v", got, kubeadmConf)
 	}
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // checkTablesLeft checks that each node still has nftproxy's tables of both
