@@ -104,6 +104,18 @@ func Kustomize(kubectl, dir string) (map[string]Object, error) {
 	return Parse(out)
 }
 
+// Overlay writes into dir a kustomization of base with component added,
+// by paths relative to dir: kustomize takes no other.
+func Overlay(dir, base, component string) error {
+	b, err1 := filepath.Rel(dir, base)
+	c, err2 := filepath.Rel(dir, component)
+	if err := errors.Join(err1, err2); err != nil {
+		return err
+	}
+	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\ncomponents:\n- %s\n", b, c)
+	return os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
+}
+
 // Diff says how two sets of objects differ, object by object ("" when
 // they are equal): the keys only one has, and for each key both have, the
 // first differing path.

@@ -70,16 +70,7 @@ func TestChartRendersDeploy(t *testing.T) {
 	root := kubebin.RepoRoot()
 	deploy := filepath.Join(root, "deploy")
 	withComponent := t.TempDir()
-	rel := func(p string) string {
-		r, err := filepath.Rel(withComponent, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	// kustomize takes only relative paths to a base or a component.
-	k := "resources: [" + rel(deploy) + "]\ncomponents: [" + rel(filepath.Join(deploy, "components", "without-kubeadm")) + "]\n"
-	if err := os.WriteFile(filepath.Join(withComponent, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+	if err := chart.Overlay(withComponent, deploy, filepath.Join(deploy, "components", "without-kubeadm")); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nftproxy/nftproxy/e2e/chart"
 	"github.com/nftproxy/nftproxy/e2e/testbed"
 )
 
@@ -192,20 +193,14 @@ func kustomizationKind(path string) (string, error) {
 }
 
 // overlayWith writes an overlay of deploy/ that adds the Component in
-// component and returns its directory. Kustomize wants relative paths.
+// component and returns its directory.
 func (d *dropIn) overlayWith(t *testing.T, component string) string {
 	t.Helper()
 	dir, err := os.MkdirTemp(d.dir, "overlay-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	base, err1 := filepath.Rel(dir, d.deploy)
-	comp, err2 := filepath.Rel(dir, component)
-	if err1 != nil || err2 != nil {
-		t.Fatal(err1, err2)
-	}
-	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\ncomponents:\n- %s\n", base, comp)
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+	if err := chart.Overlay(dir, d.deploy, component); err != nil {
 		t.Fatal(err)
 	}
 	return dir
