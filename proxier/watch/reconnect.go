@@ -42,7 +42,14 @@ import (
 // Answers with a status (429, 5xx, 403, …) are not "unreachable": they
 // stay client-go's and the reflector's (429 and 5xx with Retry-After are
 // retried after the delay the server asked for), and a busy server is not
-// asked harder.
+// asked harder. One answer is held like an unreachable server: a 403 from
+// a server that is not ready. A restarted server refuses every call until
+// its authorizer has loaded the RBAC rules, and a refused watch makes the
+// reflector relist; so a 403 is checked with one probe, and the call waits
+// at the gate unless the server is ready (then the 403 is its answer).
+// After the grace period has opened the gate on a server that never became
+// ready, 403s pass until a probe finds it ready again: a server that
+// refuses both us and our probes is not waited on forever.
 const (
 	// probeInterval is the pause before each readiness probe while the
 	// gate is closed, plus up to probeJitter of it at random (so that the
@@ -85,6 +92,9 @@ type gate struct {
 	open     chan struct{}   // closed while calls may go out
 	closed   time.Time       // when the gate last closed
 	relistAt time.Time       // relists wait until then (see resumeSpread)
+	// graceOpened: the last reopening was by the grace period, not by a
+	// ready probe; 403s pass until the next one.
+	graceOpened bool
 }
 
 func newGate(clk clock.Clock, probe func(context.Context) probeResult) *gate {
@@ -114,9 +124,9 @@ func (g *gate) wait(ctx context.Context) error {
 	}
 }
 
-// shut records that a call (what) found the server unreachable: later
-// calls wait until a probe finds it ready.
-func (g *gate) shut(what string, err error) {
+// shut records that a call (what) found the server unreachable, or not
+// ready (why): later calls wait until a probe finds it ready.
+func (g *gate) shut(what, why string, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	select {
@@ -126,8 +136,22 @@ func (g *gate) shut(what string, err error) {
 	}
 	g.open = make(chan struct{})
 	g.closed = g.clock.Now()
-	klog.InfoS("API server unreachable; holding the watches until it is ready", "call", what, "err", err)
+	klog.InfoS("API server "+why+"; holding the watches until it is ready", "call", what, "err", err)
 	go g.probeUntilReady(g.ctx, g.open)
+}
+
+// holdRefused reports whether a call (what) refused with err (a 403)
+// should wait at the gate: when one probe finds the server not ready, it
+// shuts the gate and does.
+func (g *gate) holdRefused(ctx context.Context, what string, err error) bool {
+	g.mu.Lock()
+	graceOpened := g.graceOpened
+	g.mu.Unlock()
+	if graceOpened || g.probe(ctx) == probeReady {
+		return false
+	}
+	g.shut(what, "not ready", err)
+	return true
 }
 
 // probeUntilReady probes every interval until the server is ready, or has
@@ -145,7 +169,7 @@ func (g *gate) probeUntilReady(ctx context.Context, open chan struct{}) {
 		now := g.clock.Now()
 		switch {
 		case res == probeReady:
-			g.reopen(open, now, "ready")
+			g.reopen(open, now, false)
 			return
 		case res == probeUnreachable:
 			answering = time.Time{}
@@ -153,19 +177,24 @@ func (g *gate) probeUntilReady(ctx context.Context, open chan struct{}) {
 			answering = now
 		}
 		if !answering.IsZero() && now.Sub(answering) >= g.grace {
-			g.reopen(open, now, "reachable but not ready")
+			g.reopen(open, now, true)
 			return
 		}
 	}
 }
 
-// reopen opens the gate, and draws the moment of the spread window from
-// which relists may go out.
-func (g *gate) reopen(open chan struct{}, now time.Time, why string) {
+// reopen opens the gate, ready or by the grace period, and draws the
+// moment of the spread window from which relists may go out.
+func (g *gate) reopen(open chan struct{}, now time.Time, grace bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.relistAt = now.Add(time.Duration(g.random() * float64(g.spread)))
+	g.graceOpened = grace
 	close(open)
+	why := "ready"
+	if grace {
+		why = "reachable but not ready"
+	}
 	klog.InfoS("API server back; resuming the watches", "server", why, "after", now.Sub(g.closed),
 		"relistsFrom", g.relistAt.Sub(now))
 }
@@ -188,8 +217,9 @@ func (g *gate) waitRelist(ctx context.Context) error {
 }
 
 // do calls call until it returns something other than an unreachable
-// server, waiting at the gate before each attempt, and a relist also for
-// its moment of the spread window.
+// server or a refusal from a server that is not ready, waiting at the gate
+// before each attempt, and a relist also for its moment of the spread
+// window.
 func (g *gate) do(ctx context.Context, what string, relist bool, call func() error) error {
 	for {
 		if err := g.wait(ctx); err != nil {
@@ -201,10 +231,13 @@ func (g *gate) do(ctx context.Context, what string, relist bool, call func() err
 			}
 		}
 		err := call()
-		if !unreachable(ctx, err) {
+		switch {
+		case unreachable(ctx, err):
+			g.shut(what, "unreachable", err)
+		case ctx.Err() == nil && apierrors.IsForbidden(err) && g.holdRefused(ctx, what, err):
+		default:
 			return err
 		}
-		g.shut(what, err)
 	}
 }
 

@@ -165,8 +165,8 @@ func TestGate(t *testing.T) {
 			if !isOpen(g) {
 				t.Fatal("a new gate is closed")
 			}
-			g.shut("test", errRefused)
-			g.shut("test again", errRefused) // no second prober
+			g.shut("test", "unreachable", errRefused)
+			g.shut("test again", "unreachable", errRefused) // no second prober
 			released := make(chan time.Time, 1)
 			go func() {
 				if g.wait(ctx) == nil {
@@ -230,7 +230,7 @@ func TestGateSpreadsRelists(t *testing.T) {
 			if at := <-call(true); !at.Equal(start) {
 				t.Errorf("a relist before any outage went out at %v, want at once", at.Sub(start))
 			}
-			g.shut("test", errRefused)
+			g.shut("test", "unreachable", errRefused)
 			resumed, relisted := call(false), call(true)
 			waitForWaiter(t, clk)
 			clk.Step(g.interval)
@@ -266,7 +266,7 @@ func TestGateWaitEndsWithContext(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Now())
 	g := newGate(clk, newScriptedProbe().probe)
 	g.start(context.Background())
-	g.shut("test", errRefused)
+	g.shut("test", "unreachable", errRefused)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := g.wait(ctx); !errors.Is(err, context.Canceled) {
@@ -328,29 +328,42 @@ func scriptedLW(g *gate, errs ...error) (*gatedLW, *int) {
 // TestGatedList: a List that finds the server unreachable waits at the
 // gate and tries again once the server is ready, so that the reflector
 // never sees the failure; answers of the server, errors included, pass
-// at once.
+// at once, but a 403 from a server that is not ready (a restarted one
+// whose authorizer has not loaded the RBAC rules) waits like an
+// unreachable server, and passes once the grace period has opened the
+// gate on a server that never became ready.
 func TestGatedList(t *testing.T) {
+	const N, R = probeNotReady, probeReady
 	for _, tc := range []struct {
 		name    string
 		errs    []error
+		probes  []probeResult // none: always ready
 		wantErr error
 		calls   int
 		waited  int // probe intervals
 	}{
-		{"answer", nil, nil, 1, 0},
-		{"refused, then answer", []error{errRefused}, nil, 2, 1},
-		{"refused, reset, EOF, timeout, then answer", []error{errRefused, errReset, errEOF, errTimeout}, nil, 5, 4},
-		{"429 is client-go's", []error{errThrottled}, errThrottled, 1, 0},
-		{"500 is client-go's", []error{errInternal}, errInternal, 1, 0},
-		{"403 is the reflector's", []error{errForbidden}, errForbidden, 1, 0},
-		{"refused, then 403", []error{errRefused, errForbidden}, errForbidden, 2, 1},
+		{"answer", nil, nil, nil, 1, 0},
+		{"refused, then answer", []error{errRefused}, nil, nil, 2, 1},
+		{"refused, reset, EOF, timeout, then answer", []error{errRefused, errReset, errEOF, errTimeout}, nil, nil, 5, 4},
+		{"429 is client-go's", []error{errThrottled}, nil, errThrottled, 1, 0},
+		{"500 is client-go's", []error{errInternal}, nil, errInternal, 1, 0},
+		{"403 from a ready server is the reflector's", []error{errForbidden}, nil, errForbidden, 1, 0},
+		{"refused, then 403 from a ready server", []error{errRefused, errForbidden}, nil, errForbidden, 2, 1},
+		{"403 from a server not ready waits until it is", []error{errForbidden}, []probeResult{N, N, R}, nil, 2, 2},
+		{"refused, then 403 before the RBAC rules, then answer", []error{errRefused, errForbidden}, []probeResult{R, N, R}, nil, 3, 2},
+		{"403 from a server never ready passes after the grace period", []error{errForbidden, errForbidden},
+			[]probeResult{N, N, N, N, N}, errForbidden, 2, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			clk := testingclock.NewFakeClock(time.Now())
-			g := newGate(clk, newScriptedProbe(probeReady, probeReady, probeReady, probeReady).probe)
-			g.jitter, g.spread = 0, 0
+			probes := tc.probes
+			if probes == nil {
+				probes = []probeResult{R, R, R, R}
+			}
+			g := newGate(clk, newScriptedProbe(probes...).probe)
+			g.jitter, g.spread, g.grace = 0, 0, 3*g.interval
 			g.start(ctx)
 			lw, calls := scriptedLW(g, tc.errs...)
 			done := make(chan struct{})
