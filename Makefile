@@ -71,10 +71,11 @@ unit-arm64: deps
 	GOARCH=arm64 CGO_ENABLED=0 $(GO) test -count=1 -exec qemu-aarch64-static $$($(GO) list ./... | grep -v /e2e/)
 
 # kube-apiserver, etcd and upstream kube-proxy of the newest Kubernetes
-# release (e2e/tools/versions), built from the Go module proxy into
-# ~/.cache/nftproxy-e2e/bin/<version> (instant when up to date).
+# release (e2e/tools/versions), and flanneld (e2e/cni), built from the Go
+# module proxy into ~/.cache/nftproxy-e2e/bin/<version> (instant when up to
+# date).
 e2e-tools: deps
-	e2e/tools/build.sh
+	e2e/tools/build.sh --flannel
 
 # The real test bed: apiserver + etcd, nodes and pods as network namespaces.
 # KUBE_APISERVER_VERSION picks the beds' kube-apiserver and etcd: the newest

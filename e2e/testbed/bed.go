@@ -61,6 +61,10 @@ type Options struct {
 	// APIServerFlags are appended to kube-apiserver's command line
 	// (e.g. "--feature-gates=...").
 	APIServerFlags []string
+	// NoPodRoutes leaves the nodes' pod CIDRs unrouted between the nodes
+	// and from the control namespace: a CNI under test (flannel) routes
+	// them. A node still routes to its own pods.
+	NoPodRoutes bool
 }
 
 // Bed is one running test cluster. Its methods that create things (AddNode, AddPod,

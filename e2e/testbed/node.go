@@ -30,7 +30,8 @@ type Node struct {
 
 // AddNode creates node namespace and Node object number len(Nodes())+1 and routes every
 // node's pod CIDRs to it and its pod CIDRs to every node (as a CNI with direct routing
-// would), so pods reach pods on other nodes without NAT.
+// would), so pods reach pods on other nodes without NAT; with Options.NoPodRoutes it
+// leaves that to the CNI under test.
 func (b *Bed) AddNode(name string) *Node {
 	b.t.Helper()
 	b.mu.Lock()
@@ -61,8 +62,12 @@ func (b *Bed) AddNode(name string) *Node {
 	return n
 }
 
-// routesTo are the `ip route` lines that send n's pod CIDRs to n over the fabric.
+// routesTo are the `ip route` lines that send n's pod CIDRs to n over the fabric
+// (none with Options.NoPodRoutes).
 func (n *Node) routesTo() []string {
+	if n.bed.opts.NoPodRoutes {
+		return nil
+	}
 	return []string{
 		fmt.Sprintf("route add %s via %s", n.PodCIDRs[0], n.IPv4),
 		fmt.Sprintf("route add %s via %s", n.PodCIDRs[1], n.IPv6),
@@ -120,6 +125,10 @@ func (b *Bed) createNodeObject(n *Node) error {
 		ObjectMeta: metav1.ObjectMeta{
 			Name:   n.Name,
 			Labels: map[string]string{"kubernetes.io/hostname": n.Name, "kubernetes.io/os": "linux"},
+			// A kubelet registers its Node with this annotation, so a Node
+			// never has none; flanneld (v0.28.10) writes into the map it
+			// reads and panics on a Node without annotations.
+			Annotations: map[string]string{"volumes.kubernetes.io/controller-managed-attach-detach": "true"},
 		},
 		Spec: corev1.NodeSpec{
 			PodCIDR:  n.PodCIDRs[0].String(),

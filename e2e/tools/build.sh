@@ -27,8 +27,10 @@
 # With --conformance it also builds what `make conformance` runs (docs/conformance.md):
 # upstream's e2e suite (e2e.test, a test binary), the ginkgo CLI and agnhost from the nested
 # module e2e/tools/conformance, and CoreDNS from e2e/tools/coredns.
+# With --flannel it also builds flanneld (nested module e2e/tools/flannel) for the tests of
+# nftproxy beside a real CNI (docs/cnis.md).
 #
-# Usage: e2e/tools/build.sh [--force] [--kubelet] [--skew] [--cluster] [--conformance]
+# Usage: e2e/tools/build.sh [--force] [--kubelet] [--skew] [--cluster] [--conformance] [--flannel]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -39,6 +41,7 @@ kubelet=0
 skew=0
 conformance=0
 cluster=0
+flannel=0
 for arg in "$@"; do
 	case "$arg" in
 	--force) force=1 ;;
@@ -46,7 +49,8 @@ for arg in "$@"; do
 	--skew) skew=1 ;;
 	--conformance) conformance=1 ;;
 	--cluster) cluster=1 ;;
-	*) echo "usage: $0 [--force] [--kubelet] [--skew] [--cluster] [--conformance]" >&2; exit 2 ;;
+	--flannel) flannel=1 ;;
+	*) echo "usage: $0 [--force] [--kubelet] [--skew] [--cluster] [--conformance] [--flannel]" >&2; exit 2 ;;
 	esac
 done
 
@@ -99,6 +103,9 @@ stamp_of() {
 	} | sha256sum | cut -d' ' -f1
 }
 
+# Binaries are static Go without cgo, unless cgo=1 around a build.
+cgo=0
+
 # build NAME MODDIR PACKAGE LDFLAGS [test]: with "test", the package's test binary
 # (go test -c), as upstream builds e2e.test.
 build() {
@@ -112,9 +119,9 @@ build() {
 	echo "building $name from $pkg ..."
 	local start=$SECONDS
 	if [[ $kind == test ]]; then
-		(cd "$moddir" && CGO_ENABLED=0 go test -c -vet=off -trimpath -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg")
+		(cd "$moddir" && CGO_ENABLED=$cgo go test -c -vet=off -trimpath -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg")
 	else
-		(cd "$moddir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg")
+		(cd "$moddir" && CGO_ENABLED=$cgo go build -trimpath -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg")
 	fi
 	mv -f "$bin/$name.tmp" "$bin/$name"
 	echo "$stamp" >"$bin/$name.stamp"
@@ -150,6 +157,15 @@ if [[ $conformance == 1 && $skew == 0 ]]; then
 	build regression-issue-74839 "$here/conformance" k8s.io/kubernetes/test/images/regression-issue-74839 "-s -w"
 	build e2e.test "$here/conformance" k8s.io/kubernetes/test/e2e "$kube_ldflags" test
 	build coredns "$here/coredns" . "-s -w"
+fi
+if [[ $flannel == 1 && $skew == 0 ]]; then
+	flannel_version="$(awk '$1 == "github.com/flannel-io/flannel" { print $2 }' "$here/flannel/go.mod")"
+	# Its udp backend is C on amd64: linked statically, as flannel's release is,
+	# so that it runs in an image without a C library.
+	cgo=1
+	build flanneld "$here/flannel" github.com/flannel-io/flannel \
+		"-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$flannel_version -extldflags -static"
+	cgo=0
 fi
 
 echo "binaries in $bin:"

@@ -42,12 +42,16 @@ declare -A packages=(
 	# the arm64 build of the image: its --version run by qemu-user in the image test,
 	# its unit tests under qemu-user
 	[qemu-aarch64-static]=qemu-user-static
+	# flanneld (build.sh --flannel): its udp backend is C on amd64
+	[gcc]=gcc
 )
 
 # file → Debian package, for packages that put nothing on the PATH
 declare -A files=(
 	# CNI plugins (bridge, host-local, loopback, portmap): make conformance's pod network
 	[/usr/lib/cni/bridge]=containernetworking-plugins
+	# the C library's headers, for gcc above (a recommendation, not a dependency)
+	[/usr/include/stdio.h]=libc6-dev
 )
 
 missing=()
