@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftproxy/nftproxy/e2e/testbed"
+	proxyreaders "github.com/nftproxy/nftproxy/proxier/readers"
 )
 
 // TestReadersOnABusyNode: thousands of Services in the API, tens of
@@ -87,9 +88,18 @@ func TestReadersOnABusyNode(t *testing.T) {
 	mover := &mover{c: c, client: client, addr: addr, pods: []*testbed.Pod{a, b}}
 
 	// A process that listens (nft monitor) holds nothing: no change waits.
+	// It lists the ruleset as it starts (a read, which takes about as long
+	// as nft list ruleset here); once it prints the churn's first event it
+	// only listens, and its socket stops counting as a reader within the
+	// longest linger.
 	monitor := n1.Start("nft", "monitor")
 	defer monitor.Stop(5 * time.Second)
-	time.Sleep(2 * time.Second)
+	listening, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := monitor.WaitForLog(listening, "nftproxy"); err != nil {
+		t.Fatalf("nft monitor printed no event of the churn: %v", err)
+	}
+	time.Sleep(proxyreaders.DefaultConfig.MaxLinger)
 	waits := c.metric(n1, "nftproxy_reader_wait_seconds_count")
 	quiet := mover.times(t, 5)
 	if waited := c.metric(n1, "nftproxy_reader_wait_seconds_count") - waits; waited != 0 {
