@@ -38,6 +38,10 @@ const (
 	controlPort = 9999
 )
 
+// vxlanDevices are flannel's VXLAN devices, IPv4 then IPv6 (the order of
+// a node's PodCIDRs).
+var vxlanDevices = []string{"flannel.1", "flannel-v6.1"}
+
 // flannel's two modes: which of its traffic managers writes its rules.
 var modes = []string{"iptables", "nftables"}
 
@@ -171,21 +175,27 @@ func (b *flannelBed) startFlannel(n *testbed.Node) {
 // CIDRs over its VXLAN devices and has written its masquerade rules.
 func (b *flannelBed) waitFlannel(n *testbed.Node) {
 	b.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		missing := b.flannelMissing(n)
-		if missing == "" {
+	b.waitFor(b.flannel[n.Name], "flanneld on "+n.Name, func() string { return b.flannelMissing(n) })
+}
+
+// waitFor polls missing, which says what process p (who) has not done yet
+// ("" once it has), and fails the test when p exits first or a minute
+// passes.
+func (b *flannelBed) waitFor(p *testbed.Process, who string, missing func() string) {
+	b.t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		what := missing()
+		if what == "" {
 			return
 		}
 		select {
-		case <-b.flannel[n.Name].Done():
-			b.t.Fatalf("flanneld on %s exited: %v\n%s", n.Name, b.flannel[n.Name].Err(), b.flannel[n.Name].Log())
+		case <-p.Done():
+			b.t.Fatalf("%s exited: %v\n%s", who, p.Err(), p.Log())
 		default:
 		}
 		if time.Now().After(deadline) {
-			b.t.Fatalf("flanneld on %s: no %s after 60 s\n%s", n.Name, missing, b.flannel[n.Name].Log())
+			b.t.Fatalf("%s: no %s after a minute\n%s", who, what, p.Log())
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
 }
 
@@ -196,7 +206,7 @@ func (b *flannelBed) flannelMissing(n *testbed.Node) string {
 		if peer == n {
 			continue
 		}
-		for i, dev := range []string{"flannel.1", "flannel-v6.1"} {
+		for i, dev := range vxlanDevices {
 			out, _ := n.Exec(ctx, "ip", []string{"-4", "-6"}[i], "route", "show", peer.PodCIDRs[i].String(), "dev", dev)
 			if strings.TrimSpace(out) == "" {
 				return "route to " + peer.PodCIDRs[i].String() + " over " + dev
@@ -205,8 +215,8 @@ func (b *flannelBed) flannelMissing(n *testbed.Node) string {
 	}
 	var masq []string
 	if b.mode == "nftables" {
-		for _, fam := range []string{"ip flannel-ipv4", "ip6 flannel-ipv6"} {
-			out, _ := n.Exec(ctx, "nft", "list", "chain", strings.Fields(fam)[0], strings.Fields(fam)[1], "postrtg")
+		for _, table := range [][2]string{{"ip", "flannel-ipv4"}, {"ip6", "flannel-ipv6"}} {
+			out, _ := n.Exec(ctx, "nft", "list", "chain", table[0], table[1], "postrtg")
 			masq = append(masq, out)
 		}
 	} else {
@@ -235,37 +245,18 @@ func (b *flannelBed) startProxy(n *testbed.Node) {
 	b.t.Helper()
 	args := []string{b.bins.nftproxy}
 	if b.proxyIs == "kube-proxy" {
-		args = []string{b.bins.kubeProxy, "--proxy-mode", "nftables", "--nodeport-addresses", "primary",
-			// In a netns kube-proxy cannot set conntrack sysctls (FACTS.md).
-			"--conntrack-max-per-core", "0", "--conntrack-tcp-timeout-established", "0",
-			"--conntrack-tcp-timeout-close-wait", "0"}
+		args = testbed.KubeProxyArgs(b.bins.kubeProxy, "nftables")
 	}
 	p := n.Start(append(args, "--kubeconfig", b.bed.ProxyKubeconfig, "--hostname-override", n.Name,
 		"--cluster-cidr", clusterCIDRs, "--iptables-min-sync-period", "0s",
 		"--metrics-bind-address", "127.0.0.1:10249", "--v", "2")...)
 	b.proxy[n.Name] = p
-	for deadline := time.Now().Add(60 * time.Second); !fullSyncs(n); time.Sleep(100 * time.Millisecond) {
-		select {
-		case <-p.Done():
-			b.t.Fatalf("%s on %s exited: %v\n%s", b.proxyIs, n.Name, p.Err(), p.Log())
-		default:
+	b.waitFor(p, b.proxyIs+" on "+n.Name, func() string {
+		if testbed.FullSyncs(n.Netns) {
+			return ""
 		}
-		if time.Now().After(deadline) {
-			b.t.Fatalf("%s on %s: no full sync of both families within 60 s\n%s", b.proxyIs, n.Name, p.Log())
-		}
-	}
-}
-
-// fullSyncs reports whether the proxy on n has done a full sync of both
-// families (kubeproxy_sync_full_proxy_rules_duration_seconds, which both
-// proxies export).
-func fullSyncs(n *testbed.Node) bool {
-	for _, fam := range []string{"IPv4", "IPv6"} {
-		if v, err := testbed.Metric(n.Netns, "kubeproxy_sync_full_proxy_rules_duration_seconds_count", "ip_family="+fam); err != nil || v < 1 {
-			return false
-		}
-	}
-	return true
+		return "full sync of both families"
+	})
 }
 
 // createService creates the NodePort Service, dual-stack, with both
@@ -415,7 +406,7 @@ func (b *flannelBed) checkPodToClusterIP(when string, client, remote *testbed.Po
 // masquerade on n, none on the way or on the server's node.
 func (b *flannelBed) checkNodePortFromOutside(when string, n *testbed.Node, remote *testbed.Pod, family int, addr netip.AddrPort) {
 	b.t.Helper()
-	dev := []string{"flannel.1", "flannel-v6.1"}[family]
+	dev := vxlanDevices[family]
 	want := deviceAddr(b.t, n, dev)
 	got := answers(b.dial(b.bed.Ctl, addr, 16, 0))
 	sawRemote := false

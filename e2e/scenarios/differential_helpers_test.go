@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -113,7 +112,7 @@ func (d *diffBed) startProxies() {
 			"--iptables-min-sync-period", "0s", "--metrics-bind-address", "127.0.0.1:10249"}
 	}
 	n1.proc = n1.node.Start(append(append([]string{nft}, common(n1.node)...), "--v", "2")...)
-	n2.proc = n2.node.Start(append(append(kubeProxyArgs(kp, "nftables"), common(n2.node)...), "--v", "2")...)
+	n2.proc = n2.node.Start(append(append(testbed.KubeProxyArgs(kp, "nftables"), common(n2.node)...), "--v", "2")...)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -121,7 +120,7 @@ func (d *diffBed) startProxies() {
 		t.Fatalf("nftproxy on n1: %v", err)
 	}
 	for {
-		if fullSyncs(n2.node) {
+		if testbed.FullSyncs(n2.node.Netns) {
 			return
 		}
 		select {
@@ -132,41 +131,6 @@ func (d *diffBed) startProxies() {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-}
-
-// kubeProxyArgs starts the command line of upstream kube-proxy (binary kp)
-// in mode ("nftables", "iptables") on a bed node; the caller adds the
-// kubeconfig, node name and the rest.
-func kubeProxyArgs(kp, mode string) []string {
-	return []string{kp, "--proxy-mode", mode, "--nodeport-addresses", "primary",
-		// In a netns kube-proxy cannot set conntrack sysctls (FACTS.md).
-		"--conntrack-max-per-core", "0", "--conntrack-tcp-timeout-established", "0",
-		"--conntrack-tcp-timeout-close-wait", "0"}
-}
-
-// fullSyncs reports whether the proxy on n did a full sync of both families
-// (its kubeproxy_sync_full_proxy_rules_duration_seconds_count).
-func fullSyncs(n *testbed.Node) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	body, err := n.HTTPGet(ctx, "http://127.0.0.1:10249/metrics")
-	if err != nil {
-		return false
-	}
-	done := map[string]bool{}
-	for _, l := range strings.Split(body, "\n") {
-		if !strings.HasPrefix(l, "kubeproxy_sync_full_proxy_rules_duration_seconds_count") {
-			continue
-		}
-		if v, err := strconv.ParseFloat(l[strings.LastIndex(l, " ")+1:], 64); err == nil && v >= 1 {
-			for _, fam := range []string{"IPv4", "IPv6"} {
-				if strings.Contains(l, `ip_family="`+fam+`"`) {
-					done[fam] = true
-				}
-			}
-		}
-	}
-	return done["IPv4"] && done["IPv6"]
 }
 
 // --- API objects -----------------------------------------------------------

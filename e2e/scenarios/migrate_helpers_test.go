@@ -120,12 +120,12 @@ func (m *migrateBed) nftproxyArgs(n *testbed.Node, extra ...string) []string {
 // TestDifferential does, and waits for its full sync of both families.
 func (m *migrateBed) startKubeProxy(t *testing.T, n *testbed.Node, mode string) *testbed.Process {
 	t.Helper()
-	p := n.Start(append(kubeProxyArgs(m.kubeProxy, mode), "--kubeconfig", m.bed.ProxyKubeconfig,
+	p := n.Start(append(testbed.KubeProxyArgs(m.kubeProxy, mode), "--kubeconfig", m.bed.ProxyKubeconfig,
 		"--hostname-override", n.Name, "--cluster-cidr", clusterCIDRs, "--iptables-min-sync-period", "0s",
 		"--metrics-bind-address", "127.0.0.1:10249", "--v", "2")...)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	for !fullSyncs(n) {
+	for !testbed.FullSyncs(n.Netns) {
 		select {
 		case <-p.Done():
 			t.Fatalf("kube-proxy (%s) on %s exited: %v\n%s", mode, n.Name, p.Err(), diffTail(p.Log(), 30))

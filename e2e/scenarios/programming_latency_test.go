@@ -64,9 +64,9 @@ func TestProgrammingLatencyLikeKubeProxy(t *testing.T) {
 			"--iptables-min-sync-period", latencyMinSync.String(), "--metrics-bind-address", "127.0.0.1:10249"}
 	}
 	n1.Start(append([]string{nftproxy}, common(n1)...)...)
-	n2.Start(append(kubeProxyArgs(kp, "nftables"), common(n2)...)...)
+	n2.Start(append(testbed.KubeProxyArgs(kp, "nftables"), common(n2)...)...)
 	nodes := []*testbed.Node{n1, n2}
-	waitFor(t, time.Minute, "both proxies' first full syncs", func() bool { return fullSyncs(n1) && fullSyncs(n2) })
+	waitFor(t, time.Minute, "both proxies' first full syncs", func() bool { return testbed.FullSyncs(n1.Netns) && testbed.FullSyncs(n2.Netns) })
 
 	// u0 reaches both proxies idle, and each syncs at once; the updates
 	// after it wait out the min sync period from that sync, together.

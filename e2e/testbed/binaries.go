@@ -35,6 +35,16 @@ func EnsureBinaries(t TB) string {
 	return dir
 }
 
+// KubeProxyArgs starts the command line of upstream kube-proxy (binary kp)
+// in mode ("nftables", "iptables") on a bed node; the caller adds the
+// kubeconfig, node name and the rest.
+func KubeProxyArgs(kp, mode string) []string {
+	return []string{kp, "--proxy-mode", mode, "--nodeport-addresses", "primary",
+		// In a netns kube-proxy cannot set conntrack sysctls (FACTS.md).
+		"--conntrack-max-per-core", "0", "--conntrack-tcp-timeout-established", "0",
+		"--conntrack-tcp-timeout-close-wait", "0"}
+}
+
 // RunBuild runs e2e/tools/build.sh with flags (e.g. --cluster: what make
 // cluster-bench runs besides) and returns its output; a failed build fails
 // the test with it.

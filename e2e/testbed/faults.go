@@ -92,6 +92,25 @@ func Metric(ns Netns, name string, labels ...string) (float64, error) {
 	return sumSamples(body, name, labels...), nil
 }
 
+// FullSyncs reports whether the proxy serving metrics in ns (nftproxy or
+// upstream kube-proxy: both export
+// kubeproxy_sync_full_proxy_rules_duration_seconds) has done a full sync
+// of both families.
+func FullSyncs(ns Netns) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	body, err := ns.HTTPGet(ctx, "http://127.0.0.1:10249/metrics")
+	if err != nil {
+		return false
+	}
+	for _, fam := range []string{"IPv4", "IPv6"} {
+		if sumSamples(body, "kubeproxy_sync_full_proxy_rules_duration_seconds_count", "ip_family="+fam) < 1 {
+			return false
+		}
+	}
+	return true
+}
+
 // sumSamples sums the samples of metric name in body (Prometheus text)
 // whose labels include every label given ("k=v").
 func sumSamples(body, name string, labels ...string) float64 {
