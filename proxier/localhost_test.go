@@ -38,7 +38,9 @@ type recordingLocalhost struct {
 func (r *recordingLocalhost) Sync(m map[uint16]localnodeport.Port) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.ports, r.syncs = maps.Clone(m), r.syncs+1
+	// Like the real proxy, a handover binds what was pending: otherwise
+	// every later sync hands over again and the count runs on.
+	r.ports, r.syncs, r.pending = maps.Clone(m), r.syncs+1, false
 	return nil
 }
 
