@@ -66,7 +66,7 @@ func TestFlannelNeighbours(t *testing.T) {
 	bins := binaries{
 		flanneld:  flanneldPath(t),
 		nftproxy:  testbed.GoBuild(t, "github.com/nftproxy/nftproxy/cmd/nftproxy"),
-		kubeProxy: filepath.Join(testbed.EnsureBinaries(t), "kube-proxy"),
+		kubeProxy: kubeProxyPath(t),
 		probe:     testbed.ProbePath(t),
 	}
 	for _, proxy := range proxies {
@@ -94,32 +94,41 @@ func flanneldPath(t *testing.T) string {
 	return filepath.Join(kubebin.Dir(kubebin.Pinned().Kubernetes), "flanneld")
 }
 
+// kubeProxyPath returns upstream kube-proxy's path (e2e/tools/build.sh).
+func kubeProxyPath(t *testing.T) string {
+	return filepath.Join(testbed.EnsureBinaries(t), "kube-proxy")
+}
+
 type binaries struct{ flanneld, nftproxy, kubeProxy, probe string }
 
 // flannelBed is a bed of two nodes running flanneld and a proxy, with a
 // probe server pod and a client pod on each, and one NodePort Service,
 // dual-stack, whose endpoints are both servers.
 type flannelBed struct {
-	t       *testing.T
-	bed     *testbed.Bed
-	proxyIs string // nftproxy or kube-proxy
-	mode    string
-	bins    binaries
-	dir     string
-	nodes   []*testbed.Node
-	flannel map[string]*testbed.Process
-	proxy   map[string]*testbed.Process
-	servers []*testbed.Pod // servers[i] on nodes[i]
-	clients []*testbed.Pod // clients[i] on nodes[i]
-	svc     *v1.Service
+	t         *testing.T
+	bed       *testbed.Bed
+	proxyIs   string   // nftproxy or kube-proxy
+	proxyArgs []string // added to its command line
+	mode      string
+	bins      binaries
+	dir       string
+	nodes     []*testbed.Node
+	flannel   map[string]*testbed.Process
+	proxy     map[string]*testbed.Process
+	servers   []*testbed.Pod // servers[i] on nodes[i]
+	clients   []*testbed.Pod // clients[i] on nodes[i]
+	svc       *v1.Service
 	// flannelState is each node's rules other than the proxy's and the
 	// test's, as they were once flannel had written them.
 	flannelState map[string]string
 }
 
-func newFlannelBed(t *testing.T, proxy, mode string, bins binaries, flannelFirst bool) *flannelBed {
+// newFlannelBed starts a flannelBed; proxyArgs are added to the proxy's
+// command line.
+func newFlannelBed(t *testing.T, proxy, mode string, bins binaries, flannelFirst bool, proxyArgs ...string) *flannelBed {
 	b := &flannelBed{t: t, bed: testbed.Start(t, testbed.Options{NoPodRoutes: true}), proxyIs: proxy, mode: mode, bins: bins,
-		dir: t.TempDir(), flannel: map[string]*testbed.Process{}, proxy: map[string]*testbed.Process{}}
+		proxyArgs: proxyArgs,
+		dir:       t.TempDir(), flannel: map[string]*testbed.Process{}, proxy: map[string]*testbed.Process{}}
 	conf := fmt.Sprintf(`{"Network": %q, "EnableIPv6": true, "IPv6Network": %q, "EnableNFTables": %v, "Backend": {"Type": "vxlan"}}`,
 		strings.Split(clusterCIDRs, ",")[0], strings.Split(clusterCIDRs, ",")[1], mode == "nftables")
 	if err := os.WriteFile(filepath.Join(b.dir, "net-conf.json"), []byte(conf), 0o644); err != nil {
@@ -247,9 +256,10 @@ func (b *flannelBed) startProxy(n *testbed.Node) {
 	if b.proxyIs == "kube-proxy" {
 		args = testbed.KubeProxyArgs(b.bins.kubeProxy, "nftables")
 	}
-	p := n.Start(append(args, "--kubeconfig", b.bed.ProxyKubeconfig, "--hostname-override", n.Name,
+	args = append(args, "--kubeconfig", b.bed.ProxyKubeconfig, "--hostname-override", n.Name,
 		"--cluster-cidr", clusterCIDRs, "--iptables-min-sync-period", "0s",
-		"--metrics-bind-address", "127.0.0.1:10249", "--v", "2")...)
+		"--metrics-bind-address", "127.0.0.1:10249", "--v", "2")
+	p := n.Start(append(args, b.proxyArgs...)...)
 	b.proxy[n.Name] = p
 	b.waitFor(p, b.proxyIs+" on "+n.Name, func() string {
 		if testbed.FullSyncs(n.Netns) {
@@ -491,12 +501,22 @@ func (b *flannelBed) restartUnderTraffic() {
 // leaving the node (postrouting, after every other chain) with the
 // masquerade mark bit set, and a control: UDP to controlPort is marked
 // by the table itself, after the proxies' nat chains (which would clear
-// the bit and masquerade it), and counted apart.
+// the bit and masquerade it), and counted apart. Its chain foreign is
+// empty but in TestFlannelForeignMark; its counter premasq counts the
+// packets that reach the nat postrouting chains with the bit.
 func markWatch(t *testing.T, n *testbed.Node) {
 	t.Helper()
 	rules := fmt.Sprintf(`table inet %[1]s {
 	counter marked { }
 	counter control { }
+	counter premasq { }
+	chain foreign {
+		type filter hook prerouting priority -300; policy accept;
+	}
+	chain premasq {
+		type filter hook postrouting priority 99; policy accept;
+		meta mark & 0x4000 == 0x4000 counter name "premasq"
+	}
 	chain control {
 		type filter hook postrouting priority 500; policy accept;
 		udp dport %[2]d meta mark set meta mark | 0x4000

@@ -47,6 +47,8 @@ type Result struct {
 	To         netip.AddrPort
 	Share      float64
 	Masquerade bool
+	// Mark is the packet's mark as it leaves the last hook.
+	Mark uint32
 	// Service is the comment of the last verdict map element the packet
 	// matched: the Service port it belongs to ("default/web:http").
 	Service string
@@ -180,6 +182,7 @@ func (t *Tracer) Trace(p Packet) Result {
 	if st.dnat {
 		st.res.To = netip.AddrPortFrom(st.pkt.Dst, st.pkt.DPort)
 	}
+	st.res.Mark = st.pkt.Mark
 	return st.res
 }
 
@@ -206,7 +209,10 @@ func (t *Tracer) runHook(rs *nft.Ruleset, h nft.Hook, st *traceState) nft.Verdic
 	}
 	sort.Slice(chains, func(i, j int) bool { return chains[i].Base.Priority < chains[j].Base.Priority })
 	for _, c := range chains {
-		if c.Base.Type == nft.ChainNAT && h != nft.HookPostrouting && st.dnat {
+		// As the kernel does, the first NAT of a kind ends the hook's
+		// NAT chains: after a DNAT, prerouting and output ones; after a
+		// masquerade, postrouting ones.
+		if c.Base.Type == nft.ChainNAT && (h != nft.HookPostrouting && st.dnat || h == nft.HookPostrouting && st.res.Masquerade) {
 			continue
 		}
 		if v := t.runChain(rs, c, st); v == nft.VerdictDrop || v == VerdictReject {

@@ -323,6 +323,15 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 		ctNewJump(chainServiceEndpointCheck), ctNewJump(chainClusterIPsCheck))
 	base(chainFilterInput, nft.ChainFilter, nft.HookInput, nft.PriorityFilter,
 		ctNewJump(chainNodePortEndpointCheck), ctNewJump(chainServiceEndpointCheck))
+	// The masquerading chain clears the bit it masquerades for, but it
+	// never sees a packet another program's source NAT chain took first
+	// (at the same priority, the chain registered last runs first; the
+	// first masquerade ends the hook). A packet must not leave with the
+	// bit: it survives encapsulation, and the outer packet would be
+	// masqueraded for it. So it is cleared once every source NAT chain
+	// has read it, whoever masqueraded.
+	base(chainFilterPostrouting, nft.ChainFilter, nft.HookPostrouting, nft.PrioritySrcNAT+1,
+		rule(nft.MatchMarkBits{Mask: cfg.MasqueradeMark}, nft.ToggleMarkBits{Bits: cfg.MasqueradeMark}))
 
 	guards := cfg.NodePorts.guards(f)
 	chain(chainServices, servicesRules(cfg, guards)...)

@@ -234,3 +234,32 @@ func TestFeatureOutcomes(t *testing.T) {
 		})
 	}
 }
+
+// TestMasqueradeBitCleared: no packet leaves with the masquerade bit,
+// also when another program's source NAT chain runs before ours and
+// masquerades the packet first (flannel's nftables mode does, when a
+// packet carries a mark bit besides ours), so that our masquerading chain,
+// which clears the bit it acts on, never sees it.
+func TestMasqueradeBitCleared(t *testing.T) {
+	cfg := featureConfig()
+	cfg.MasqueradeAll = true
+	fk := nftfake.New()
+	apply(t, fk, nil, Build(cfg, nft.IPv4, featureState()))
+	const foreignBit = 0x1
+	for _, foreign := range []bool{false, true} {
+		rulesets := fk.Rulesets()
+		if foreign {
+			rs := rulesets[nft.IPv4].Clone()
+			rs.AddChain(&nft.Chain{Name: "foreign-postrouting",
+				Base: &nft.BaseChain{Type: nft.ChainNAT, Hook: nft.HookPostrouting, Priority: nft.PrioritySrcNAT - 1}})
+			rs.Append("foreign-postrouting", nft.Rule{Phrases: []nft.Phrase{nft.MatchMarkBits{Mask: foreignBit}, nft.Masquerade{}}})
+			rulesets = map[nft.Family]*nft.Ruleset{nft.IPv4: rs}
+		}
+		p := trace.Packet{Src: ip("10.244.1.5"), Dst: ip("10.96.1.1"), Proto: nft.ProtoTCP, DPort: 80, Mark: foreignBit}
+		res := trace.New(rulesets, nodeIP).Trace(p)
+		if !res.Masquerade || res.Mark != foreignBit {
+			t.Errorf("foreign chain first %v: masquerade %v, mark %#x leaving; want masqueraded, leaving with only %#x\n%v",
+				foreign, res.Masquerade, res.Mark, foreignBit, res.Path)
+		}
+	}
+}

@@ -27,6 +27,7 @@ const (
 	chainFilterForward          = "filter-forward"             // reject/drop after DNAT, forwarded
 	chainFilterOutput           = "filter-output"              // reject/drop after DNAT, from the node
 	chainFilterInput            = "filter-input"               // reject for no-endpoint services, to the node
+	chainFilterPostrouting      = "filter-postrouting"         // clear the masquerade bit after every source NAT
 	chainTrafficInput           = "traffic-input"              // count replies to the node, after their un-DNAT
 	chainTrafficPostrouting     = "traffic-postrouting"        // count replies leaving, after their un-DNAT
 
