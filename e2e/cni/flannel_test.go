@@ -126,7 +126,7 @@ type flannelBed struct {
 // newFlannelBed starts a flannelBed; proxyArgs are added to the proxy's
 // command line.
 func newFlannelBed(t *testing.T, proxy, mode string, bins binaries, flannelFirst bool, proxyArgs ...string) *flannelBed {
-	b := &flannelBed{t: t, bed: testbed.Start(t, testbed.Options{NoPodRoutes: true}), proxyIs: proxy, mode: mode, bins: bins,
+	b := &flannelBed{t: t, bed: testbed.Start(t, testbed.Options{PodRoutes: testbed.PodRoutesNowhere}), proxyIs: proxy, mode: mode, bins: bins,
 		proxyArgs: proxyArgs,
 		dir:       t.TempDir(), flannel: map[string]*testbed.Process{}, proxy: map[string]*testbed.Process{}}
 	conf := fmt.Sprintf(`{"Network": %q, "EnableIPv6": true, "IPv6Network": %q, "EnableNFTables": %v, "Backend": {"Type": "vxlan"}}`,

@@ -63,8 +63,10 @@ type cluster struct {
 // kube-proxy DaemonSet as it is; for TestHelm, kube-proxy with nftproxy's
 // images in the registry), configured for the run's first set; two
 // nodes with containerd, a kubelet, a pod network of both families and the
-// test images. It returns once both nodes are Ready, the proxy's pods serve
-// and CoreDNS answers for both families.
+// test images. On flannel (cfg.cni), flannel's DaemonSet routes the pods
+// between the nodes (the bed routes them only from the control namespace).
+// It returns once both nodes are Ready, the proxy's pods serve, flannel
+// carries the pod network and CoreDNS answers for both families.
 func startCluster(t *testing.T, cfg config, tl tools, images map[string]image, proxy string) *cluster {
 	t.Helper()
 	dir := t.TempDir()
@@ -72,7 +74,14 @@ func startCluster(t *testing.T, cfg config, tl tools, images map[string]image, p
 	if err != nil {
 		t.Fatal(err)
 	}
-	bed := testbed.Start(t, testbed.Options{APIServerFlags: append([]string{
+	flannelMode, flannel := cfg.cni.Flannel()
+	routes := testbed.PodRoutesEverywhere
+	if flannel {
+		// The API server and the test runner reach pods as from a
+		// machine beside the cluster; flannel routes between the nodes.
+		routes = testbed.PodRoutesFromControl
+	}
+	bed := testbed.Start(t, testbed.Options{PodRoutes: routes, APIServerFlags: append([]string{
 		"--allow-privileged=true", // deploy/'s init container and kube-proxy are privileged
 		// The Node's Hostname address ("node1") would be looked up in the
 		// machine's DNS from the control namespace.
@@ -87,8 +96,12 @@ func startCluster(t *testing.T, cfg config, tl tools, images map[string]image, p
 	bed.KubeadmAddons(t, tl.Kubeadm, dir, kubeProxyConfig, "kube-proxy", "coredns")
 	c.kubeadmProxyConf = c.proxyConfigMap().Data[proxyConfigKey]
 	c.setProxyConfig(cfg.sets[0])
+	if flannel {
+		c.applyFlannel(flannelMode, images)
+	}
 	opts := kubenode.Options{
 		CNI:          true,
+		Flannel:      flannel,
 		ClusterDNS:   testbed.ClusterDNSIP,
 		Nameserver:   testbed.ControlIPv4, // nothing answers there: CoreDNS's forward fails fast, and nothing leaves the bed
 		ClientCAFile: pki.CAFile,
@@ -133,8 +146,14 @@ func startCluster(t *testing.T, cfg config, tl tools, images map[string]image, p
 		c.nodes = append(c.nodes, kubenode.Start(t, bed, n, tl.Binaries, opts))
 		t.Logf("%s: containerd and kubelet up, %d image archives imported, in %v", n.Name, len(opts.Images), time.Since(start).Round(time.Second))
 	}
+	if flannel {
+		c.installFlannelCNI()
+	}
 	c.waitNodesReady()
 	c.waitDaemonSet()
+	if flannel {
+		c.checkFlannel(flannelMode)
+	}
 	c.waitCoreDNS()
 	c.checkDNSBothFamilies()
 	return c

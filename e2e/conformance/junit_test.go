@@ -157,17 +157,23 @@ func TestTable(t *testing.T) {
 }
 
 func TestReplaceTable(t *testing.T) {
-	cb, ce := markers(SetConformance)
-	nb, ne := markers(SetNetwork)
+	cb, ce := markers(CNIBridge, SetConformance)
+	nb, ne := markers(CNIBridge, SetNetwork)
 	doc := "# Conformance\n\n" + cb + "\nold\n" + ce + "\n\n" + nb + "\nold too\n" + ne + "\nafter\n"
-	got, err := ReplaceTable(doc, SetNetwork, "new\n")
+	got, err := ReplaceTable(doc, CNIBridge, SetNetwork, "new\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := "# Conformance\n\n" + cb + "\nold\n" + ce + "\n\n" + nb + "\nnew\n" + ne + "\nafter\n"; got != want {
 		t.Errorf("ReplaceTable = %q, want %q", got, want)
 	}
-	if _, err := ReplaceTable("no markers", SetConformance, "x"); err == nil {
+	// Another CNI's table of the same set has its own markers.
+	fb, fe := markers(CNIFlannelnftables, SetNetwork)
+	doc = nb + "\nbridge\n" + ne + "\n" + fb + "\nflannel\n" + fe + "\n"
+	if got, err := ReplaceTable(doc, CNIFlannelnftables, SetNetwork, "new\n"); err != nil || got != nb+"\nbridge\n"+ne+"\n"+fb+"\nnew\n"+fe+"\n" {
+		t.Errorf("ReplaceTable(flannel-nftables) = %q, %v", got, err)
+	}
+	if _, err := ReplaceTable("no markers", CNIBridge, SetConformance, "x"); err == nil {
 		t.Error("a doc without markers was accepted")
 	}
 }

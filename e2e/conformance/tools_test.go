@@ -48,6 +48,9 @@ const (
 	// registryEnv=0 imports nftproxy's image into containerd instead of
 	// serving it from the local registry.
 	registryEnv = "NFTPROXY_CONFORMANCE_REGISTRY"
+	// cniEnv is the cluster's pod network (conformance.CNIs; default
+	// bridge); its reports go to bin/conformance/CNI but the bridge's.
+	cniEnv = "NFTPROXY_CONFORMANCE_CNI"
 )
 
 // Proxies a run can install.
@@ -60,6 +63,7 @@ const (
 )
 
 type config struct {
+	cni              conformance.CNI
 	set              conformance.Set
 	sets             []conformance.Set // what the run runs: set.Runs()
 	focus            string            // focusEnv, or ""
@@ -92,6 +96,10 @@ func readConfig(t *testing.T) config {
 	if c.set, err = conformance.ParseSet(envOr(setEnv, string(conformance.SetConformance))); err != nil {
 		t.Fatalf("%s: %v", setEnv, err)
 	}
+	if c.cni, err = conformance.ParseCNI(envOr(cniEnv, string(conformance.CNIBridge))); err != nil {
+		t.Fatalf("%s: %v", cniEnv, err)
+	}
+	c.out = filepath.Join(c.out, c.cni.Dir())
 	c.sets = c.set.Runs()
 	if c.focus != "" {
 		c.sets = c.sets[:1]
@@ -124,20 +132,27 @@ type tools struct {
 	// E2E is upstream's e2e.test, Ginkgo the CLI that runs it in parallel,
 	// Agnhost, CoreDNS and KubeProxy the programs of their images.
 	E2E, Ginkgo, Agnhost, CoreDNS, KubeProxy, Issue74839 string
+	// Flanneld is flannel's program, for its image ("" on the bridge).
+	Flanneld string
 	// Porter holds agnhost's TLS test files (test/images/agnhost/porter).
 	Porter string
 }
 
 // ensureTools builds what is missing (e2e/tools/build.sh --kubelet
-// --conformance; a no-op when up to date) and finds everything.
-func ensureTools(t *testing.T) tools {
+// --conformance, and --flannel for flannel's network; a no-op when up to
+// date) and finds everything.
+func ensureTools(t *testing.T, cni conformance.CNI) tools {
 	t.Helper()
 	script := filepath.Join(kubebin.RepoRoot(), "e2e", "tools", "build.sh")
 	start := time.Now()
-	if out, err := exec.Command(script, "--kubelet", "--conformance").CombinedOutput(); err != nil {
-		t.Fatalf("%s --kubelet --conformance: %v\n%s", script, err, out)
+	args := []string{"--kubelet", "--conformance"}
+	if _, ok := cni.Flannel(); ok {
+		args = append(args, "--flannel")
 	}
-	t.Logf("build.sh --kubelet --conformance: %v", time.Since(start).Round(time.Second))
+	if out, err := exec.Command(script, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", script, strings.Join(args, " "), err, out)
+	}
+	t.Logf("build.sh %s: %v", strings.Join(args, " "), time.Since(start).Round(time.Second))
 	bins := kubenode.EnsureBinaries(t)
 	dir := filepath.Dir(bins.Kubelet)
 	tl := tools{Binaries: bins,
@@ -145,7 +160,12 @@ func ensureTools(t *testing.T) tools {
 		CoreDNS: filepath.Join(dir, "coredns"), KubeProxy: filepath.Join(dir, "kube-proxy"),
 		Issue74839: filepath.Join(dir, "regression-issue-74839"),
 	}
-	for _, p := range []string{tl.E2E, tl.Ginkgo, tl.Agnhost, tl.CoreDNS, tl.KubeProxy, tl.Issue74839} {
+	need := []string{tl.E2E, tl.Ginkgo, tl.Agnhost, tl.CoreDNS, tl.KubeProxy, tl.Issue74839}
+	if _, ok := cni.Flannel(); ok {
+		tl.Flanneld = filepath.Join(dir, "flanneld")
+		need = append(need, tl.Flanneld)
+	}
+	for _, p := range need {
 		if _, err := os.Stat(p); err != nil {
 			t.Fatalf("%v (built by %s --conformance)", err, script)
 		}
@@ -194,6 +214,9 @@ func buildImages(t *testing.T, tl tools, dir string) map[string]image {
 		"--e2e-images", e2eList, "--kubeadm-images", kubeadmList,
 		"--agnhost", tl.Agnhost, "--coredns", tl.CoreDNS, "--kube-proxy", tl.KubeProxy, "--porter", tl.Porter,
 		"--regression-issue-74839", tl.Issue74839)
+	if tl.Flanneld != "" {
+		cmd.Args = append(cmd.Args, "--flanneld", tl.Flanneld)
+	}
 	cmd.Dir = kubebin.RepoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("e2e/cmd/testimages: %v\n%s", err, out)

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"text/template"
 	"time"
@@ -110,11 +112,9 @@ func (n *Node) writeNetworkConfig() error {
 		if err := checkCNIPlugins(); err != nil {
 			return err
 		}
-		cfg, err := cniConfig(n.PodCIDRs, filepath.Join(n.Dir, "cni", "ipam"))
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(netd, "10-nfp.conflist"), cfg, 0o644); err != nil {
+	}
+	if n.opts.CNI && !n.opts.Flannel {
+		if err := n.writeCNIConfig(n.PodCIDRs, 0); err != nil {
 			return err
 		}
 	}
@@ -122,6 +122,47 @@ func (n *Node) writeNetworkConfig() error {
 		return writeRegistryHosts(filepath.Join(n.Dir, "certs.d"), n.opts.Registry)
 	}
 	return nil
+}
+
+// writeCNIConfig writes the node's conflist (cniConfig), which containerd
+// picks up when it next sets up a pod's network.
+func (n *Node) writeCNIConfig(podCIDRs []netip.Prefix, mtu int) error {
+	cfg, err := cniConfig(podCIDRs, filepath.Join(n.Dir, "cni", "ipam"), mtu)
+	if err != nil {
+		return err
+	}
+	// Written whole, then renamed: containerd watches the directory.
+	netd := filepath.Join(n.Dir, "cni", "net.d")
+	tmp := filepath.Join(netd, ".10-nfp.conflist")
+	if err := os.WriteFile(tmp, cfg, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(netd, "10-nfp.conflist"))
+}
+
+// InstallFlannelCNI waits until flanneld (Options.Flannel) has written the
+// node's lease, then writes the conflist flannel's CNI plugin would hand
+// its delegate: the bed's bridge on the lease's subnets, with the overlay's
+// MTU. The plugin itself cannot be fetched here (docs/cnis.md); flannel's
+// manifest installs it and its conflist in init containers, which the
+// conformance cluster leaves out for this.
+func (n *Node) InstallFlannelCNI(ctx context.Context) error {
+	path := filepath.Join("/proc", strconv.Itoa(n.holder.Pid()), "root", flannelSubnetEnv)
+	for {
+		b, err := os.ReadFile(path)
+		if err == nil {
+			lease, err := parseSubnetEnv(b)
+			if err != nil {
+				return fmt.Errorf("kubenode %s: %w", n.Name, err)
+			}
+			return n.writeCNIConfig(lease.podCIDRs, lease.mtu)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kubenode %s: no %s from flanneld: %w", n.Name, flannelSubnetEnv, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // imported matches what `ctr images import` prints for each image:

@@ -1,11 +1,13 @@
 package kubenode
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -37,8 +39,9 @@ const podRangeStartIPv6 = 0x64
 // in the order of podCIDRs: IPv4 first, as the Node's spec.podCIDRs), no
 // masquerade (the bed routes every node's pod CIDRs to it, so pods, nodes and
 // the API server reach pods at their own addresses), hairpin on (a pod
-// reaching itself through a Service), and portmap for hostPort.
-func cniConfig(podCIDRs []netip.Prefix, ipamDir string) ([]byte, error) {
+// reaching itself through a Service), and portmap for hostPort. mtu, if not
+// 0, is the bridge's and the pods' MTU.
+func cniConfig(podCIDRs []netip.Prefix, ipamDir string, mtu int) ([]byte, error) {
 	if len(podCIDRs) == 0 || len(podCIDRs) > 2 || (len(podCIDRs) == 2 && podCIDRs[0].Addr().Is4() == podCIDRs[1].Addr().Is4()) {
 		return nil, fmt.Errorf("pod CIDRs %v: want one, or one of each family", podCIDRs)
 	}
@@ -52,23 +55,27 @@ func cniConfig(podCIDRs []netip.Prefix, ipamDir string) ([]byte, error) {
 		ranges = append(ranges, []map[string]string{r})
 		routes = append(routes, map[string]string{"dst": route})
 	}
+	bridge := map[string]any{
+		"type":        "bridge",
+		"bridge":      "cni0",
+		"isGateway":   true,
+		"ipMasq":      false,
+		"hairpinMode": true,
+		"ipam": map[string]any{
+			"type":    "host-local",
+			"dataDir": ipamDir,
+			"ranges":  ranges,
+			"routes":  routes,
+		},
+	}
+	if mtu != 0 {
+		bridge["mtu"] = mtu
+	}
 	cfg := map[string]any{
 		"cniVersion": "1.0.0",
 		"name":       "nfp",
 		"plugins": []any{
-			map[string]any{
-				"type":        "bridge",
-				"bridge":      "cni0",
-				"isGateway":   true,
-				"ipMasq":      false,
-				"hairpinMode": true,
-				"ipam": map[string]any{
-					"type":    "host-local",
-					"dataDir": ipamDir,
-					"ranges":  ranges,
-					"routes":  routes,
-				},
-			},
+			bridge,
 			map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}},
 		},
 	}
@@ -144,4 +151,54 @@ func resolvConf(nameserver string) []byte {
 		return nil
 	}
 	return []byte("nameserver " + strings.TrimSpace(nameserver) + "\n")
+}
+
+// flannelSubnetEnv is where flanneld writes its node's lease (--subnet-file's
+// default), in the node's mount namespace.
+const flannelSubnetEnv = "/run/flannel/subnet.env"
+
+// flannelLease is what the CNI plugin of flannel reads of subnet.env: the
+// node's pod subnets (IPv4 first) and the MTU of its overlay.
+type flannelLease struct {
+	podCIDRs []netip.Prefix
+	mtu      int
+}
+
+// parseSubnetEnv reads flanneld's subnet.env (FLANNEL_SUBNET,
+// FLANNEL_IPV6_SUBNET, FLANNEL_MTU; its addresses are the gateways', the
+// first host of each subnet).
+func parseSubnetEnv(b []byte) (flannelLease, error) {
+	var l flannelLease
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "FLANNEL_SUBNET", "FLANNEL_IPV6_SUBNET":
+			p, err := netip.ParsePrefix(v)
+			if err != nil {
+				return l, fmt.Errorf("subnet.env: %s: %w", k, err)
+			}
+			l.podCIDRs = append(l.podCIDRs, p.Masked())
+		case "FLANNEL_MTU":
+			if _, err := fmt.Sscan(v, &l.mtu); err != nil || l.mtu <= 0 {
+				return l, fmt.Errorf("subnet.env: FLANNEL_MTU %q", v)
+			}
+		}
+	}
+	if len(l.podCIDRs) == 0 || l.mtu == 0 {
+		return l, fmt.Errorf("subnet.env: want FLANNEL_SUBNET or FLANNEL_IPV6_SUBNET, and FLANNEL_MTU:\n%s", b)
+	}
+	slices.SortStableFunc(l.podCIDRs, func(a, b netip.Prefix) int {
+		return cmp.Compare(boolInt(a.Addr().Is6()), boolInt(b.Addr().Is6()))
+	})
+	return l, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

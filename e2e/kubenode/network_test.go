@@ -15,7 +15,7 @@ import (
 )
 
 func TestCNIConfig(t *testing.T) {
-	b, err := cniConfig([]netip.Prefix{netip.MustParsePrefix("10.244.2.0/24"), netip.MustParsePrefix("fd00:244:0:2::/64")}, "/d/ipam")
+	b, err := cniConfig([]netip.Prefix{netip.MustParsePrefix("10.244.2.0/24"), netip.MustParsePrefix("fd00:244:0:2::/64")}, "/d/ipam", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestCNIConfig(t *testing.T) {
 	if pm.Type != "portmap" || !pm.Capabilities["portMappings"] {
 		t.Errorf("portmap plugin: %s", b)
 	}
-	single, err := cniConfig([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, "/d")
+	single, err := cniConfig([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, "/d", 0)
 	if err != nil || strings.Contains(string(single), "::") {
 		t.Errorf("IPv4 only: %v\n%s", err, single)
 	}
@@ -81,7 +81,7 @@ func TestCNIConfig(t *testing.T) {
 		for _, c := range bad {
 			cidrs = append(cidrs, netip.MustParsePrefix(c))
 		}
-		if _, err := cniConfig(cidrs, "/d"); err == nil {
+		if _, err := cniConfig(cidrs, "/d", 0); err == nil {
 			t.Errorf("cniConfig accepted %v", bad)
 		}
 	}
@@ -191,5 +191,38 @@ func TestContainerdConfig(t *testing.T) {
 	}
 	if !strings.Contains(mirrored, "[plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = \"/d/certs.d\"\n") {
 		t.Errorf("no registry config_path:\n%s", mirrored)
+	}
+}
+
+// TestFlannelLease: subnet.env as flanneld v0.28 writes it, dual-stack,
+// gives the plugin's subnets (IPv4 first, masked) and MTU, which the
+// conflist carries; a lease without an MTU or a subnet is refused.
+func TestFlannelLease(t *testing.T) {
+	env := "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_IPV6_NETWORK=fd00:244::/48\nFLANNEL_IPV6_SUBNET=fd00:244:0:2::1/64\n" +
+		"FLANNEL_SUBNET=10.244.2.1/24\nFLANNEL_MTU=1430\nFLANNEL_IPMASQ=true\n"
+	l, err := parseSubnetEnv([]byte(env))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24"), netip.MustParsePrefix("fd00:244:0:2::/64")}
+	if l.mtu != 1430 || len(l.podCIDRs) != 2 || l.podCIDRs[0] != want[0] || l.podCIDRs[1] != want[1] {
+		t.Fatalf("lease %+v, want %v and MTU 1430", l, want)
+	}
+	b, err := cniConfig(l.podCIDRs, "/d", l.mtu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Plugins []struct {
+			MTU int `json:"mtu"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal(b, &cfg); err != nil || cfg.Plugins[0].MTU != 1430 {
+		t.Errorf("conflist %s: want the bridge's mtu 1430", b)
+	}
+	for _, bad := range []string{"FLANNEL_SUBNET=10.244.2.1/24\n", "FLANNEL_MTU=1450\n", "FLANNEL_SUBNET=x\nFLANNEL_MTU=1450\n"} {
+		if _, err := parseSubnetEnv([]byte(bad)); err == nil {
+			t.Errorf("%q: accepted", bad)
+		}
 	}
 }

@@ -50,6 +50,9 @@ type Options struct {
 	// (cniConfig). Without it the node stays NotReady and runs only
 	// hostNetwork pods.
 	CNI bool
+	// Flannel leaves the conflist of CNI to flanneld: InstallFlannelCNI
+	// writes it once flanneld has written the node's lease.
+	Flannel bool
 	// ClusterDNS is the cluster's DNS Service IP for the kubelet
 	// (clusterDNS, with clusterDomain ClusterDomain); "" for none.
 	ClusterDNS string

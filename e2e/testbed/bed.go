@@ -61,11 +61,27 @@ type Options struct {
 	// APIServerFlags are appended to kube-apiserver's command line
 	// (e.g. "--feature-gates=...").
 	APIServerFlags []string
-	// NoPodRoutes leaves the nodes' pod CIDRs unrouted between the nodes
-	// and from the control namespace: a CNI under test (flannel) routes
-	// them. A node still routes to its own pods.
-	NoPodRoutes bool
+	// PodRoutes says where the bed routes the nodes' pod CIDRs over the
+	// fabric; a CNI under test (flannel) routes the rest. A node always
+	// routes to its own pods.
+	PodRoutes PodRoutes
 }
+
+// PodRoutes are the places the bed routes the nodes' pod CIDRs.
+type PodRoutes int
+
+const (
+	// PodRoutesEverywhere: every node and the control namespace route each
+	// node's pod CIDRs to it (a CNI with direct routing).
+	PodRoutesEverywhere PodRoutes = iota
+	// PodRoutesFromControl: only the control namespace does, as a machine
+	// beside a cluster (the API server's, the test runner's) would reach
+	// its pods; between the nodes the CNI does.
+	PodRoutesFromControl
+	// PodRoutesNowhere: the CNI routes them all; the control namespace is
+	// outside the pod network.
+	PodRoutesNowhere
+)
 
 // Bed is one running test cluster. Its methods that create things (AddNode, AddPod,
 // Start) fail the test on error and must be called from the test's goroutine.

@@ -30,8 +30,8 @@ type Node struct {
 
 // AddNode creates node namespace and Node object number len(Nodes())+1 and routes every
 // node's pod CIDRs to it and its pod CIDRs to every node (as a CNI with direct routing
-// would), so pods reach pods on other nodes without NAT; with Options.NoPodRoutes it
-// leaves that to the CNI under test.
+// would), so pods reach pods on other nodes without NAT; Options.PodRoutes leaves
+// some or all of that to the CNI under test.
 func (b *Bed) AddNode(name string) *Node {
 	b.t.Helper()
 	b.mu.Lock()
@@ -62,11 +62,16 @@ func (b *Bed) AddNode(name string) *Node {
 	return n
 }
 
-// routesTo are the `ip route` lines that send n's pod CIDRs to n over the fabric
-// (none with Options.NoPodRoutes).
-func (n *Node) routesTo() []string {
-	if n.bed.opts.NoPodRoutes {
+// routesTo are the `ip route` lines that send n's pod CIDRs to n over the fabric,
+// for the control namespace (fromControl) or another node, as Options.PodRoutes says.
+func (n *Node) routesTo(fromControl bool) []string {
+	switch n.bed.opts.PodRoutes {
+	case PodRoutesNowhere:
 		return nil
+	case PodRoutesFromControl:
+		if !fromControl {
+			return nil
+		}
 	}
 	return []string{
 		fmt.Sprintf("route add %s via %s", n.PodCIDRs[0], n.IPv4),
@@ -85,7 +90,7 @@ func (b *Bed) setupNode(n *Node, peers []*Node) error {
 		fmt.Sprintf("link set %s master br0", n.HostVeth),
 		fmt.Sprintf("link set %s up", n.HostVeth),
 	}
-	if err := ipBatch(b.Ctl.NS, append(ctl, n.routesTo()...)...); err != nil {
+	if err := ipBatch(b.Ctl.NS, append(ctl, n.routesTo(true)...)...); err != nil {
 		return err
 	}
 	node := []string{
@@ -96,8 +101,8 @@ func (b *Bed) setupNode(n *Node, peers []*Node) error {
 		"route add default via " + ControlIPv6,
 	}
 	for _, p := range peers {
-		node = append(node, p.routesTo()...)
-		if err := ipBatch(p.NS, n.routesTo()...); err != nil {
+		node = append(node, p.routesTo(false)...)
+		if err := ipBatch(p.NS, n.routesTo(false)...); err != nil {
 			return err
 		}
 	}

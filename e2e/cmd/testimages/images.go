@@ -28,6 +28,14 @@ var alternatives = map[string]string{
 	"/usr/bin/nc":     "nc.openbsd",
 	"/usr/bin/netcat": "nc.openbsd",
 	"/usr/bin/awk":    "mawk",
+	// Debian's default, the nf_tables backend: what the suite and flanneld
+	// run as iptables.
+	"/usr/sbin/iptables":          "iptables-nft",
+	"/usr/sbin/iptables-save":     "iptables-nft-save",
+	"/usr/sbin/iptables-restore":  "iptables-nft-restore",
+	"/usr/sbin/ip6tables":         "ip6tables-nft",
+	"/usr/sbin/ip6tables-save":    "ip6tables-nft-save",
+	"/usr/sbin/ip6tables-restore": "ip6tables-nft-restore",
 }
 
 // wgetWrapper is agnhost's /usr/local/bin/wget (first on the PATH): GNU
@@ -120,7 +128,12 @@ const (
 	kindProbe      = "probe"
 	kindIptables   = "distroless-iptables"
 	kindIssue74839 = "regression-issue-74839"
+	kindFlannel    = "flannel"
 )
+
+// flannelRepo is the repository of our flannel image (--flanneld): not
+// flannel's own name, since it is not flannel's image.
+const flannelRepo = "docker.io/nftproxy-e2e/flannel"
 
 // e2eRepos are the repositories of test/utils/image/manifest.go we build, by
 // kind; every tag the suite lists for one of them names the same image.

@@ -10,6 +10,7 @@
 //	    --kubeadm-images FILE  (kubeadm config images list --config ...)
 //	    --agnhost BIN --coredns BIN --kube-proxy BIN --porter DIR
 //	    --regression-issue-74839 BIN
+//	    [--flanneld BIN]       (e2e/tools/build.sh --flannel)
 //
 // Go programs are copied in as built (agnhost, coredns and kube-proxy by
 // e2e/tools/build.sh --conformance; pause and probe here, static). Debian's
@@ -44,7 +45,7 @@ import (
 
 // layerFormat changes when what goes into the cached Debian layers changes
 // (Tree's rules, addBaseFiles): it is part of their cache key.
-const layerFormat = "testimages-layer-1"
+const layerFormat = "testimages-layer-2"
 
 // created is every timestamp of the images: they are test fixtures, and the
 // same inputs give the same digests.
@@ -55,6 +56,9 @@ type options struct {
 	e2eImages, kubeadmImages            string
 	agnhost, coredns, kubeProxy, porter string
 	issue74839                          string
+	// flanneld, if set, adds the flannel image (flannelRepo, tagged with
+	// its version) for the conformance cluster on flannel.
+	flanneld string
 }
 
 func main() {
@@ -69,6 +73,7 @@ func main() {
 	flag.StringVar(&o.kubeProxy, "kube-proxy", "", "the kube-proxy binary, kubeadm's version (required)")
 	flag.StringVar(&o.issue74839, "regression-issue-74839", "", "the regression-issue-74839 binary (k8s.io/kubernetes' test/images; required)")
 	flag.StringVar(&o.porter, "porter", "", "directory of localhost.crt and localhost.key (k8s.io/kubernetes' test/images/agnhost/porter; required)")
+	flag.StringVar(&o.flanneld, "flanneld", "", "the flanneld binary: adds the flannel image")
 	flag.Parse()
 	if o.out == "" || o.e2eImages == "" || o.kubeadmImages == "" || o.agnhost == "" || o.coredns == "" || o.kubeProxy == "" || o.porter == "" || o.issue74839 == "" {
 		flag.Usage()
@@ -109,6 +114,15 @@ func run(o options) error {
 	}
 	if err := checkVersions(o, names); err != nil {
 		return err
+	}
+	if o.flanneld != "" {
+		// It prints its version on stderr.
+		out, err := exec.Command(o.flanneld, "--version").CombinedOutput()
+		version := strings.TrimSpace(string(out))
+		if err != nil || version == "" || strings.ContainsAny(version, " \n:") {
+			return fmt.Errorf("%s --version: %v: %q", o.flanneld, err, out)
+		}
+		names[kindFlannel] = []string{flannelRepo + ":" + version}
 	}
 	debs := filepath.Join(o.cache, "debs")
 
@@ -201,6 +215,10 @@ func run(o options) error {
 			return addBinary(t, "/regression-issue-74839", o.issue74839)
 		},
 	}
+	if o.flanneld != "" {
+		// Where flannel's manifest runs it.
+		tops[kindFlannel] = func(t *Tree) error { return addBinary(t, "/opt/bin/flanneld", o.flanneld) }
+	}
 	top := map[string]string{}
 	for kind, fill := range tops {
 		if top[kind], err = topLayer(o, kind, fill); err != nil {
@@ -220,6 +238,12 @@ func run(o options) error {
 		// suite runs sh, sleep, grep, test, which and conntrack in it.
 		{kind: kindIptables, layers: []string{base}},
 		{kind: kindIssue74839, layers: []string{top[kindIssue74839]}, entrypoint: []string{"/regression-issue-74839"}},
+	}
+	if o.flanneld != "" {
+		// Upstream's is Alpine with iptables, nft and its iptables
+		// wrapper; flanneld runs nft (nftables mode) or iptables, and
+		// the iptables cleanup at start in either.
+		images = append(images, image{kind: kindFlannel, layers: []string{base, top[kindFlannel]}, entrypoint: []string{"/opt/bin/flanneld"}})
 	}
 	for _, img := range images {
 		if err := packImage(img); err != nil {
