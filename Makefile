@@ -166,7 +166,8 @@ kubelet-e2e: e2e-tools image
 # CONFORMANCE_SET=sig-network runs the broader set and then, on the same
 # clusters reconfigured, the localhost NodePort tests (localhost-nodeports,
 # which also runs alone); CONFORMANCE_CNI=flannel-iptables|flannel-nftables
-# runs them on flannel's pod network instead of the bed's bridge (its tables
+# runs them on flannel's pod network instead of the bed's bridge, and
+# CONFORMANCE_PRIMARY=ipv6 on a cluster that lists IPv6 first (their tables
 # go to docs/cnis.md); PREV_RELEASE is the commit whose image the upgrade
 # case starts from. The JUnit reports, run records, logs and disruption
 # figures go to bin/conformance[/CNI] (bin/conformance[/CNI]/SET for a set
@@ -174,21 +175,23 @@ kubelet-e2e: e2e-tools image
 # docs/cnis.md) is rewritten from them (also after a failed run).
 CONFORMANCE_SET ?= conformance
 CONFORMANCE_CNI ?= bridge
+CONFORMANCE_PRIMARY ?= ipv4
 CONFORMANCE_OUT  = $(BIN)/conformance
-CONFORMANCE_DOC  = $(if $(filter bridge,$(CONFORMANCE_CNI)),docs/conformance.md,docs/cnis.md)
+CONFORMANCE_DOC  = $(if $(filter bridge/ipv4,$(CONFORMANCE_CNI)/$(CONFORMANCE_PRIMARY)),docs/conformance.md,docs/cnis.md)
 PREV_RELEASE    ?= eec0c2a
 PREV_IMAGE_TAR  := $(BIN)/nftproxy-image-$(PREV_RELEASE).tar
 .PHONY: conformance conformance-table prev-image
 conformance: e2e-tools image prev-image
 	e2e/tools/build.sh --kubelet --conformance
 	NFTPROXY_CONFORMANCE=1 NFTPROXY_CONFORMANCE_SET=$(CONFORMANCE_SET) NFTPROXY_CONFORMANCE_CNI=$(CONFORMANCE_CNI) \
+		NFTPROXY_CONFORMANCE_PRIMARY=$(CONFORMANCE_PRIMARY) \
 		NFTPROXY_IMAGE_TAR=$(abspath $(IMAGE_TAR)) NFTPROXY_PREV_IMAGE_TAR=$(abspath $(PREV_IMAGE_TAR)) \
 		NFTPROXY_CONFORMANCE_OUT=$(abspath $(CONFORMANCE_OUT)) \
 		$(GO) test -count=1 -v -timeout 6h -run TestConformance ./e2e/conformance/; \
 		status=$$?; $(MAKE) --no-print-directory conformance-table; exit $$status
 
 conformance-table:
-	$(GO) run ./e2e/cmd/conformance-table --cni $(CONFORMANCE_CNI) --set $(CONFORMANCE_SET) --out $(CONFORMANCE_OUT) --doc $(CONFORMANCE_DOC)
+	$(GO) run ./e2e/cmd/conformance-table --cni $(CONFORMANCE_CNI) --primary $(CONFORMANCE_PRIMARY) --set $(CONFORMANCE_SET) --out $(CONFORMANCE_OUT) --doc $(CONFORMANCE_DOC)
 
 # The image of an earlier commit (make image there, from `git archive`), for
 # the conformance run's upgrade case; built once per commit.

@@ -63,7 +63,7 @@ type cluster struct {
 // kube-proxy DaemonSet as it is; for TestHelm, kube-proxy with nftproxy's
 // images in the registry), configured for the run's first set; two
 // nodes with containerd, a kubelet, a pod network of both families and the
-// test images. On flannel (cfg.cni), flannel's DaemonSet routes the pods
+// test images; IPv4 first, or IPv6 (cfg.cluster). On flannel, flannel's DaemonSet routes the pods
 // between the nodes (the bed routes them only from the control namespace).
 // It returns once both nodes are Ready, the proxy's pods serve, flannel
 // carries the pod network and CoreDNS answers for both families.
@@ -74,14 +74,14 @@ func startCluster(t *testing.T, cfg config, tl tools, images map[string]image, p
 	if err != nil {
 		t.Fatal(err)
 	}
-	flannelMode, flannel := cfg.cni.Flannel()
+	flannelMode, flannel := cfg.cluster.CNI.Flannel()
 	routes := testbed.PodRoutesEverywhere
 	if flannel {
 		// The API server and the test runner reach pods as from a
 		// machine beside the cluster; flannel routes between the nodes.
 		routes = testbed.PodRoutesFromControl
 	}
-	bed := testbed.Start(t, testbed.Options{PodRoutes: routes, APIServerFlags: append([]string{
+	bed := testbed.Start(t, testbed.Options{PodRoutes: routes, IPv6Primary: cfg.cluster.IPv6Primary, APIServerFlags: append([]string{
 		"--allow-privileged=true", // deploy/'s init container and kube-proxy are privileged
 		// The Node's Hostname address ("node1") would be looked up in the
 		// machine's DNS from the control namespace.
@@ -102,7 +102,7 @@ func startCluster(t *testing.T, cfg config, tl tools, images map[string]image, p
 	opts := kubenode.Options{
 		CNI:          true,
 		Flannel:      flannel,
-		ClusterDNS:   testbed.ClusterDNSIP,
+		ClusterDNS:   bed.ClusterDNSIP(),
 		Nameserver:   testbed.ControlIPv4, // nothing answers there: CoreDNS's forward fails fast, and nothing leaves the bed
 		ClientCAFile: pki.CAFile,
 	}
@@ -264,8 +264,11 @@ func (c *cluster) checkDNSBothFamilies() {
 					got = append(got, ip.String())
 				}
 			}
-			if !slices.Equal(got, svc.Spec.ClusterIPs) {
-				c.t.Fatalf("CoreDNS pod %s at %s: %s is %v, want %v", p.Name, server.IP, name, got, svc.Spec.ClusterIPs)
+			want := slices.Clone(svc.Spec.ClusterIPs) // of the first family first
+			slices.Sort(got)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				c.t.Fatalf("CoreDNS pod %s at %s: %s is %v, want %v", p.Name, server.IP, name, got, want)
 			}
 		}
 	}

@@ -2,7 +2,6 @@ package conformance
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 )
 
@@ -25,24 +24,59 @@ const (
 var CNIs = []CNI{CNIBridge, CNIFlanneliptables, CNIFlannelnftables}
 
 // ParseCNI parses CONFORMANCE_CNI.
-func ParseCNI(s string) (CNI, error) {
-	if slices.Contains(CNIs, CNI(s)) {
-		return CNI(s), nil
-	}
-	return "", fmt.Errorf("unknown CNI %q: want one of %v", s, CNIs)
-}
+func ParseCNI(s string) (CNI, error) { return oneOf("CNI", CNIs, s) }
 
 // Flannel reports whether the network is flannel's, and in which mode
 // ("iptables" or "nftables").
 func (c CNI) Flannel() (mode string, ok bool) {
-	return strings.CutPrefix(string(c), "flannel-")
+	if mode, ok := strings.CutPrefix(string(c), "flannel-"); ok {
+		return mode, true
+	}
+	return "", false
 }
 
+// Cluster is the conformance cluster's shape: its pod network and its
+// first family (dual-stack either way).
+type Cluster struct {
+	CNI CNI
+	// IPv6Primary lists IPv6 first: Service ranges, cluster CIDRs, the
+	// Nodes' pod CIDRs and addresses; the suite then takes IPv6 as the
+	// cluster's family.
+	IPv6Primary bool
+}
+
+// ParseCluster parses CONFORMANCE_CNI and CONFORMANCE_PRIMARY (ipv4 or
+// ipv6).
+func ParseCluster(cni, primary string) (Cluster, error) {
+	c, err := ParseCNI(cni)
+	if err != nil {
+		return Cluster{}, err
+	}
+	switch primary {
+	case "ipv4", "":
+		return Cluster{CNI: c}, nil
+	case "ipv6":
+		return Cluster{CNI: c, IPv6Primary: true}, nil
+	}
+	return Cluster{}, fmt.Errorf("unknown primary family %q: want ipv4 or ipv6", primary)
+}
+
+// Name is the shape's name: the CNI's, with "-ipv6" for IPv6 first.
+func (c Cluster) Name() string {
+	if c.IPv6Primary {
+		return string(c.CNI) + "-ipv6"
+	}
+	return string(c.CNI)
+}
+
+// bridgeIPv4 is the cluster the project's tables started with.
+func (c Cluster) bridgeIPv4() bool { return c == Cluster{CNI: CNIBridge} }
+
 // Dir is the run's output directory under make conformance's, before the
-// set's: none for the bridge, which came first.
-func (c CNI) Dir() string {
-	if c == CNIBridge {
+// set's: none for the IPv4-first bridge, which came first.
+func (c Cluster) Dir() string {
+	if c.bridgeIPv4() {
 		return ""
 	}
-	return string(c)
+	return c.Name()
 }

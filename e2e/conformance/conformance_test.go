@@ -31,7 +31,7 @@ func TestConformance(t *testing.T) {
 	testbed.RequirePrivileges(t)
 	start := time.Now()
 	cfg := readConfig(t)
-	tl := ensureTools(t, cfg.cni)
+	tl := ensureTools(t, cfg.cluster.CNI)
 	imagesDir := filepath.Join(cfg.out, "images")
 	images := buildImages(t, tl, imagesDir)
 	machine, err := conformance.DetectMachine(filepath.Join(imagesDir, "packages.txt"))

@@ -52,7 +52,7 @@ func TestHelm(t *testing.T) {
 	if cfg.prevImage == "" {
 		t.Fatalf("%s: the previous release's image is needed for the upgrade", prevImageEnv)
 	}
-	tl := ensureTools(t, cfg.cni)
+	tl := ensureTools(t, cfg.cluster.CNI)
 	images := buildImages(t, tl, filepath.Join(cfg.out, "images"))
 	testImage := agnhostImage(t, images)
 	c := startCluster(t, cfg, tl, images, proxyHelm)

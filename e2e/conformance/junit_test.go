@@ -157,10 +157,10 @@ func TestTable(t *testing.T) {
 }
 
 func TestReplaceTable(t *testing.T) {
-	cb, ce := markers(CNIBridge, SetConformance)
-	nb, ne := markers(CNIBridge, SetNetwork)
+	cb, ce := markers(Cluster{CNI: CNIBridge}, SetConformance)
+	nb, ne := markers(Cluster{CNI: CNIBridge}, SetNetwork)
 	doc := "# Conformance\n\n" + cb + "\nold\n" + ce + "\n\n" + nb + "\nold too\n" + ne + "\nafter\n"
-	got, err := ReplaceTable(doc, CNIBridge, SetNetwork, "new\n")
+	got, err := ReplaceTable(doc, Cluster{CNI: CNIBridge}, SetNetwork, "new\n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,12 +168,16 @@ func TestReplaceTable(t *testing.T) {
 		t.Errorf("ReplaceTable = %q, want %q", got, want)
 	}
 	// Another CNI's table of the same set has its own markers.
-	fb, fe := markers(CNIFlannelnftables, SetNetwork)
+	fb, fe := markers(Cluster{CNI: CNIFlannelnftables}, SetNetwork)
 	doc = nb + "\nbridge\n" + ne + "\n" + fb + "\nflannel\n" + fe + "\n"
-	if got, err := ReplaceTable(doc, CNIFlannelnftables, SetNetwork, "new\n"); err != nil || got != nb+"\nbridge\n"+ne+"\n"+fb+"\nnew\n"+fe+"\n" {
+	if got, err := ReplaceTable(doc, Cluster{CNI: CNIFlannelnftables}, SetNetwork, "new\n"); err != nil || got != nb+"\nbridge\n"+ne+"\n"+fb+"\nnew\n"+fe+"\n" {
 		t.Errorf("ReplaceTable(flannel-nftables) = %q, %v", got, err)
 	}
-	if _, err := ReplaceTable("no markers", CNIBridge, SetConformance, "x"); err == nil {
+	// So has the IPv6-first one.
+	if b, _ := markers(Cluster{CNI: CNIFlannelnftables, IPv6Primary: true}, SetNetwork); b == fb || !strings.Contains(b, "flannel-nftables-ipv6 sig-network") {
+		t.Errorf("IPv6-first markers %q", b)
+	}
+	if _, err := ReplaceTable("no markers", Cluster{CNI: CNIBridge}, SetConformance, "x"); err == nil {
 		t.Error("a doc without markers was accepted")
 	}
 }

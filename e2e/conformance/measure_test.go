@@ -3,6 +3,7 @@ package conformance_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -174,7 +175,7 @@ func (c *cluster) underLoad(name, clusterIP string, d disruption) disruptionResu
 			RestartPolicy: v1.RestartPolicyNever,
 			Containers: []v1.Container{{
 				Name: "load", Image: probeImage, ImagePullPolicy: v1.PullIfNotPresent,
-				Args: []string{"load", "--addr", clusterIP + ":80", "--rate", fmt.Sprint(loadRate), "--hold", fmt.Sprint(loadHold),
+				Args: []string{"load", "--addr", net.JoinHostPort(clusterIP, "80"), "--rate", fmt.Sprint(loadRate), "--hold", fmt.Sprint(loadHold),
 					"--timeout", "1s", "--duration", loadWindow.String()},
 			}},
 		},

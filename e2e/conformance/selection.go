@@ -27,11 +27,14 @@ const (
 var Sets = []Set{SetConformance, SetNetwork, SetLocalhostNodePorts}
 
 // ParseSet returns the set named s.
-func ParseSet(s string) (Set, error) {
-	if slices.Contains(Sets, Set(s)) {
-		return Set(s), nil
+func ParseSet(s string) (Set, error) { return oneOf("set", Sets, s) }
+
+// oneOf returns s if it is one of all, the names a flag or variable takes.
+func oneOf[T ~string](what string, all []T, s string) (T, error) {
+	if slices.Contains(all, T(s)) {
+		return T(s), nil
 	}
-	return "", fmt.Errorf("unknown set %q: want one of %v", s, Sets)
+	return "", fmt.Errorf("unknown %s %q: want one of %v", what, s, all)
 }
 
 // Runs are the sets `make conformance CONFORMANCE_SET=s` runs, in order, one

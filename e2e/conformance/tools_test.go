@@ -49,8 +49,11 @@ const (
 	// serving it from the local registry.
 	registryEnv = "NFTPROXY_CONFORMANCE_REGISTRY"
 	// cniEnv is the cluster's pod network (conformance.CNIs; default
-	// bridge); its reports go to bin/conformance/CNI but the bridge's.
-	cniEnv = "NFTPROXY_CONFORMANCE_CNI"
+	// bridge), primaryEnv its first family (ipv4, the default, or ipv6);
+	// the reports go to bin/conformance/CNI[-ipv6] but the IPv4-first
+	// bridge's.
+	cniEnv     = "NFTPROXY_CONFORMANCE_CNI"
+	primaryEnv = "NFTPROXY_CONFORMANCE_PRIMARY"
 )
 
 // Proxies a run can install.
@@ -63,7 +66,7 @@ const (
 )
 
 type config struct {
-	cni              conformance.CNI
+	cluster          conformance.Cluster
 	set              conformance.Set
 	sets             []conformance.Set // what the run runs: set.Runs()
 	focus            string            // focusEnv, or ""
@@ -96,10 +99,10 @@ func readConfig(t *testing.T) config {
 	if c.set, err = conformance.ParseSet(envOr(setEnv, string(conformance.SetConformance))); err != nil {
 		t.Fatalf("%s: %v", setEnv, err)
 	}
-	if c.cni, err = conformance.ParseCNI(envOr(cniEnv, string(conformance.CNIBridge))); err != nil {
-		t.Fatalf("%s: %v", cniEnv, err)
+	if c.cluster, err = conformance.ParseCluster(envOr(cniEnv, string(conformance.CNIBridge)), os.Getenv(primaryEnv)); err != nil {
+		t.Fatalf("%s, %s: %v", cniEnv, primaryEnv, err)
 	}
-	c.out = filepath.Join(c.out, c.cni.Dir())
+	c.out = filepath.Join(c.out, c.cluster.Dir())
 	c.sets = c.set.Runs()
 	if c.focus != "" {
 		c.sets = c.sets[:1]

@@ -45,8 +45,8 @@ func StartControllers(t testbed.TB, bed *testbed.Bed, bins Binaries) {
 		// controller finds the pod CIDRs the bed gave each Node inside
 		// the cluster CIDRs and keeps them.
 		"--allocate-node-cidrs=true",
-		"--cluster-cidr="+testbed.PodCIDRs,
-		"--service-cluster-ip-range="+testbed.ServiceCIDRs,
+		"--cluster-cidr="+bed.PodCIDRs(),
+		"--service-cluster-ip-range="+bed.ServiceCIDRs(),
 		fmt.Sprintf("--node-cidr-mask-size-ipv4=%d", testbed.NodeCIDRMaskSizeIPv4),
 		fmt.Sprintf("--node-cidr-mask-size-ipv6=%d", testbed.NodeCIDRMaskSizeIPv6),
 		"--flex-volume-plugin-dir="+filepath.Join(dir, "flex-volume-plugins"),

@@ -87,7 +87,7 @@ func (n *Node) startKubelet() error {
 		"--root-dir=" + root,
 		"--cert-dir=" + filepath.Join(root, "pki"),
 		"--hostname-override=" + n.Name,
-		"--node-ip=" + n.IPv4.String() + "," + n.IPv6.String(),
+		"--node-ip=" + n.NodeIPs()[0].String() + "," + n.NodeIPs()[1].String(),
 		"--v=2",
 	}
 	n.kubelet = n.startInside(n.kubeletArgs...)

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +37,46 @@ const (
 	// NodeCIDRMaskSizes are the lengths of a node's pod CIDRs, IPv4 and IPv6.
 	NodeCIDRMaskSizeIPv4, NodeCIDRMaskSizeIPv6 = 24, 64
 )
+
+// familyOrder returns a dual-stack list of the constants above (IPv4
+// first) in the order of a cluster whose first family is IPv6 if
+// ipv6Primary.
+func familyOrder(list string, ipv6Primary bool) string {
+	v4, v6, ok := strings.Cut(list, ",")
+	if !ok || !ipv6Primary {
+		return list
+	}
+	return v6 + "," + v4
+}
+
+// IPv6Primary reports whether the bed's first family is IPv6
+// (Options.IPv6Primary).
+func (b *Bed) IPv6Primary() bool { return b.opts.IPv6Primary }
+
+// ServiceCIDRs are ServiceCIDRs in the bed's family order.
+func (b *Bed) ServiceCIDRs() string { return familyOrder(ServiceCIDRs, b.opts.IPv6Primary) }
+
+// PodCIDRs are PodCIDRs in the bed's family order.
+func (b *Bed) PodCIDRs() string { return familyOrder(PodCIDRs, b.opts.IPv6Primary) }
+
+// advertiseAddress is the API server's address of the bed's first family:
+// what Service kubernetes's endpoints hold.
+func (b *Bed) advertiseAddress() string {
+	if b.opts.IPv6Primary {
+		return ControlIPv6
+	}
+	return ControlIPv4
+}
+
+// bindAddress is the API server's: "::" listens on both families, which an
+// IPv6-primary bed needs (pods reach it at ControlIPv6); "0.0.0.0" only on
+// IPv4.
+func (b *Bed) bindAddress() string {
+	if b.opts.IPv6Primary {
+		return "::"
+	}
+	return "0.0.0.0"
+}
 
 // Users in the API server's token file.
 const (
@@ -65,6 +106,11 @@ type Options struct {
 	// fabric; a CNI under test (flannel) routes the rest. A node always
 	// routes to its own pods.
 	PodRoutes PodRoutes
+	// IPv6Primary makes IPv6 the cluster's first family: the Service
+	// ranges, cluster CIDRs, each Node's pod CIDRs and addresses, and the
+	// API server's advertised address (so Service kubernetes) list IPv6
+	// first; kubeadm's kube-dns gets an IPv6 address.
+	IPv6Primary bool
 }
 
 // PodRoutes are the places the bed routes the nodes' pod CIDRs.

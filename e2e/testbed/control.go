@@ -72,8 +72,8 @@ func (b *Bed) startControlPlane() error {
 	b.apiArgs = []string{
 		filepath.Join(bin, "kube-apiserver"),
 		"--etcd-servers=http://127.0.0.1:2379",
-		"--bind-address=0.0.0.0",
-		"--advertise-address=" + ControlIPv4,
+		"--bind-address=" + b.bindAddress(),
+		"--advertise-address=" + b.advertiseAddress(),
 		"--secure-port=6443",
 		"--cert-dir=" + filepath.Join(b.Dir, "apiserver-certs"),
 		"--tls-cert-file=" + p.servingCert,
@@ -83,7 +83,7 @@ func (b *Bed) startControlPlane() error {
 		"--service-account-key-file=" + p.saPub,
 		"--service-account-signing-key-file=" + p.saKey,
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-cluster-ip-range=" + ServiceCIDRs,
+		"--service-cluster-ip-range=" + b.ServiceCIDRs(),
 		"--profiling=false",
 	}
 	b.apiArgs = append(b.apiArgs, b.opts.APIServerFlags...)

@@ -26,11 +26,16 @@ import (
 // machine (hostname, container runtime, default route). Of those, the addon
 // phase uses the advertise address only: its family picks kube-proxy's
 // bindAddress, and it is the endpoint when controlPlaneEndpoint is unset.
-func kubeadmConfig() string {
+// With ipv6Primary every list and address is of IPv6 first.
+func kubeadmConfig(ipv6Primary bool) string {
+	advertise, endpoint := ControlIPv4, ControlIPv4
+	if ipv6Primary {
+		advertise, endpoint = ControlIPv6, "["+ControlIPv6+"]"
+	}
 	return `apiVersion: kubeadm.k8s.io/v1beta4
 kind: InitConfiguration
 localAPIEndpoint:
-  advertiseAddress: ` + ControlIPv4 + `
+  advertiseAddress: ` + advertise + `
   bindPort: 6443
 nodeRegistration:
   name: control-plane
@@ -39,10 +44,10 @@ nodeRegistration:
 apiVersion: kubeadm.k8s.io/v1beta4
 kind: ClusterConfiguration
 kubernetesVersion: ` + kubebin.Pinned().Kubernetes + `
-controlPlaneEndpoint: ` + ControlIPv4 + `:6443
+controlPlaneEndpoint: "` + endpoint + `:6443"
 networking:
-  podSubnet: ` + PodCIDRs + `
-  serviceSubnet: ` + ServiceCIDRs + `
+  podSubnet: ` + familyOrder(PodCIDRs, ipv6Primary) + `
+  serviceSubnet: ` + familyOrder(ServiceCIDRs, ipv6Primary) + `
   dnsDomain: cluster.local
 ---
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -51,8 +56,19 @@ kind: KubeProxyConfiguration
 }
 
 // ClusterDNSIP is the address of Service kube-system/kube-dns that kubeadm's
-// coredns addon creates: the tenth of serviceSubnet.
+// coredns addon creates: the tenth of serviceSubnet's first range.
 const ClusterDNSIP = "10.96.0.10"
+
+// ClusterDNSIPv6 is the same on an IPv6-primary bed.
+const ClusterDNSIPv6 = "fd00:96::a"
+
+// ClusterDNSIP is Service kube-dns's address on this bed.
+func (b *Bed) ClusterDNSIP() string {
+	if b.opts.IPv6Primary {
+		return ClusterDNSIPv6
+	}
+	return ClusterDNSIP
+}
 
 // KubeadmProxyAddon runs kubeadm's kube-proxy addon phase against the bed,
 // as its admin, from the control namespace: ServiceAccount, RBAC,
@@ -71,7 +87,7 @@ func (b *Bed) KubeadmProxyAddon(t testing.TB, kubeadm, dir, kubeProxy string) st
 // returns their output.
 func (b *Bed) KubeadmAddons(t testing.TB, kubeadm, dir, kubeProxy string, addons ...string) string {
 	t.Helper()
-	cfg, err := WriteKubeadmConfig(dir, kubeProxy)
+	cfg, err := writeKubeadmConfig(dir, kubeProxy, b.opts.IPv6Primary)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,19 +105,19 @@ func (b *Bed) KubeadmAddons(t testing.TB, kubeadm, dir, kubeProxy string, addons
 	return all.String()
 }
 
-// WriteKubeadmConfig writes the bed's kubeadm configuration, with kubeProxy's
+// writeKubeadmConfig writes the bed's kubeadm configuration, with kubeProxy's
 // lines added to its KubeProxyConfiguration, to dir/kubeadm.yaml and
 // returns the file's path.
-func WriteKubeadmConfig(dir, kubeProxy string) (string, error) {
+func writeKubeadmConfig(dir, kubeProxy string, ipv6Primary bool) (string, error) {
 	cfg := filepath.Join(dir, "kubeadm.yaml")
-	return cfg, os.WriteFile(cfg, []byte(kubeadmConfig()+kubeProxy), 0o644)
+	return cfg, os.WriteFile(cfg, []byte(kubeadmConfig(ipv6Primary)+kubeProxy), 0o644)
 }
 
 // KubeadmImages lists the images kubeadm's phases would run for the bed's
 // configuration (`kubeadm config images list`; it needs no cluster): among
 // them the kube-proxy and coredns images of its addons.
 func KubeadmImages(kubeadm, dir string) ([]string, error) {
-	cfg, err := WriteKubeadmConfig(dir, "")
+	cfg, err := writeKubeadmConfig(dir, "", false)
 	if err != nil {
 		return nil, err
 	}

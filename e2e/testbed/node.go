@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"time"
 
@@ -135,15 +136,17 @@ func (b *Bed) createNodeObject(n *Node) error {
 			// reads and panics on a Node without annotations.
 			Annotations: map[string]string{"volumes.kubernetes.io/controller-managed-attach-detach": "true"},
 		},
-		Spec: corev1.NodeSpec{
-			PodCIDR:  n.PodCIDRs[0].String(),
-			PodCIDRs: []string{n.PodCIDRs[0].String(), n.PodCIDRs[1].String()},
-		},
 	}
+	// Of the bed's first family first: the kubelet's --node-ip order.
+	cidrs, ips := []string{n.PodCIDRs[0].String(), n.PodCIDRs[1].String()}, n.NodeIPs()
+	if b.opts.IPv6Primary {
+		slices.Reverse(cidrs)
+	}
+	obj.Spec = corev1.NodeSpec{PodCIDR: cidrs[0], PodCIDRs: cidrs}
 	status := corev1.NodeStatus{
 		Addresses: []corev1.NodeAddress{
-			{Type: corev1.NodeInternalIP, Address: n.IPv4.String()},
-			{Type: corev1.NodeInternalIP, Address: n.IPv6.String()},
+			{Type: corev1.NodeInternalIP, Address: ips[0].String()},
+			{Type: corev1.NodeInternalIP, Address: ips[1].String()},
 			{Type: corev1.NodeHostName, Address: n.Name},
 		},
 		Conditions: []corev1.NodeCondition{{
@@ -162,6 +165,15 @@ func (b *Bed) createNodeObject(n *Node) error {
 		return fmt.Errorf("update Node status: %w", err)
 	}
 	return nil
+}
+
+// NodeIPs are the node's addresses, of the bed's first family first: what
+// its kubelet's --node-ip lists.
+func (n *Node) NodeIPs() []netip.Addr {
+	if n.bed.opts.IPv6Primary {
+		return []netip.Addr{n.IPv6, n.IPv4}
+	}
+	return []netip.Addr{n.IPv4, n.IPv6}
 }
 
 // Pods returns the node's pods, in order.

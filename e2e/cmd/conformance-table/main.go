@@ -9,7 +9,7 @@
 //	go run ./e2e/cmd/conformance-table --set sig-network --out bin/conformance --doc docs/conformance.md
 //	go run ./e2e/cmd/conformance-table --cni flannel-nftables --out bin/conformance --doc docs/cnis.md
 //
-// Each table replaces what is between the doc's markers for its CNI and set; without
+// Each table replaces what is between the doc's markers for its cluster and set; without
 // --doc they are printed. With --print-selection it prints the set's ginkgo
 // --focus and --skip on this machine instead (to run the same selection by
 // hand; --packages names the agnhost image's package list, images/packages.txt
@@ -34,7 +34,8 @@ var proxies = []string{"nftproxy", "kube-proxy"}
 func main() {
 	set := flag.String("set", string(conformance.SetConformance), "the set make conformance ran (CONFORMANCE_SET): its tables and those of the sets it runs after it")
 	out := flag.String("out", "bin/conformance", "make conformance's output directory")
-	cniFlag := flag.String("cni", string(conformance.CNIBridge), "the cluster's CNI make conformance ran (CONFORMANCE_CNI): its reports are in OUT/CNI but for the bridge's")
+	cniFlag := flag.String("cni", string(conformance.CNIBridge), "the cluster's CNI make conformance ran (CONFORMANCE_CNI)")
+	primary := flag.String("primary", "ipv4", "the cluster's first family (CONFORMANCE_PRIMARY); the reports of any cluster but the IPv4-first bridge are in OUT/CNI[-ipv6]")
 	doc := flag.String("doc", "", "the Markdown file whose tables to replace (default: print them)")
 	selection := flag.Bool("print-selection", false, "print the set's ginkgo --focus and --skip on this machine, one a line, and exit")
 	packages := flag.String("packages", "bin/conformance/images/packages.txt", "with --print-selection: the agnhost image's Debian packages")
@@ -52,11 +53,11 @@ func main() {
 		fmt.Printf("--focus=%s\n--skip=%s\n", sel.Focus, sel.SkipPattern())
 		return
 	}
-	cni, err := conformance.ParseCNI(*cniFlag)
+	cluster, err := conformance.ParseCluster(*cniFlag, *primary)
 	if err != nil {
 		fail(err)
 	}
-	if err := run(cni, s, filepath.Join(*out, cni.Dir()), *doc); err != nil {
+	if err := run(cluster, s, filepath.Join(*out, cluster.Dir()), *doc); err != nil {
 		fail(err)
 	}
 }
@@ -66,7 +67,7 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-func run(cni conformance.CNI, set conformance.Set, out, doc string) error {
+func run(cluster conformance.Cluster, set conformance.Set, out, doc string) error {
 	var text string
 	if doc != "" {
 		b, err := os.ReadFile(doc)
@@ -85,7 +86,7 @@ func run(cni conformance.CNI, set conformance.Set, out, doc string) error {
 			fmt.Printf("%s:\n\n%s\n", s, table)
 			continue
 		}
-		if text, err = conformance.ReplaceTable(text, cni, s, table); err != nil {
+		if text, err = conformance.ReplaceTable(text, cluster, s, table); err != nil {
 			return fmt.Errorf("%s: %w", doc, err)
 		}
 	}
