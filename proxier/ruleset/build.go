@@ -323,15 +323,7 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 		ctNewJump(chainServiceEndpointCheck), ctNewJump(chainClusterIPsCheck))
 	base(chainFilterInput, nft.ChainFilter, nft.HookInput, nft.PriorityFilter,
 		ctNewJump(chainNodePortEndpointCheck), ctNewJump(chainServiceEndpointCheck))
-	// The masquerading chain clears the bit it masquerades for, but it
-	// never sees a packet another program's source NAT chain took first
-	// (at the same priority, the chain registered last runs first; the
-	// first masquerade ends the hook). A packet must not leave with the
-	// bit: it survives encapsulation, and the outer packet would be
-	// masqueraded for it. So it is cleared once every source NAT chain
-	// has read it, whoever masqueraded.
-	base(chainFilterPostrouting, nft.ChainFilter, nft.HookPostrouting, nft.PrioritySrcNAT+1,
-		rule(nft.MatchMarkBits{Mask: cfg.MasqueradeMark}, nft.ToggleMarkBits{Bits: cfg.MasqueradeMark}))
+	fr.Chains = append(fr.Chains, masqueradeBitClear(cfg))
 
 	guards := cfg.NodePorts.guards(f)
 	chain(chainServices, servicesRules(cfg, guards)...)
@@ -379,6 +371,19 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 	// TCP gets a reset, other protocols an ICMP error: see nft.RejectTCPReset.
 	chain(chainReject, rule(nft.RejectTCPReset{}), rule(nft.Reject{}))
 	return fr
+}
+
+// masqueradeBitClear is the base chain that clears the masquerade bit. The
+// masquerading chain clears the bit it masquerades for, but it never sees a
+// packet another program's source NAT chain took first (at the same
+// priority, the chain registered last runs first; the first masquerade ends
+// the hook). A packet must not leave with the bit: it survives
+// encapsulation, and the outer packet would be masqueraded for it. So it is
+// cleared once every source NAT chain has read it, whoever masqueraded.
+func masqueradeBitClear(cfg Config) *nft.Chain {
+	return &nft.Chain{Name: chainFilterPostrouting,
+		Base:  &nft.BaseChain{Type: nft.ChainFilter, Hook: nft.HookPostrouting, Priority: nft.PrioritySrcNAT + 1},
+		Rules: []nft.Rule{rule(nft.MatchMarkBits{Mask: cfg.MasqueradeMark}, nft.ToggleMarkBits{Bits: cfg.MasqueradeMark})}}
 }
 
 // trafficChains count the packets and bytes of every connection to a
