@@ -36,8 +36,8 @@ const holderReady = "mount namespace ready"
 // holderScript is the shell script of the process that sets up and holds the
 // node's mount namespace, the one `ip netns exec` made for it; containerd
 // and the kubelet join it with nsenter. dir is the node's directory, mounts
-// the machine's cgroup filesystems. The sysctl files are written beforehand
-// (writeSysctlShadows).
+// the machine's cgroup filesystems. The sysctl files and the hosts file are
+// written beforehand (writeSysctlShadows, writeHosts).
 func holderScript(dir string, mounts []cgroupfs.Mount) string {
 	var s []string
 	add := func(format string, args ...any) { s = append(s, fmt.Sprintf(format, args...)) }
@@ -61,6 +61,7 @@ func holderScript(dir string, mounts []cgroupfs.Mount) string {
 	for _, sc := range kubeletSysctls {
 		add("mount --bind %s /proc/sys/%s", quote(sysctlShadow(dir, sc.path)), sc.path)
 	}
+	add("mount --bind %s /etc/hosts", quote(hostsFile(dir)))
 	add("echo %s", quote(holderReady))
 	add("exec sleep infinity")
 	return strings.Join(s, "\n") + "\n"
@@ -106,3 +107,19 @@ func sysctlShadow(dir, path string) string {
 func quote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
+
+// writeHosts writes the /etc/hosts the node sees: a Debian installation's,
+// where localhost is both 127.0.0.1 and ::1. The machine's own may name only
+// 127.0.0.1, and then a pull from "localhost:<NodePort>" (containerd
+// resolving the name) never tries ::1, which is the only localhost a
+// single-stack IPv6 NodePort answers on.
+func writeHosts(dir, hostname string) error {
+	hosts := "127.0.0.1\tlocalhost\n" +
+		"127.0.1.1\t" + hostname + "\n" +
+		"::1\tlocalhost ip6-localhost ip6-loopback\n" +
+		"ff02::1\tip6-allnodes\n" +
+		"ff02::2\tip6-allrouters\n"
+	return os.WriteFile(hostsFile(dir), []byte(hosts), 0o644)
+}
+
+func hostsFile(dir string) string { return filepath.Join(dir, "hosts") }

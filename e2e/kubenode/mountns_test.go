@@ -1,6 +1,7 @@
 package kubenode
 
 import (
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -32,6 +33,7 @@ func TestHolderScript(t *testing.T) {
 			"mount -o remount,bind,ro /",
 			"mount -t tmpfs -o mode=755 kubenode '/var/lib'",
 			"mount --bind '/tmp/it'\\''s/sysctl/kernel.panic' /proc/sys/kernel/panic",
+			"mount --bind '/tmp/it'\\''s/hosts' /etc/hosts",
 			"exec sleep infinity",
 		}},
 		{"v2", []cgroupfs.Mount{{Point: "/sys/fs/cgroup", Type: "cgroup2"}}, []string{
@@ -73,5 +75,31 @@ func TestWithReadOnlyRoot(t *testing.T) {
 		"sh", "/bin/prog", "--flag=a b"}
 	if strings.Join(got, "\x00") != strings.Join(want, "\x00") {
 		t.Fatalf("withReadOnlyRoot = %q, want %q", got, want)
+	}
+}
+
+// TestHostsNamesBothLoopbacks: localhost is 127.0.0.1 and ::1 on the node,
+// as on a Debian installation, whatever the machine's own hosts file says.
+func TestHostsNamesBothLoopbacks(t *testing.T) {
+	dir := t.TempDir()
+	if err := writeHosts(dir, "node1"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(hostsFile(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string][]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		for _, name := range f[min(1, len(f)):] {
+			names[name] = append(names[name], f[0])
+		}
+	}
+	if got := strings.Join(names["localhost"], " "); got != "127.0.0.1 ::1" {
+		t.Errorf("localhost is %q, want 127.0.0.1 and ::1", got)
+	}
+	if got := strings.Join(names["node1"], " "); got != "127.0.1.1" {
+		t.Errorf("node1 is %q, want 127.0.1.1", got)
 	}
 }

@@ -131,6 +131,9 @@ func (n *Node) startHolder() error {
 	if err := writeSysctlShadows(n.Dir); err != nil {
 		return err
 	}
+	if err := writeHosts(n.Dir, n.Name); err != nil {
+		return err
+	}
 	n.holder = n.Node.Start("sh", "-c", holderScript(n.Dir, mounts))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
