@@ -57,7 +57,7 @@ func TestConformance(t *testing.T) {
 				c.runSuite(cfg, set.Selection(machine))
 				t.Logf("%s: %s ran in %v", proxy, set, time.Since(suiteStart).Round(time.Second))
 				if i == 0 && proxy == proxyNftproxy && cfg.disruption {
-					c.measureDisruption(cfg, images)
+					c.measureDisruption(cfg, images, set)
 				}
 			}
 			t.Logf("%s: %v in all", proxy, time.Since(begin).Round(time.Second))
