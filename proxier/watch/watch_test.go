@@ -315,3 +315,45 @@ func TestSelectors(t *testing.T) {
 		t.Errorf("calls seen: %v", seen)
 	}
 }
+
+// TestStoreRecordsFirstListAsItStreams: while the first list streams into
+// the reflector's watch-list store, each object is recorded in the tracker
+// as it is converted (Arrived, not Changed, and counted once); the list's
+// end records only what changed since, the objects deleted meanwhile. A
+// later relist records nothing before its end.
+func TestStoreRecordsFirstListAsItStreams(t *testing.T) {
+	tr := NewTrackers(time.Time{})
+	arrived, changed, updates := 0, 0, 0
+	s := newServiceStore(Hooks{Arrived: func() { arrived++ }, Changed: func() { changed++ },
+		Updated: func(_ string, n int) { updates += n }}, tr)
+	transform := s.Transformer()
+	var list []any
+	for _, svc := range []*v1.Service{testService("a", "10.96.0.1"), testService("b", "10.96.0.2")} {
+		c, err := transform(svc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		list = append(list, c)
+	}
+	if arrived != 2 || changed != 0 || updates != 2 || tr.Services.Pending() != 2 || s.hasSynced() {
+		t.Fatalf("while listing: Arrived %d times, Changed %d, %d updates, %d pending, synced %v; want 2, 0, 2, 2, false",
+			arrived, changed, updates, tr.Services.Pending(), s.hasSynced())
+	}
+	tr.Services.Checkout(func(model.ServiceName, changes.Change[*model.Service]) {})
+	// "b" was deleted before the list ended: a list that failed half-way
+	// and was listed again without it.
+	if err := s.Replace(list[:1], "1"); err != nil {
+		t.Fatal(err)
+	}
+	got := map[model.ServiceName]changes.Change[*model.Service]{}
+	tr.Services.Checkout(func(k model.ServiceName, c changes.Change[*model.Service]) { got[k] = c })
+	if b := got[model.ServiceName{Namespace: "ns", Name: "b"}]; len(got) != 1 || !b.Deleted || changed != 1 || updates != 3 {
+		t.Fatalf("at the list's end: pending %+v, Changed %d times, %d updates; want b deleted, 1, 3", got, changed, updates)
+	}
+	if _, err := transform(testService("c", "10.96.0.3")); err != nil {
+		t.Fatal(err)
+	}
+	if arrived != 2 || tr.Services.Pending() != 0 {
+		t.Fatalf("a relist streaming: Arrived %d times, %d pending; want nothing before its end", arrived, tr.Services.Pending())
+	}
+}
