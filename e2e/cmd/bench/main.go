@@ -65,6 +65,7 @@ type config struct {
 	Upstream            bool
 	MinSyncPeriod       string   // --iptables-min-sync-period for both proxies ("" = their default, 1s)
 	ProxyEnv            []string // KEY=VALUE settings added to both proxies' environment (GOMEMLIMIT…)
+	CPUProfile          string   // nftproxy's CPU profile of each start is written to <CPUProfile>-<n>.pprof
 	LogDir              string
 	Smoke               bool
 	Populate            string // "api", "etcd" or "auto" (etcd above etcdAbove Services)
@@ -124,6 +125,7 @@ func main() {
 			c.Populate = v
 			return nil
 		})
+	flag.StringVar(&c.CPUProfile, "cpu-profile", "", "write nftproxy's CPU profile of the first 9 seconds of each start (--profiling) to PREFIX-1.pprof, PREFIX-2.pprof…")
 	flag.Func("proxy-env", "KEY=VALUE added to both proxies' environment, e.g. GOMEMLIMIT=80MiB (repeatable)",
 		func(v string) error {
 			if !strings.Contains(v, "=") {
@@ -168,6 +170,7 @@ type bench struct {
 	servers               []*testbed.Pod // srv-0 … srv-3 on node "backends"
 	stableAddr, moverAddr string         // ClusterIP:80 of svc-0 and svc-1
 	moves                 int            // single changes so far
+	profiles              int            // CPU profiles taken (config.CPUProfile)
 	gen                   atomic.Int64   // churn generations
 	churnNext             int
 }
@@ -261,6 +264,9 @@ func (b *bench) command(kind string, node *testbed.Node) []string {
 		env = append([]string{"env"}, b.c.ProxyEnv...)
 	}
 	if kind == "nftproxy" {
+		if b.c.CPUProfile != "" {
+			common = append(common, "--profiling")
+		}
 		return append(append(env, b.nftproxyBin, "--v", "2"), common...)
 	}
 	return append(append(env, b.kubeProxyBin, "--proxy-mode", "nftables",
@@ -294,7 +300,29 @@ func (b *bench) start(kind, nodeSuffix string) *started {
 	s := &started{kind: kind, node: node, client: cl, t0: time.Now()}
 	s.proc = node.Start(args...)
 	s.mon = startSampler(s.proc.Pid())
+	if kind == "nftproxy" && b.c.CPUProfile != "" {
+		b.profiles++
+		go profileStart(node, fmt.Sprintf("%s-%d.pprof", b.c.CPUProfile, b.profiles))
+	}
 	return s
+}
+
+// profileStart writes the proxy's CPU profile of its first seconds to
+// path, from as soon as its metrics server answers.
+func profileStart(node *testbed.Node, path string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for ctx.Err() == nil {
+		body, err := node.HTTPGet(ctx, "http://127.0.0.1:10249/debug/pprof/profile?seconds=9")
+		if err == nil {
+			if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+				fmt.Printf("CPU profile: %v\n", err)
+			}
+			fmt.Printf("CPU profile of the proxy's first 9 s written to %s\n", path)
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // waitFirstSync waits for the first IPv4 full sync in the proxy's metrics
@@ -553,6 +581,10 @@ func (b *bench) restart(s *started, r *result) {
 	s2 := &started{kind: s.kind, node: s.node, client: client, t0: time.Now()}
 	s2.proc = s.node.Start(b.command(s.kind, s.node)...)
 	s2.mon = startSampler(s2.proc.Pid())
+	if s.kind == "nftproxy" && b.c.CPUProfile != "" {
+		b.profiles++
+		go profileStart(s.node, fmt.Sprintf("%s-%d.pprof", b.c.CPUProfile, b.profiles))
+	}
 	r.restartReady, _ = b.waitFirstSync(s2)
 	k := b.counters(s2)
 	r.restartOps = k.kernelOps
