@@ -17,7 +17,7 @@ import (
 func filledReport() *report {
 	c := config{Services: 10000, Endpoints: 5, Changes: 2, ChurnChanges: 3, ChurnRate: 50,
 		MonitorChanges: 1, NoopUpdates: 100, Conns: 2, Baseline: 1000, Upstream: true,
-		MinSyncPeriod: "0s", ProxyEnv: []string{"GOMEMLIMIT=64MiB"}, LogDir: "logs", Smoke: true,
+		MinSyncPeriod: "0s", ProxyEnv: []string{"GOMEMLIMIT=64MiB"}, LogDir: "logs", CPUProfile: "cpu", Smoke: true,
 		Populate: "api", Restart: true, ListFloor: true, Neighbours: true, NeighbourChanges: 10, JSON: "out.json"}
 	ms := func(xs ...float64) []time.Duration {
 		var ds []time.Duration
@@ -56,9 +56,9 @@ func filledReport() *report {
 		floor: &listFloor{wall: 4250 * time.Millisecond, clientCPU: 3.5, apiCPU: 2.25, heap: 180 << 20}}
 }
 
-// notInDocument are the fields --json leaves out: where the logs and the
-// document itself went.
-var notInDocument = map[string]bool{"LogDir": true, "JSON": true}
+// notInDocument are the fields --json leaves out: where the logs, the
+// CPU profiles and the document itself went.
+var notInDocument = map[string]bool{"LogDir": true, "JSON": true, "CPUProfile": true}
 
 // TestFilledReportIsFull keeps filledReport complete: a field added to
 // result or config and not filled there (and so maybe not written by
@@ -99,7 +99,7 @@ func TestJSONRoundTrip(t *testing.T) {
 	}
 	got := reportFromDocument(doc)
 	want := *rep
-	want.c.LogDir, want.c.JSON = "", ""
+	want.c.LogDir, want.c.JSON, want.c.CPUProfile = "", "", ""
 	if !reflect.DeepEqual(got, &want) {
 		for i := range want.results {
 			if i < len(got.results) && !reflect.DeepEqual(got.results[i], want.results[i]) {
