@@ -68,9 +68,6 @@ type Deps struct {
 	// (cmd/nftproxy lowers the GC percentage there: from then on the heap
 	// holds the rules too).
 	Building func()
-	// Listed, if set, is called once the informers have synced, before
-	// the first sync (the cluster bench's hollow proxies report then).
-	Listed func()
 	// Trackers, if set, are where the watchers record what they see, for
 	// a caller that reads them too (the cluster bench's hollow proxies
 	// read when an object arrived); they must be new (watch.NewTrackers,
@@ -240,9 +237,6 @@ func (p *Proxier) Run(ctx context.Context) error {
 		return err
 	}
 	klog.InfoS("Informers synced, starting sync loop", "services", p.trackers.Services.Pending())
-	if p.deps.Listed != nil {
-		p.deps.Listed()
-	}
 	p.queued() // the first sync, whatever the list's end changed
 	if p.cleaner != nil {
 		go p.cleaner.Run(ctx)

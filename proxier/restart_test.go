@@ -425,9 +425,8 @@ func TestPeriodicFullSyncVerifies(t *testing.T) {
 }
 
 // TestBuildingBeforeAnythingWritten: Deps.Building is called once, when
-// the first full sync begins to build, before anything is written, and
-// Deps.Listed once, before the first sync; the first sync programs every
-// Service listed.
+// the first full sync begins to build, before anything is written; the
+// first sync programs every Service listed.
 func TestBuildingBeforeAnythingWritten(t *testing.T) {
 	rec := &recorder{Fake: nftfake.New()}
 	p, err := New(Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Minute},
@@ -435,14 +434,10 @@ func TestBuildingBeforeAnythingWritten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var calls, written, listed, writtenListed atomic.Int32
+	var calls, written atomic.Int32
 	p.deps.Building = func() {
 		calls.Add(1)
 		written.Store(int32(rec.count()))
-	}
-	p.deps.Listed = func() {
-		listed.Add(1)
-		writtenListed.Store(int32(rec.count()))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -451,9 +446,6 @@ func TestBuildingBeforeAnythingWritten(t *testing.T) {
 	testutil.Eventually(t, "the first sync", func() bool { return rec.count() > 0 })
 	if calls.Load() != 1 || written.Load() != 0 {
 		t.Errorf("Building called %d times, with %d transactions written; want once, 0", calls.Load(), written.Load())
-	}
-	if listed.Load() != 1 || writtenListed.Load() != 0 {
-		t.Errorf("Listed called %d times, with %d transactions written; want once, 0", listed.Load(), writtenListed.Load())
 	}
 	if n := rec.Fake.Ruleset(nft.IPv4).Sets["service-ips"].Elements.Len(); n != 20 {
 		t.Errorf("%d ClusterIP ports programmed by the first sync, want 20", n)
