@@ -13,15 +13,11 @@ import (
 // written in pieces (nft.Editor.Piece), each its own transaction of whole
 // Services, that the backend commits while the sync builds the next:
 // building and the kernel's work overlap instead of adding up, and no batch
-// holds the whole table. The pieces hold the table's base dormant, without
-// its hooked chains (ruleset.Dormant), so no packet reaches what they
-// write; the sync's last transaction adds the hooked chains and whatever a
-// piece could not express (a Service changed after its piece), and the
-// data path sees the whole table at once, as if it were one transaction.
-// A table that is there is never written in pieces: a rewrite or a diff
-// stays one transaction, so the data path never sees a mix of the old
-// table and the new. The first full sync writes its pieces while the
-// informers list (listing.go).
+// holds the whole table. Until its piece is committed a Service is not in
+// the table at all, as before the proxy started; no piece shows half of
+// one. A table that is there is never written in pieces: a rewrite or a
+// diff stays one transaction, so the data path never sees a mix of the old
+// table and the new.
 
 const (
 	// tablePieces is how many pieces a table is cut into.
@@ -54,13 +50,6 @@ func (p *Proxier) startPiecewise(ctx context.Context, f nft.Family, fs *familySt
 	if p.pieceServices <= 0 || services < 2*every {
 		return nil
 	}
-	return p.newPiecewise(ctx, f, fs, backend, every, ctJob)
-}
-
-// newPiecewise starts writing family f's table in pieces of every
-// Services, beginning with what the editor holds.
-func (p *Proxier) newPiecewise(ctx context.Context, f nft.Family, fs *familyState, backend nft.Backend,
-	every int, ctJob *staleflows.Job) *piecewise {
 	pw := &piecewise{every: every, txs: make(chan *nft.Transaction),
 		done: make(chan struct{}), resume: func() {}}
 	if p.deps.Monitor != nil {
@@ -113,14 +102,6 @@ func (pw *piecewise) piece(f nft.Family, fs *familyState) {
 	pw.sent.add(sizeOf(tx))
 	pw.pieces++
 	pw.txs <- tx
-}
-
-// abandon stops the pieces without a last one, once the piece under way is
-// applied (the proxier is stopping).
-func (pw *piecewise) abandon() {
-	close(pw.txs)
-	<-pw.done
-	pw.resume()
 }
 
 // finish hands out the last piece and waits until every piece is applied.

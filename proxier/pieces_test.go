@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,7 +22,6 @@ import (
 // committed.
 type afterApply struct {
 	*nftfake.Fake
-	mu    sync.Mutex // pieces are applied beside the build
 	txs   []*nft.Transaction
 	check func()
 }
@@ -33,21 +30,12 @@ func (a *afterApply) Apply(ctx context.Context, tx *nft.Transaction) error {
 	if tx.Empty() {
 		return nil // as the kernel: no commit
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	if err := a.Fake.Apply(ctx, tx); err != nil {
 		return err
 	}
 	a.txs = append(a.txs, tx)
 	a.check()
 	return nil
-}
-
-// applied returns the transactions committed so far.
-func (a *afterApply) applied() []*nft.Transaction {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return slices.Clone(a.txs)
 }
 
 // firstSync runs the first sync of a proxier with deps that holds svcs and
@@ -73,36 +61,6 @@ func ipv4(backend nft.Backend) Deps {
 	return Deps{NFT: map[nft.Family]nft.Backend{nft.IPv4: backend}}
 }
 
-// servicePackets are a TCP connection from a pod to port 80 of every
-// ClusterIP, external IP and load balancer IP of svcs.
-func servicePackets(svcs []*model.Service) []trace.Packet {
-	var pkts []trace.Packet
-	from := netip.MustParseAddr("10.244.9.5")
-	for _, svc := range svcs {
-		for _, ip := range append(append([]netip.Addr{svc.ClusterIPs[0]}, svc.ExternalIPs...), svc.LoadBalancerIPs...) {
-			pkts = append(pkts, trace.Packet{Src: from, Dst: ip, Proto: nft.ProtoTCP, DPort: 80})
-		}
-	}
-	return pkts
-}
-
-// outcome is what became of a traced packet.
-type outcome struct {
-	verdict nft.VerdictKind
-	dnat    []netip.AddrPort
-}
-
-// traceOutcomes traces pkts through fk's tables.
-func traceOutcomes(fk *nftfake.Fake, pkts []trace.Packet) []outcome {
-	out := make([]outcome, len(pkts))
-	tr := trace.New(fk.Rulesets())
-	for i, pkt := range pkts {
-		r := tr.Trace(pkt)
-		out[i] = outcome{r.Verdict, r.DNAT}
-	}
-	return out
-}
-
 // TestFirstSyncInPieces: a table that is not in the kernel is written in
 // pieces, and ends as the table written in one transaction. After every
 // piece, each Service's traffic (to its ClusterIP, and to its external and
@@ -112,8 +70,26 @@ func TestFirstSyncInPieces(t *testing.T) {
 	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour,
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
 	svcs, slices := testServices(200, 0)
-	pkts := servicePackets(svcs)
-	traceAll := func(fk *nftfake.Fake) []outcome { return traceOutcomes(fk, pkts) }
+	var pkts []trace.Packet
+	from := netip.MustParseAddr("10.244.9.5")
+	for _, svc := range svcs {
+		for _, ip := range append(append([]netip.Addr{svc.ClusterIPs[0]}, svc.ExternalIPs...), svc.LoadBalancerIPs...) {
+			pkts = append(pkts, trace.Packet{Src: from, Dst: ip, Proto: nft.ProtoTCP, DPort: 80})
+		}
+	}
+	type outcome struct {
+		verdict nft.VerdictKind
+		dnat    []netip.AddrPort
+	}
+	traceAll := func(fk *nftfake.Fake) []outcome {
+		out := make([]outcome, len(pkts))
+		tr := trace.New(fk.Rulesets())
+		for i, pkt := range pkts {
+			r := tr.Trace(pkt)
+			out[i] = outcome{r.Verdict, r.DNAT}
+		}
+		return out
+	}
 	whole := &afterApply{Fake: nftfake.New(), check: func() {}}
 	firstSync(t, cfg, ipv4(whole), 0, svcs, slices)
 	if len(whole.txs) != 1 {
@@ -222,8 +198,7 @@ func TestKernelFirstSyncInPieces(t *testing.T) {
 // TestFirstSyncInPiecesCountsItsCommits: the monitor is paused once for
 // all the pieces and told of each commit, and only of those: one it did
 // not see would read as another process's, and set off a repair. The
-// Services fill the pieces exactly, so that the last one is empty; the
-// transaction that adds the hooked chains follows the pieces.
+// Services fill the pieces exactly, so that the last one is empty.
 func TestFirstSyncInPiecesCountsItsCommits(t *testing.T) {
 	cfg := Config{NodeName: "n1", MasqueradeBit: 14, SyncPeriod: time.Hour, FullSyncPeriod: time.Hour}
 	svcs, slices := testServices(200, 0)
@@ -233,10 +208,10 @@ func TestFirstSyncInPiecesCountsItsCommits(t *testing.T) {
 	deps.Monitor = rec
 	firstSync(t, cfg, deps, 25, svcs, slices)
 	want := []string{"pause"}
-	for range backend.txs[1:] {
+	for range backend.txs {
 		want = append(want, "commit")
 	}
-	want = append(want, "resume", "commit")
+	want = append(want, "resume")
 	if got := rec.get(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("monitor told %v for %d transactions, want %v", got, len(backend.txs), want)
 	}

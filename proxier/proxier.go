@@ -62,12 +62,9 @@ type Deps struct {
 	// family's first successful sync, when its rules are in the kernel
 	// (cmd/nftproxy deletes kube-proxy's tables there).
 	FirstSync func(ctx context.Context, f nft.Family)
-	// Building, if set, is called once, when the first full sync begins
-	// to build the rules: while the informers list (listing.go), or at the
-	// latest when they have synced, before anything is written
-	// (cmd/nftproxy lowers the GC percentage there: from then on the heap
-	// holds the rules too).
-	Building func()
+	// Listed, if set, is called once the informers have synced, before
+	// the first sync (cmd/nftproxy lowers the GC percentage there).
+	Listed func()
 	// Trackers, if set, are where the watchers record what they see, for
 	// a caller that reads them too (the cluster bench's hollow proxies
 	// read when an object arrived); they must be new (watch.NewTrackers,
@@ -105,9 +102,6 @@ type Proxier struct {
 	// pieceServices is the fewest Services a piece of a table written
 	// from nothing holds (minPieceServices; tests lower it).
 	pieceServices int
-	// arrived wakes the loop that builds while the informers list.
-	arrived  chan struct{}
-	building sync.Once // Deps.Building is called
 }
 
 // familyState is what the proxier programmed in one family's table.
@@ -140,9 +134,6 @@ type familyState struct {
 	// ahead is the table read back while the informers listed, until the
 	// first full sync takes it (nil: none was read ahead).
 	ahead *tableReading
-	// building is the first full sync, begun while the informers listed
-	// (listing.go), until the first sync ends it.
-	building *build
 
 	// Health check ports and local ready endpoints of the Services with
 	// externalTrafficPolicy: Local.
@@ -179,7 +170,7 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 		families:   map[nft.Family]*familyState{},
 		repairs:    map[nft.Family]*repair{},
 		unobserved: map[nft.Family][]time.Time{},
-		started:    started, pieceServices: minPieceServices, arrived: make(chan struct{}, 1)}
+		started:    started, pieceServices: minPieceServices}
 	for f := range deps.NFT {
 		p.families[f] = &familyState{}
 	}
@@ -206,7 +197,6 @@ func New(cfg Config, deps Deps) (*Proxier, error) {
 func (p *Proxier) Run(ctx context.Context) error {
 	hooks := watch.Hooks{
 		Changed: p.queued,
-		Arrived: p.wakeListing,
 		Event:   func(kind string) { metrics.APIEventsTotal.WithLabelValues(kind).Inc() },
 		Updated: countUpdates,
 		Invalid: func(pr watch.Problem) { metrics.InvalidObjectsTotal.WithLabelValues(pr.Kind, pr.Reason).Inc() },
@@ -227,17 +217,16 @@ func (p *Proxier) Run(ctx context.Context) error {
 	p.readTablesAhead(ctx)
 	w.WatchServiceCIDRs(hooks, p.setAPIServiceCIDRs)
 	klog.InfoS("Waiting for informers to sync")
-	stopListing := p.buildWhileListing(ctx, w.ConfigSynced)
-	err = w.Start(ctx)
-	stopListing()
-	if err != nil {
+	if err := w.Start(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped before the first sync
 		}
 		return err
 	}
 	klog.InfoS("Informers synced, starting sync loop", "services", p.trackers.Services.Pending())
-	p.queued() // the first sync, whatever the list's end changed
+	if p.deps.Listed != nil {
+		p.deps.Listed()
+	}
 	if p.cleaner != nil {
 		go p.cleaner.Run(ctx)
 	}
@@ -247,7 +236,6 @@ func (p *Proxier) Run(ctx context.Context) error {
 
 // queued records that a change is waiting and asks for a sync.
 func (p *Proxier) queued() {
-	p.wakeListing()
 	now := time.Now()
 	for f := range p.deps.NFT {
 		metrics.SyncProxyRulesLastQueuedTimestamp.WithLabelValues(f.IPFamily()).Set(float64(now.Unix()))
@@ -388,138 +376,61 @@ func (fs *familyState) programmedPorts(f nft.Family, name model.ServiceName, nod
 // survive). When reading is not possible, or a diffed transaction failed,
 // it rewrites the table. A change of the node or of the configuration
 // derived from the API (which every fragment depends on) rebuilds every
-// Service without a rewrite. A full sync begun while the informers listed
-// (listing.go) is ended here, with the Services affected since.
+// Service without a rewrite.
 func (p *Proxier) syncFamily(ctx context.Context, f nft.Family, backend nft.Backend, affected map[model.ServiceName]bool,
 	fst *fullStart) error {
+	start := time.Now()
+	fam := f.IPFamily()
 	fs := p.families[f]
-	b := fs.building
-	fs.building = nil
-	if b != nil {
-		b.start = time.Now()
-		p.buildListed(f, fs, b, p.listedTodo(f, fs, b, affected), true)
-	} else {
-		b = p.beginBuild(ctx, f, fs, backend, fst, false)
-		todo, n := p.toBuild(f, fs, affected, fst, b.rebuild)
-		if b.fst != nil && b.fst.absent {
-			b.pw = p.startPiecewise(ctx, f, fs, backend, n, b.ctJob)
-		}
-		for name := range todo {
-			p.buildService(f, fs, b, name)
-		}
-	}
-	return p.endBuild(ctx, f, fs, backend, b)
-}
-
-// build is a family's sync under way: what it built into the family's
-// editor so far.
-type build struct {
-	fst   *fullStart // nil: the sync is not full
-	start time.Time  // what the sync's duration counts from
-	// oldCfg and oldNode are what the fragments of the Services
-	// programmed were built with; rebuild: the sync's differ, so every
-	// Service is built again.
-	oldCfg  ruleset.Config
-	oldNode model.Node
-	rebuild bool
-	changed int // Services whose service ports changed
-	ctJob   *staleflows.Job
-	pw      *piecewise // nil: the table is not written in pieces
-	// base is the table's base. While pieces go in, the table holds it
-	// dormant (ruleset.Dormant: no hooked chain), so that nothing the
-	// pieces write is reachable before the sync's last transaction adds
-	// the hooked chains: the data path sees the whole table at once.
-	base *nft.Fragment
-	// built holds the Services a sync begun while listing built, late
-	// those of them that changed once the pieces had begun (a piece
-	// cannot change what an earlier one wrote): they are built again by
-	// the last transaction.
-	built, late map[model.ServiceName]bool
-}
-
-// beginBuild begins family f's sync: fst says whether it is full (see
-// startFull), listing whether it begins while the informers list.
-func (p *Proxier) beginBuild(ctx context.Context, f nft.Family, fs *familyState, backend nft.Backend, fst *fullStart,
-	listing bool) *build {
-	if fst != nil && p.deps.Building != nil {
-		p.building.Do(p.deps.Building)
-	}
 	cfg, node := p.rulesetConfig(f)
-	b := &build{fst: fst, start: time.Now(), oldCfg: fs.cfg, oldNode: fs.node, ctJob: staleflows.NewJob(),
-		rebuild: !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node)}
-	if fst != nil {
-		b.start = b.start.Add(-fst.took) // the sync's time includes its reading
-		// startFull emptied the table's state: every fragment programmed
-		// from here on is built with this sync's configuration.
-		b.oldCfg, b.oldNode = cfg, node
+	full := fst != nil
+	if full {
+		start = start.Add(-fst.took) // the sync's time includes its reading
 	}
-	if listing {
-		b.built, b.late = map[model.ServiceName]bool{}, map[model.ServiceName]bool{}
-	}
+	todo, n := p.toBuild(f, fs, affected, fst, !reflect.DeepEqual(cfg, fs.cfg) || !reflect.DeepEqual(node, fs.node))
+	oldCfg, oldNode := fs.cfg, fs.node // what the programmed fragments were built with
 	fs.cfg, fs.node = cfg, node
-	b.base = ruleset.Base(cfg, f)
-	base := b.base
-	if fst != nil && fst.absent && p.pieceServices > 0 {
-		base = ruleset.Dormant(b.base)
-	}
+	base := ruleset.Base(cfg, f)
 	fs.editor.Replace(fs.base, base)
 	fs.base = base
-	return b
-}
-
-// buildService builds Service name into family f's table.
-func (p *Proxier) buildService(f nft.Family, fs *familyState, b *build, name model.ServiceName) {
-	old := fs.programmedPorts(f, name, b.oldNode)
-	now := p.syncService(f, fs, name, b.oldCfg, old)
-	if !reflect.DeepEqual(old, now) {
-		b.changed++
-		b.ctJob.Add(name, old, now)
+	changed, ctJob := 0, staleflows.NewJob()
+	var pw *piecewise
+	if full && fst.absent {
+		pw = p.startPiecewise(ctx, f, fs, backend, n, ctJob)
 	}
-	if b.pw != nil {
-		b.pw.serviceBuilt(f, fs)
+	for name := range todo {
+		old := fs.programmedPorts(f, name, oldNode)
+		now := p.syncService(f, fs, name, oldCfg, old)
+		if !reflect.DeepEqual(old, now) {
+			changed++
+			ctJob.Add(name, old, now)
+		}
+		if pw != nil {
+			pw.serviceBuilt(f, fs)
+		}
 	}
-}
-
-// endBuild ends family f's sync: the last piece, if the table goes in in
-// pieces, then one transaction of the rest (the pieces' dormant base made
-// whole, the Services built again since their piece), and what follows a
-// successful sync.
-func (p *Proxier) endBuild(ctx context.Context, f nft.Family, fs *familyState, backend nft.Backend, b *build) error {
-	full := b.fst != nil
 	if full {
 		fs.slots.ReleaseUnclaimed()
 	}
 	var sent txSize
-	if b.pw != nil {
-		var written bool
-		sent, written = b.pw.finish(f, fs)
-		b.pw = nil
-		if written {
-			// What the pieces wrote is the kernel's: what follows is an
-			// incremental transaction over it.
-			fs.editor.Commit()
-			fs.slots.Commit()
+	written := false
+	if pw != nil {
+		sent, written = pw.finish(f, fs)
+	}
+	if !written {
+		fs.picks = fs.slots.UpdatePicks(f, fs.editor, fs.picks)
+		tx := fs.editor.Transaction()
+		if err := p.apply(ctx, f, fs, backend, tx, ctJob); err != nil {
+			return err
 		}
+		sent = sizeOf(tx)
 	}
-	if fs.base != b.base {
-		fs.editor.Replace(fs.base, b.base)
-		fs.base = b.base
-	}
-	for name := range b.late {
-		p.buildService(f, fs, b, name)
-	}
-	fs.picks = fs.slots.UpdatePicks(f, fs.editor, fs.picks)
-	tx := fs.editor.Transaction()
-	if err := p.apply(ctx, f, fs, backend, tx, b.ctJob); err != nil {
-		return err
-	}
-	sent.add(sizeOf(tx))
 	fs.editor.Commit()
 	fs.slots.Commit()
 	fromKernel := fs.mode == modeFromKernel
 	fs.mode = fs.mode.next(eventCommitted)
 	if full {
-		fs.lastFull = b.fst.at
+		fs.lastFull = fst.at
 	}
 	if fs.repairing != nil {
 		repaired(f, fs.repairing, sent.ops)
@@ -528,13 +439,13 @@ func (p *Proxier) endBuild(ctx context.Context, f nft.Family, fs *familyState, b
 	if !fs.ownershipLogged {
 		fs.ownershipLogged = logOwnership(f, backend)
 	}
-	metrics.ServiceRuleChangesTotal.WithLabelValues(f.IPFamily()).Add(float64(b.changed))
-	p.recordSync(f, fs, full, time.Since(b.start), sent)
+	metrics.ServiceRuleChangesTotal.WithLabelValues(fam).Add(float64(changed))
+	p.recordSync(f, fs, full, time.Since(start), sent)
 	if klog.V(2).Enabled() {
-		logSynced(f, fs, backend, sent, time.Since(b.start), full, fromKernel, full && b.fst.repair)
+		logSynced(f, fs, backend, sent, time.Since(start), full, fromKernel, fst != nil && fst.repair)
 	}
 	p.firstSync(ctx, f, fs)
-	p.cleanConntrack(f, fs, b.ctJob)
+	p.cleanConntrack(f, fs, ctJob)
 	p.syncHealthChecks(f, fs)
 	p.syncLocalhostNodePorts(f, fs)
 	return nil
@@ -639,9 +550,6 @@ type fullStart struct {
 func (p *Proxier) startFull(ctx context.Context, f nft.Family, backend nft.Backend) *fullStart {
 	start := time.Now()
 	fs := p.families[f]
-	if fs.building != nil {
-		return nil // begun while the informers listed: syncFamily ends it
-	}
 	fs.repairing = p.takeRepair(f)
 	periodDue := p.cfg.FullSyncPeriod > 0 && start.Sub(fs.lastFull) >= p.cfg.FullSyncPeriod
 	if !fs.mode.fullSyncDue(fs.repairing != nil, periodDue) {

@@ -199,54 +199,6 @@ func BenchmarkProxierMemory(b *testing.B) {
 	}
 }
 
-// BenchmarkProxierMemoryListing is BenchmarkProxierMemory for a first
-// sync begun while the list streams (listing.go): the objects arrive one
-// Service and its slice at a time, a listing step after every 1,000, and
-// the table goes to a discarding backend in pieces. It reports the live
-// heap retained after the first sync, and at its last transaction, in MiB
-// above the model's, and the time from the first object to the end of the
-// first sync.
-func BenchmarkProxierMemoryListing(b *testing.B) {
-	for _, sz := range benchstate.Sizes {
-		b.Run(sz.String(), func(b *testing.B) {
-			for b.Loop() {
-				h0 := liveheap.Bytes()
-				svcs, slices := benchstate.Cluster(sz)
-				h1 := liveheap.Bytes()
-				var hApply uint64
-				be := &nftfake.Discard{OnApply: func(*nft.Transaction) {}}
-				p, err := New(benchConfig, Deps{NFT: map[nft.Family]nft.Backend{nft.IPv4: be}})
-				if err != nil {
-					b.Fatal(err)
-				}
-				ctx := context.Background()
-				start := time.Now()
-				for i, svc := range svcs {
-					p.trackers.Services.Set(svc.Name, svc)
-					es := slices[i]
-					p.trackers.Slices.Set(model.SliceKey{Namespace: es.Service.Namespace, Name: es.Name}, es)
-					if (i+1)%1000 == 0 {
-						p.listingStep(ctx)
-					}
-				}
-				be.OnApply = func(*nft.Transaction) { hApply = liveheap.Bytes(); benchHeapProfile(b, sz, "listing-apply") }
-				if err := p.sync(ctx); err != nil {
-					b.Fatal(err)
-				}
-				took := time.Since(start)
-				h3 := liveheap.Bytes()
-				benchHeapProfile(b, sz, "listing-retained")
-				mib := liveheap.MiB
-				b.ReportMetric(mib(h1)-mib(h0), "model-MiB")
-				b.ReportMetric(mib(h3)-mib(h0), "retained-MiB")
-				b.ReportMetric(mib(hApply)-mib(h0), "at-last-apply-MiB")
-				b.ReportMetric(took.Seconds(), "list-and-sync-s")
-				runtime.KeepAlive(p)
-			}
-		})
-	}
-}
-
 func benchHeapProfile(b *testing.B, sz benchstate.Size, point string) {
 	prefix := os.Getenv("NFTPROXY_HEAPPROFILE")
 	if prefix == "" {

@@ -142,9 +142,6 @@ func hasFamily(f nft.Family, svc *model.Service) bool {
 	return false
 }
 
-// hasSlices reports whether Service name has an EndpointSlice.
-func (s *objectStore) hasSlices(name model.ServiceName) bool { return len(s.slicesBySvc[name]) > 0 }
-
 // service returns the Service named name, nil if there is none.
 func (s *objectStore) service(name model.ServiceName) *model.Service { return s.services[name] }
 

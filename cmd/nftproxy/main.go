@@ -24,13 +24,12 @@ import (
 // (docs/code-figures.md).
 const defaultGCPercent = 50
 
-// listingGCPercent is the GC percentage while the informers list, until
-// the first full sync begins to build the rules (proxier.Deps.Building). The
-// list allocates a decoded object for every object it keeps converted, and
-// at defaultGCPercent the collector's work lengthens the list of a large
-// cluster markedly. The heap then holds the informers' objects only, so
-// that twice it stays under the peak of the first sync, which runs at
-// defaultGCPercent (docs/benchmarks.md).
+// listingGCPercent is the GC percentage while the informers list, before
+// the first sync. The list allocates a decoded object for every object it
+// keeps converted, and at defaultGCPercent the collector's work lengthens
+// the list of a large cluster markedly. The heap then holds the informers'
+// objects only, so that twice it stays under the peak of the first sync,
+// which runs at defaultGCPercent (docs/benchmarks.md).
 const listingGCPercent = 100
 
 // gcPercent returns the GC percentages to set while the informers list

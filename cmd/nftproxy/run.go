@@ -161,7 +161,7 @@ func runProxy(ctx context.Context, o *options, backends map[nft.Family]nft.Backe
 	}
 	deps := proxier.Deps{Client: client, ClientConfig: clientConfig, NFT: backends, Health: health, Conntrack: ct,
 		ServiceHealth: healthCheckServers(o.Proxier, health), FirstSync: kubeProxy.RemoveTables,
-		Building: func() {
+		Listed: func() {
 			if _, p, ok := gcPercent(os.Getenv); ok {
 				debug.SetGCPercent(p)
 			}

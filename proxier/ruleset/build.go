@@ -373,20 +373,6 @@ func Base(cfg Config, f nft.Family) *nft.Fragment {
 	return fr
 }
 
-// Dormant returns base without its hooked chains: every other chain, set
-// and element of it, which no packet reaches. A table written in pieces
-// holds it until its last transaction adds the hooked chains, so that the
-// data path sees no piece before it sees them all.
-func Dormant(base *nft.Fragment) *nft.Fragment {
-	d := &nft.Fragment{Sets: base.Sets, Elements: base.Elements}
-	for _, c := range base.Chains {
-		if c.Base == nil {
-			d.Chains = append(d.Chains, c)
-		}
-	}
-	return d
-}
-
 // masqueradeBitClear is the base chain that clears the masquerade bit. The
 // masquerading chain clears the bit it masquerades for, but it never sees a
 // packet another program's source NAT chain took first (at the same
