@@ -129,28 +129,5 @@ func (s *trackingStore[K, V]) Replace(list []any, _ string) error {
 func (s *trackingStore[K, V]) Resync() error { return nil }
 
 // Transformer makes the reflector's watch-list store keep converted
-// objects while the list streams in, not API objects; until the first list
-// is recorded, it also records each object in the tracker as it arrives.
-func (s *trackingStore[K, V]) Transformer() cache.TransformFunc { return s.transform }
-
-// transform converts obj for the reflector's watch-list store. While the
-// first list streams in, it records each object in the tracker at once, so
-// that the sync loop may build what has arrived before the list ends
-// (client-go hands the store the list only whole, at its end). Replace
-// then finds those objects recorded already, as the same values, and
-// records only the objects deleted since. A later relist records nothing
-// before its end: the objects it brings are then recorded with the
-// deletions, as one change.
-func (s *trackingStore[K, V]) transform(obj any) (any, error) {
-	c, err := convertForCache(obj)
-	if err != nil || s.synced.Load() {
-		return c, err
-	}
-	if cv, ok := c.(*converted[V]); ok && cv.value != nil {
-		if s.t.Set(s.key(cv.namespace, cv.name), cv.value) {
-			s.h.Updated(s.kind, 1)
-			s.h.Arrived()
-		}
-	}
-	return c, nil
-}
+// objects while the list streams in, not API objects.
+func (s *trackingStore[K, V]) Transformer() cache.TransformFunc { return convertForCache }

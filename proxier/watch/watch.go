@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"reflect"
-	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -58,12 +57,6 @@ func same[V any](a, b *V) bool { return a == b || reflect.DeepEqual(a, b) }
 type Hooks struct {
 	// Changed is called after an event changed what is pending.
 	Changed func()
-	// Arrived is called, instead of Changed, for each object of the first
-	// list of Services and EndpointSlices that changed what is pending
-	// while the list streams in: the trackers record each object as it
-	// arrives, before the list has ended (see trackingStore.transform).
-	// It must be cheap: it is called for every object.
-	Arrived func()
 	// Event is called for every API event, of a kind of Kinds, whether or
 	// not it changed anything.
 	Event func(kind string)
@@ -95,10 +88,6 @@ type Watcher struct {
 	informers  []cache.SharedIndexInformer // this Node; started by Start
 	synced     []cache.InformerSynced
 	cidrs      *serviceCIDRs // nil: ServiceCIDRs not watched
-
-	mu sync.Mutex
-	// configSynced is, once Start knows them, what ConfigSynced waits for.
-	configSynced []cache.InformerSynced
 }
 
 // API is how the watcher reaches the API server.
@@ -228,7 +217,6 @@ func (w *Watcher) Start(ctx context.Context) error {
 		go inf.RunWithContext(ctx)
 	}
 	synced := w.synced
-	config := []cache.InformerSynced{w.synced[2]} // this Node
 	if w.cidrs != nil {
 		cidrsSynced, err := w.cidrs.start(ctx)
 		if err != nil {
@@ -236,42 +224,17 @@ func (w *Watcher) Start(ctx context.Context) error {
 		}
 		if cidrsSynced != nil {
 			synced = append(synced, cidrsSynced)
-			config = append(config, cidrsSynced)
 		}
 	}
-	w.mu.Lock()
-	w.configSynced = config
-	w.mu.Unlock()
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return fmt.Errorf("informers did not sync: %w", ctx.Err())
 	}
 	return nil
 }
 
-// ConfigSynced reports whether what every rule depends on besides the
-// Services and EndpointSlices has synced: this Node and, if the API
-// serves them, the ServiceCIDRs. From then on, rules built from the
-// Services and EndpointSlices recorded so far, while the rest of the list
-// streams in (Hooks.Arrived), are built as the first sync would build
-// them.
-func (w *Watcher) ConfigSynced() bool {
-	w.mu.Lock()
-	config := w.configSynced
-	w.mu.Unlock()
-	for _, s := range config {
-		if !s() {
-			return false
-		}
-	}
-	return config != nil
-}
-
 func (h Hooks) withDefaults() Hooks {
 	if h.Changed == nil {
 		h.Changed = func() {}
-	}
-	if h.Arrived == nil {
-		h.Arrived = func() {}
 	}
 	if h.Event == nil {
 		h.Event = func(string) {}
